@@ -1,0 +1,13 @@
+#pragma once
+// Conveyor: pipeline model parallelism for LibTorch. Include this one header.
+
+#include "plugin/adapters.h"
+#include "plugin/errors.h"
+#include "plugin/options.h"
+#include "plugin/partition.h"
+#include "plugin/pipeline.h"
+#include "plugin/step_result.h"
+#include "schedules/generators.h"
+#include "schedules/schedule.h"
+#include "schedules/simulate.h"
+#include "schedules/validate.h"

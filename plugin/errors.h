@@ -1,0 +1,39 @@
+#pragma once
+// The one exception type the runtime throws for a failure inside a step: it
+// names where the failure happened so the caller does not have to guess which
+// of K threads raised it.
+
+#include <stdexcept>
+#include <string>
+
+namespace conveyor {
+
+class PipelineError : public std::runtime_error {
+ public:
+  PipelineError(int stage, int microbatch, std::string action, const std::string& message)
+      : std::runtime_error(message), stage_(stage), microbatch_(microbatch), action_(std::move(action)) {}
+
+  int stage() const { return stage_; }            // -1 when not tied to a stage
+  int microbatch() const { return microbatch_; }  // -1 when not tied to a micro-batch
+  const std::string& action() const { return action_; }  // text form, e.g. "1F3"; empty if none
+
+ private:
+  int stage_;
+  int microbatch_;
+  std::string action_;
+};
+
+// Thrown by blocking waits that pass PipelineOptions::timeout.
+class TimeoutError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Thrown in the other stages' threads when one stage failed: they stop
+// waiting and unwind; the caller sees the first stage's error, not these.
+class AbortedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,64 @@
+#pragma once
+// PipelineOptions: everything a Pipeline is configured with, one documented
+// field each, set builder-style: PipelineOptions().stages(4).microbatches(8).
+
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+// How a torch::nn::Sequential is cut into stages when no boundaries are given.
+enum class Balance {
+  kUniform,     // the same number of layers per stage (earlier stages take the remainder)
+  kParameters,  // contiguous stages whose largest parameter count is as small as possible
+};
+
+// How the loss function reduces over a micro-batch. The pipeline weights each
+// micro-batch's loss so that the step's loss and gradients equal the unsplit
+// model's on the whole batch.
+enum class LossReduction {
+  kMean,  // loss_fn returns a mean over its micro-batch's samples: weighted by n_mb / N
+  kSum,   // loss_fn returns a sum: added as is
+};
+
+struct PipelineOptions {
+  // Number of stages K. 0 means: boundaries().size() + 1 if boundaries are
+  // given, else devices().size() if more than one device is given, else 1.
+  TORCH_ARG(int, stages) = 0;
+  // Number of micro-batches M a batch is split into along batch_dim().
+  TORCH_ARG(int, microbatches) = 1;
+  // Schedule name: "sequential", "gpipe" or "1f1b" (see schedules::schedule_names()).
+  TORCH_ARG(std::string, schedule) = "1f1b";
+  // A schedule in text form (schedules::Schedule::parse); overrides schedule()
+  // when not empty. Its stage and micro-batch counts must match the options'.
+  TORCH_ARG(std::string, schedule_text) = "";
+  // Device of each stage: "cpu", "cuda", "cuda:N". One entry puts every stage
+  // on it; otherwise one per stage. Several stages may share a device. Empty: cpu.
+  TORCH_ARG(std::vector<std::string>, devices) = {};
+  // Explicit split points: the index of the first layer of stages 1..K-1,
+  // strictly increasing, each in (0, number of layers). Overrides balance().
+  TORCH_ARG(std::vector<int64_t>, boundaries) = {};
+  // Partition policy when boundaries() is empty.
+  TORCH_ARG(Balance, balance) = Balance::kUniform;
+  // Dimension of input and target along which a batch is split into
+  // micro-batches. A batch of N samples gives micro-batches of N / M samples,
+  // the first N % M of them one larger (torch::tensor_split); N < M is an error.
+  TORCH_ARG(int64_t, batch_dim) = 0;
+  // What loss_fn returns; see LossReduction.
+  TORCH_ARG(LossReduction, loss_reduction) = LossReduction::kMean;
+  // Messages a stage-to-stage channel buffers before a send blocks. The
+  // schedule is validated against this capacity, so a validated schedule
+  // cannot deadlock; 0 (rendezvous) deadlocks 1F1B and is rejected for it.
+  TORCH_ARG(int, channel_capacity) = 2;
+  // Upper bound on every blocking wait (a receive, a send into a full
+  // channel). Passing it is an error naming the stage and what it waited for.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  // Record one trace event per action in StepResult::trace.
+  TORCH_ARG(bool, trace) = true;
+};
+
+}  // namespace conveyor

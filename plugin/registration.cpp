@@ -1,0 +1,52 @@
+// The plugin's operator library, `conveyor`. Schedules are exposed as text so
+// that Python (torch.ops.conveyor.*) and C++ share one format; the fused ops
+// add their own definitions with TORCH_LIBRARY_FRAGMENT.
+
+#include "schedules/generators.h"
+#include "schedules/simulate.h"
+#include "schedules/validate.h"
+
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace conveyor {
+namespace {
+
+std::string version() { return CONVEYOR_VERSION; }
+
+std::string schedule_text(const std::string& name, int64_t stages, int64_t microbatches) {
+  return schedules::make_schedule(name, static_cast<int>(stages), static_cast<int>(microbatches)).str();
+}
+
+void validate_schedule(const std::string& text, int64_t channel_capacity) {
+  schedules::validate(schedules::Schedule::parse(text),
+                      schedules::ValidateOptions{static_cast<int>(channel_capacity), true});
+}
+
+std::tuple<double, double, std::vector<int64_t>> simulate_schedule(const std::string& text,
+                                                                   std::vector<double> forward,
+                                                                   std::vector<double> backward, double transfer) {
+  const auto sim = schedules::simulate(schedules::Schedule::parse(text),
+                                       schedules::StageCosts{std::move(forward), std::move(backward), transfer});
+  return {sim.makespan, sim.bubble_fraction, std::vector<int64_t>(sim.peak_inflight.begin(), sim.peak_inflight.end())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(conveyor, m) {
+  m.def("version() -> str", &version);
+  // The text form of a generated schedule: torch.ops.conveyor.schedule("1f1b", 4, 8).
+  m.def("schedule(str name, int stages, int microbatches) -> str", &schedule_text);
+  // Raises with the offending action named; returns nothing when the schedule is sound.
+  m.def("validate_schedule(str text, int channel_capacity=2) -> ()", &validate_schedule);
+  // (makespan, bubble fraction, peak in-flight micro-batches per stage).
+  m.def("simulate(str text, float[] forward_costs, float[] backward_costs, float transfer=0.) -> (float, float, int[])",
+        &simulate_schedule);
+  // NaN and infinite elements across the tensors, as an int64 scalar on their device.
+  m.def("count_nonfinite(Tensor[] tensors) -> Tensor");
+}
+
+}  // namespace conveyor

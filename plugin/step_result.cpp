@@ -1,0 +1,54 @@
+#include "plugin/step_result.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+const char* category(schedules::ActionKind kind) {
+  return kind == schedules::ActionKind::kForward ? "forward" : "backward";
+}
+}  // namespace
+
+std::string StepResult::chrome_trace_json() const {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  auto comma = [&] {
+    if (!first) os << ",";
+    first = false;
+  };
+  for (size_t k = 0; k < trace.size(); ++k) {
+    comma();
+    os << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << k << ",\"args\":{\"name\":\"stage " << k
+       << "\"}}";
+    for (const TraceEvent& e : trace[k]) {
+      comma();
+      os << "{\"name\":\"" << e.action.str() << "\",\"cat\":\"" << category(e.action.kind)
+         << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << k << ",\"ts\":" << e.start_us
+         << ",\"dur\":" << (e.end_us - e.start_us) << ",\"args\":{\"stage\":" << e.action.stage
+         << ",\"microbatch\":" << e.action.microbatch << "}}";
+    }
+  }
+  os << "]}\n";
+  return os.str();
+}
+
+void StepResult::write_chrome_trace(const std::string& path) const {
+  // Written beside the target, then renamed: a reader never sees half a file.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << chrome_trace_json();
+    if (!out.flush()) throw std::runtime_error("conveyor: cannot write trace file " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("conveyor: cannot rename " + tmp + " to " + path);
+  }
+}
+
+}  // namespace conveyor

@@ -1,0 +1,43 @@
+#pragma once
+// StepResult: what one pipelined step did and where its time went.
+
+#include "schedules/action.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct TraceEvent {
+  schedules::Action action;
+  double start_us = 0;  // since the step began (host clock; device events on an accelerator)
+  double end_us = 0;
+};
+
+struct StepResult {
+  // The step's loss, equal to the unsplit model's loss on the whole batch.
+  double loss = 0;
+  // Wall time of the whole step.
+  double wall_seconds = 0;
+  // Per stage: time spent inside actions (forward, backward, loss).
+  std::vector<double> busy_seconds;
+  // 1 - sum(busy) / (K * wall): the share of stage-time spent waiting.
+  double bubble_fraction = 0;
+  // Per stage: the most micro-batches whose forward had run and backward not yet.
+  std::vector<int> peak_inflight;
+  // Per stage: the most bytes the runtime held for in-flight micro-batches
+  // (the stage's input and output tensors; autograd's own saved tensors are
+  // not counted).
+  std::vector<int64_t> peak_stash_bytes;
+  // One event per action, per stage, in execution order (empty when
+  // PipelineOptions::trace is off).
+  std::vector<std::vector<TraceEvent>> trace;
+
+  // Chrome trace JSON (open in Perfetto or chrome://tracing): one complete
+  // ("X") event per action, a track per stage.
+  std::string chrome_trace_json() const;
+  void write_chrome_trace(const std::string& path) const;  // throws std::runtime_error on I/O failure
+};
+
+}  // namespace conveyor

@@ -1,0 +1,55 @@
+#include "plugin/workers.h"
+
+namespace conveyor {
+
+StageWorkers::StageWorkers(int count) : errors_(count) {
+  for (int k = 0; k < count; ++k) threads_.emplace_back([this, k] { loop(k); });
+}
+
+StageWorkers::~StageWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  start_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::vector<std::exception_ptr> StageWorkers::run(const std::function<void(int)>& fn) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  job_ = &fn;
+  errors_.assign(threads_.size(), nullptr);
+  pending_ = static_cast<int>(threads_.size());
+  ++generation_;
+  start_.notify_all();
+  done_.wait(lock, [&] { return pending_ == 0; });
+  job_ = nullptr;
+  return errors_;
+}
+
+void StageWorkers::loop(int k) {
+  long seen = 0;
+  while (true) {
+    const std::function<void(int)>* job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      start_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      job = job_;
+    }
+    std::exception_ptr error;
+    try {
+      (*job)(k);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      errors_[k] = error;
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+}
+
+}  // namespace conveyor

@@ -1,0 +1,40 @@
+#pragma once
+// StageWorkers: one long-lived thread per stage. run(fn) calls fn(k) on
+// thread k for every k at once and returns when all have returned. Threads
+// live as long as the pipeline so that per-thread state (intra-op pools,
+// current streams) is set up once, not once per step.
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace conveyor {
+
+class StageWorkers {
+ public:
+  explicit StageWorkers(int count);
+  ~StageWorkers();
+  StageWorkers(const StageWorkers&) = delete;
+  StageWorkers& operator=(const StageWorkers&) = delete;
+
+  // Every exception fn(k) threw, by k (null where it returned normally).
+  // fn must itself bound its blocking waits: run() waits for all of them.
+  std::vector<std::exception_ptr> run(const std::function<void(int)>& fn);
+
+ private:
+  void loop(int k);
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::vector<std::exception_ptr> errors_;
+  long generation_ = 0;
+  int pending_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Conveyor needs, idempotently (a second run only checks):
+#  - Debian packages: GoogleTest, and 'fortunes' (the demo's English text);
+#  - the project's own virtual environment .venv with LibTorch (the torch
+#    wheel, CUDA 13 build), numpy and pytest.
+# Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch_version="${CONVEYOR_TORCH_VERSION:-2.14.1}"
+fallback_torch="2.13.0"
+
+apt_packages=(libgtest-dev libgmock-dev googletest fortunes)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
+fi
+
+venv="$root/.venv"
+py="$venv/bin/python"
+[ -x "$py" ] || python3 -m venv "$venv"
+have_torch() { "$py" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$1' else 1)" 2>/dev/null; }
+if ! have_torch "$torch_version" && ! have_torch "$fallback_torch"; then
+  echo "setup: installing torch==$torch_version into .venv (LibTorch comes from this wheel)"
+  if ! "$py" -m pip install -q "torch==$torch_version"; then
+    echo "setup: torch==$torch_version failed to install; falling back to torch==$fallback_torch (CPU build)" >&2
+    "$py" -m pip install -q "torch==$fallback_torch"
+  fi
+fi
+"$py" -c "import numpy, pytest" 2>/dev/null || "$py" -m pip install -q numpy pytest
+# Build tools: use the machine's cmake/ninja when recent enough, else the venv's.
+if ! cmake --version 2>/dev/null | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=25))}'; then
+  "$py" -m pip install -q "cmake>=3.25"
+fi
+command -v ninja >/dev/null 2>&1 || [ -x "$venv/bin/ninja" ] || "$py" -m pip install -q ninja

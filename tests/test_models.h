@@ -1,0 +1,63 @@
+#pragma once
+// Small models and a gradient comparison shared by the pipeline tests.
+
+#include "plugin/conveyor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+namespace conveyor::testing {
+
+// 7 layers: enough for K = 1..4 with several possible cuts.
+inline torch::nn::Sequential make_mlp(torch::Dtype dtype = torch::kFloat64) {
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                          torch::nn::ReLU(), torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  m->to(dtype);
+  return m;
+}
+
+constexpr int64_t kVocab = 40;
+
+// The demo's language model in miniature: embedding -> LSTM -> LSTM -> linear.
+inline torch::nn::Sequential make_lstm_lm(torch::Dtype dtype = torch::kFloat64) {
+  torch::nn::Sequential m(
+      torch::nn::Embedding(kVocab, 8),
+      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(8, 12).batch_first(true)),
+      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(12, 12).batch_first(true)),
+      torch::nn::Linear(12, kVocab));
+  m->to(dtype);
+  return m;
+}
+
+inline torch::nn::Sequential clone_of(const torch::nn::Sequential& m) {
+  return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m->clone()));
+}
+
+inline at::Tensor lm_loss(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+inline at::Tensor mse(const at::Tensor& out, const at::Tensor& target) { return torch::mse_loss(out, target); }
+
+// Every parameter's gradient in the pipeline equals the reference's:
+// |diff| <= abs_tol + rel_tol * max|reference grad|.
+inline void expect_same_grads(const Pipeline& pipe, const torch::nn::Sequential& reference, double abs_tol,
+                              double rel_tol, const std::string& where) {
+  const auto ref = reference->named_parameters();
+  const auto got = pipe.named_parameters();
+  ASSERT_EQ(got.size(), ref.size()) << where;
+  for (const auto& [name, p] : got) {
+    const at::Tensor* r = ref.find(name);
+    ASSERT_NE(r, nullptr) << where << ": no reference parameter " << name;
+    ASSERT_TRUE(p.grad().defined()) << where << ": no gradient for " << name;
+    ASSERT_TRUE(r->grad().defined()) << where << ": no reference gradient for " << name;
+    const double scale = r->grad().abs().max().item<double>();
+    const double diff = (p.grad().cpu() - r->grad().cpu()).abs().max().item<double>();
+    EXPECT_LE(diff, abs_tol + rel_tol * scale) << where << ": gradient of " << name << " differs by " << diff;
+  }
+}
+
+}  // namespace conveyor::testing
