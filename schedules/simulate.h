@@ -1,0 +1,44 @@
+#pragma once
+// simulate(): prices a schedule without running it. Each stage runs its
+// actions in order, an action starts when its stage is free and its input has
+// arrived (forward: the previous stage's forward of that micro-batch plus a
+// transfer; backward: the next stage's backward plus a transfer), and takes
+// its stage's cost. Channels are taken as unbounded: validate() is what
+// checks blocking. Feed measured per-stage costs and link times to predict
+// multi-device runs.
+
+#include "schedules/schedule.h"
+
+#include <vector>
+
+namespace conveyor::schedules {
+
+struct StageCosts {
+  std::vector<double> forward;   // per stage: time of one micro-batch's forward
+  std::vector<double> backward;  // per stage: time of one micro-batch's backward
+  double transfer = 0;           // time to move one tensor between neighbouring stages
+
+  // The same forward and backward cost on every stage.
+  static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);
+};
+
+struct ActionTiming {
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+struct Simulation {
+  double makespan = 0;
+  // 1 - sum(busy) / (K * makespan): the share of stage-time spent idle.
+  double bubble_fraction = 0;
+  std::vector<double> busy;         // per stage
+  std::vector<int> peak_inflight;   // per stage: most forwards not yet matched by their backward
+  std::vector<std::vector<ActionTiming>> timeline;  // per stage, in order
+};
+
+// Throws ScheduleError (see validate.h) when costs do not cover every stage or
+// when an action waits on one that never runs.
+Simulation simulate(const Schedule& schedule, const StageCosts& costs);
+
+}  // namespace conveyor::schedules
