@@ -59,6 +59,58 @@ Schedule make_1f1b(int num_stages, int num_microbatches) {
   return s;
 }
 
+namespace {
+
+Schedule asynchronous(const char* name, int k, int m) {
+  if (m < k) {
+    throw std::invalid_argument(std::string(name) + " with " + std::to_string(m) + " micro-batches cannot fill a " +
+                                std::to_string(k) + "-stage pipeline: give at least " + std::to_string(k) +
+                                " (each micro-batch is a mini-batch with its own update)");
+  }
+  Schedule s = make_1f1b(k, m);
+  s.name = name;
+  s.step_per_microbatch = true;
+  return s;
+}
+
+// Cuts stage k's 1F1B list into iterations t = 0 .. M+K-2: F(t), then
+// B(t - d_k), each when in range.
+void cut_into_iterations(Schedule& s) {
+  const int k_stages = s.num_stages, m = s.num_microbatches;
+  s.barriers.assign(k_stages, {});
+  for (int k = 0; k < k_stages; ++k) {
+    const int delay = k_stages - 1 - k;
+    size_t at = 0;
+    for (int t = 0; t < m + k_stages - 1; ++t) {
+      if (t > 0) s.barriers[k].push_back(at);
+      at += (t < m ? 1 : 0) + (t - delay >= 0 && t - delay < m ? 1 : 0);
+    }
+  }
+}
+
+}  // namespace
+
+Schedule make_pipedream(int num_stages, int num_microbatches, bool vertical_sync) {
+  Schedule s = asynchronous("pipedream", num_stages, num_microbatches);
+  s.weight_stashing = true;
+  s.vertical_sync = vertical_sync;
+  return s;
+}
+
+Schedule make_ddg(int num_stages, int num_microbatches) {
+  Schedule s = asynchronous("ddg", num_stages, num_microbatches);
+  s.weight_stashing = true;
+  cut_into_iterations(s);
+  return s;
+}
+
+Schedule make_fr(int num_stages, int num_microbatches) {
+  Schedule s = asynchronous("fr", num_stages, num_microbatches);
+  s.stash = Stash::kInputs;
+  cut_into_iterations(s);
+  return s;
+}
+
 Schedule make_forward_only(int num_stages, int num_microbatches) {
   Schedule s = empty("forward", num_stages, num_microbatches);
   for (int k = 0; k < num_stages; ++k) {
@@ -68,13 +120,20 @@ Schedule make_forward_only(int num_stages, int num_microbatches) {
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"sequential", "gpipe", "1f1b"};
+  static const std::vector<std::string> names = {"sequential", "gpipe", "1f1b", "pipedream", "ddg", "fr"};
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches) {
+Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync) {
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (lower == "pipedream") return make_pipedream(num_stages, num_microbatches, vertical_sync);
+  if (vertical_sync && std::find(schedule_names().begin(), schedule_names().end(), lower) != schedule_names().end()) {
+    throw std::invalid_argument("vertical sync keeps stashed weight versions in step across stages; '" + lower +
+                                "' has no weight stashing to synchronise (only pipedream has vertical sync)");
+  }
+  if (lower == "ddg") return make_ddg(num_stages, num_microbatches);
+  if (lower == "fr") return make_fr(num_stages, num_microbatches);
   if (lower == "sequential") return make_sequential(num_stages, num_microbatches);
   if (lower == "gpipe") return make_gpipe(num_stages, num_microbatches);
   if (lower == "1f1b") return make_1f1b(num_stages, num_microbatches);

@@ -23,13 +23,36 @@ Schedule make_gpipe(int num_stages, int num_microbatches);
 // at most min(M, K-k) micro-batches in flight on stage k.
 Schedule make_1f1b(int num_stages, int num_microbatches);
 
+// --- Asynchronous methods: every micro-batch is a mini-batch with its own
+// optimizer step on each stage, right after that stage's backward of it.
+// Stage k's backward of micro-batch t runs d_k = K-1-k micro-batches after its
+// forward, so stage k holds K-k micro-batches at the peak. The pipeline fills
+// and drains within one schedule. M < K is rejected: the pipeline would never
+// fill.
+
+// PipeDream (1F1B without flushes, weight stashing): 1F1B's order, the
+// backward differentiates the weights its forward used. With vertical sync
+// every stage's forward of t uses the version stage 0's forward used.
+Schedule make_pipedream(int num_stages, int num_microbatches, bool vertical_sync = false);
+
+// DDG, decoupled parallel backpropagation with delayed gradients: lock-step
+// iterations; in iteration t stage k runs the forward of t with its current
+// weights, then the backward of t-d_k with the (stashed) weights and states of
+// that forward and the error gradient stage k+1 sent one iteration earlier.
+Schedule make_ddg(int num_stages, int num_microbatches);
+
+// Features replay: DDG's iterations, but stage k keeps only its input of t and
+// its backward first replays the forward with the current weights (no
+// staleness; forward and backward see different weights).
+Schedule make_fr(int num_stages, int num_microbatches);
+
 // Inference: forwards only.
 Schedule make_forward_only(int num_stages, int num_microbatches);
 
-// By name, case-insensitive: "sequential", "gpipe", "1f1b" (see
-// schedule_names()). Throws std::invalid_argument for an unknown name or
-// K < 1 or M < 1.
-Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches);
+// By name, case-insensitive: see schedule_names(). Throws
+// std::invalid_argument for an unknown name, K < 1, M < 1, and vertical sync
+// asked of a method without it (only "pipedream" has it).
+Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync = false);
 
 // The names make_schedule() knows.
 const std::vector<std::string>& schedule_names();

@@ -15,9 +15,26 @@ size_t Schedule::num_actions() const {
 std::string Schedule::str() const {
   std::ostringstream os;
   os << "# schedule " << (name.empty() ? "custom" : name) << " stages=" << num_stages
-     << " microbatches=" << num_microbatches << "\n";
-  for (const auto& actions : stages) {
-    for (size_t i = 0; i < actions.size(); ++i) os << (i ? " " : "") << actions[i].str();
+     << " microbatches=" << num_microbatches;
+  if (stash == Stash::kInputs) os << " stash=inputs";
+  if (weight_stashing) os << " weights=stashed";
+  if (step_per_microbatch) os << " step=microbatch";
+  if (vertical_sync) os << " sync=vertical";
+  os << "\n";
+  for (size_t k = 0; k < stages.size(); ++k) {
+    const std::vector<size_t> none;
+    const auto& cuts = k < barriers.size() ? barriers[k] : none;
+    size_t next_cut = 0;
+    bool first = true;
+    for (size_t i = 0; i <= stages[k].size(); ++i) {
+      for (; next_cut < cuts.size() && cuts[next_cut] == i; ++next_cut) {
+        os << (first ? "" : " ") << "|";
+        first = false;
+      }
+      if (i == stages[k].size()) break;
+      os << (first ? "" : " ") << stages[k][i].str();
+      first = false;
+    }
     os << "\n";
   }
   return os.str();
@@ -25,27 +42,53 @@ std::string Schedule::str() const {
 
 namespace {
 
-// "# schedule NAME stages=K microbatches=M": fills the fields it finds.
+[[noreturn]] void bad_line(int line_no, const std::string& what) {
+  throw std::invalid_argument("schedule line " + std::to_string(line_no) + ": " + what);
+}
+
+// Reads "KEY=VALUE" of the header into the schedule.
+void parse_field(const std::string& word, Schedule& s, int line_no) {
+  const auto eq = word.find('=');
+  const std::string key = word.substr(0, eq), value = eq == std::string::npos ? "" : word.substr(eq + 1);
+  const auto number = [&](int& field) {
+    try {
+      size_t used = 0;
+      field = std::stoi(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      bad_line(line_no, "'" + word + "' is not a number");
+    }
+  };
+  const auto choice = [&](const char* a, const char* b) {
+    if (value != a && value != b) bad_line(line_no, "'" + word + "': expected " + key + "=" + a + " or " + key + "=" + b);
+    return value == a;
+  };
+  if (key == "stages") {
+    number(s.num_stages);
+  } else if (key == "microbatches") {
+    number(s.num_microbatches);
+  } else if (key == "stash") {
+    s.stash = choice("inputs", "activations") ? Stash::kInputs : Stash::kActivations;
+  } else if (key == "weights") {
+    s.weight_stashing = choice("stashed", "live");
+  } else if (key == "step") {
+    s.step_per_microbatch = choice("microbatch", "batch");
+  } else if (key == "sync") {
+    s.vertical_sync = choice("vertical", "none");
+  } else {
+    bad_line(line_no, "unknown header field '" + word +
+                          "' (expected stages=K microbatches=M stash= weights= step= sync=)");
+  }
+}
+
+// "# schedule NAME KEY=VALUE...": fills the fields it finds.
 bool parse_header(const std::string& line, Schedule& s, int line_no) {
   std::istringstream in(line);
   std::string hash, word;
   in >> hash >> word;
   if (hash != "#" || word != "schedule") return false;
   in >> s.name;
-  while (in >> word) {
-    const auto eq = word.find('=');
-    const std::string key = word.substr(0, eq);
-    int* field = key == "stages" ? &s.num_stages : key == "microbatches" ? &s.num_microbatches : nullptr;
-    if (eq == std::string::npos || field == nullptr) {
-      throw std::invalid_argument("schedule line " + std::to_string(line_no) + ": unknown header field '" + word +
-                                  "' (expected stages=K microbatches=M)");
-    }
-    try {
-      *field = std::stoi(word.substr(eq + 1));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("schedule line " + std::to_string(line_no) + ": '" + word + "' is not a number");
-    }
-  }
+  while (in >> word) parse_field(word, s, line_no);
   return true;
 }
 
@@ -68,22 +111,46 @@ Schedule Schedule::parse(std::string_view text) {
     std::replace(line.begin(), line.end(), ',', ' ');
     std::istringstream words(line);
     std::vector<Action> actions;
+    std::vector<size_t> cuts;
     std::string word;
     while (words >> word) {
+      if (word == "|") {
+        cuts.push_back(actions.size());
+        continue;
+      }
       try {
         actions.push_back(Action::parse(word));
       } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument("schedule line " + std::to_string(line_no) + ": " + e.what());
+        bad_line(line_no, e.what());
       }
       max_mb = std::max(max_mb, actions.back().microbatch);
     }
     s.stages.push_back(std::move(actions));
+    s.barriers.push_back(std::move(cuts));
   }
   if (s.stages.empty()) throw std::invalid_argument("schedule text has no action lines");
+  if (std::all_of(s.barriers.begin(), s.barriers.end(), [](const auto& b) { return b.empty(); })) s.barriers.clear();
   if (!have_header || s.num_stages == 0) s.num_stages = static_cast<int>(s.stages.size());
   if (!have_header || s.num_microbatches == 0) s.num_microbatches = max_mb + 1;
   if (s.name.empty()) s.name = "custom";
   return s;
+}
+
+std::vector<std::vector<int>> forward_versions(const Schedule& s) {
+  std::vector<std::vector<int>> versions(s.stages.size(), std::vector<int>(s.num_microbatches, 0));
+  for (size_t k = 0; k < s.stages.size(); ++k) {
+    int steps = 0;
+    for (const Action& a : s.stages[k]) {
+      if (a.kind == ActionKind::kBackward) ++steps;
+      if (a.kind == ActionKind::kForward && a.microbatch >= 0 && a.microbatch < s.num_microbatches) {
+        versions[k][a.microbatch] = steps;
+      }
+    }
+  }
+  if (s.vertical_sync) {
+    for (size_t k = 1; k < versions.size(); ++k) versions[k] = versions[0];
+  }
+  return versions;
 }
 
 }  // namespace conveyor::schedules

@@ -42,17 +42,33 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
     return it == finished.end() ? -1.0 : it->second + costs.transfer;
   };
 
+  const bool replay = s.stash == Stash::kInputs;
+  std::vector<size_t> barriers_passed(num, 0);
+  const auto at_barrier = [&](int k) {
+    return !s.barriers.empty() && barriers_passed[k] < s.barriers[k].size() &&
+           s.barriers[k][barriers_passed[k]] == pc[k];
+  };
   size_t remaining = s.num_actions();
-  while (remaining > 0) {
+  while (remaining > 0 || (!s.barriers.empty() && barriers_passed[0] < s.barriers[0].size())) {
     bool progressed = false;
+    bool all_at_barrier = !s.barriers.empty();
+    for (int k = 0; k < num; ++k) all_at_barrier = all_at_barrier && at_barrier(k);
+    if (all_at_barrier) {
+      const double release = *std::max_element(free_at.begin(), free_at.end());
+      for (int k = 0; k < num; ++k) {
+        free_at[k] = release;
+        ++barriers_passed[k];
+      }
+      progressed = true;
+    }
     for (int k = 0; k < num; ++k) {
-      while (pc[k] < s.stages[k].size()) {
+      while (pc[k] < s.stages[k].size() && !at_barrier(k)) {
         const Action& a = s.stages[k][pc[k]];
         const double input = ready(a);
         if (input < 0) break;
         const bool fwd = a.kind == ActionKind::kForward;
         const double start = std::max(free_at[k], input);
-        const double end = start + (fwd ? costs.forward[k] : costs.backward[k]);
+        const double end = start + (fwd ? costs.forward[k] : costs.backward[k] + (replay ? costs.forward[k] : 0.0));
         finished[{k, static_cast<char>(a.kind), a.microbatch}] = end;
         free_at[k] = end;
         sim.busy[k] += end - start;
@@ -71,6 +87,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
                               s.stages[k][pc[k]].str() + ": the action it depends on never runs first");
         }
       }
+      throw ScheduleError("simulate: the stages never all meet at a barrier");
     }
   }
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());

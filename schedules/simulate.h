@@ -3,9 +3,11 @@
 // actions in order, an action starts when its stage is free and its input has
 // arrived (forward: the previous stage's forward of that micro-batch plus a
 // transfer; backward: the next stage's backward plus a transfer), and takes
-// its stage's cost. Channels are taken as unbounded: validate() is what
-// checks blocking. Feed measured per-stage costs and link times to predict
-// multi-device runs.
+// its stage's cost. A backward of a schedule that stashes inputs only first
+// replays the forward, so it costs forward + backward. At a lock-step barrier
+// every stage waits for the slowest. Channels are taken as unbounded:
+// validate() is what checks blocking. Feed measured per-stage costs and link
+// times to predict multi-device runs.
 
 #include "schedules/schedule.h"
 

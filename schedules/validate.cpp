@@ -76,12 +76,18 @@ class BlockingReplay {
       for (int k = 0; k < s_.num_stages; ++k) {
         while (step(k)) progressed = true;
       }
+      progressed = pass_barrier() || progressed;
     }
     std::ostringstream stuck;
     for (int k = 0; k < s_.num_stages; ++k) {
-      if (state_[k].pc >= s_.stages[k].size()) continue;
-      stuck << (stuck.tellp() > 0 ? "; " : "") << "stage " << k << " blocks at " << s_.stages[k][state_[k].pc].str()
-            << " " << waiting_for(k);
+      const bool barrier = at_barrier(k);
+      if (!barrier && state_[k].pc >= s_.stages[k].size()) continue;
+      stuck << (stuck.tellp() > 0 ? "; " : "") << "stage " << k;
+      if (barrier) {
+        stuck << " waits at barrier " << state_[k].barriers_passed << " for the other stages";
+      } else {
+        stuck << " blocks at " << s_.stages[k][state_[k].pc].str() << " " << waiting_for(k);
+      }
     }
     if (stuck.tellp() > 0) {
       fail("it deadlocks under blocking transfers with channel capacity " + std::to_string(capacity_) + ": " +
@@ -94,7 +100,25 @@ class BlockingReplay {
   struct StageState {
     size_t pc = 0;
     Phase phase = Phase::kReceive;
+    size_t barriers_passed = 0;
   };
+
+  // True when stage k's next move is to wait at its next barrier.
+  bool at_barrier(int k) const {
+    const StageState& st = state_[k];
+    return !s_.barriers.empty() && st.barriers_passed < s_.barriers[k].size() &&
+           s_.barriers[k][st.barriers_passed] == st.pc && st.phase == Phase::kReceive;
+  }
+
+  // Lets every stage through its next barrier once all stand at it.
+  bool pass_barrier() {
+    if (s_.barriers.empty()) return false;
+    for (int k = 0; k < s_.num_stages; ++k) {
+      if (!at_barrier(k)) return false;
+    }
+    for (auto& st : state_) ++st.barriers_passed;
+    return true;
+  }
   // A channel: (from, to, is_gradient) -> undelivered micro-batches.
   using Key = std::tuple<int, int, bool>;
 
@@ -105,7 +129,7 @@ class BlockingReplay {
 
   bool step(int k) {
     StageState& st = state_[k];
-    if (st.pc >= s_.stages[k].size()) return false;
+    if (at_barrier(k) || st.pc >= s_.stages[k].size()) return false;
     const Action& a = s_.stages[k][st.pc];
     switch (st.phase) {
       case Phase::kReceive: {
@@ -165,9 +189,46 @@ class BlockingReplay {
 
 }  // namespace
 
+// Declarations that contradict each other or the action lists.
+void check_declarations(const Schedule& s) {
+  if (s.vertical_sync && !s.weight_stashing) fail("vertical sync is declared without weight stashing");
+  if (s.weight_stashing && !s.step_per_microbatch) {
+    fail("weight stashing is declared but the optimizer steps once per batch: there are no versions to stash");
+  }
+  if (!s.barriers.empty()) {
+    if (static_cast<int>(s.barriers.size()) != s.num_stages) fail("barriers are given for some stages only");
+    for (int k = 0; k < s.num_stages; ++k) {
+      if (s.barriers[k].size() != s.barriers[0].size()) {
+        fail("stage " + std::to_string(k) + " has " + std::to_string(s.barriers[k].size()) + " barriers, stage 0 has " +
+             std::to_string(s.barriers[0].size()) + ": every stage must meet every barrier");
+      }
+      for (size_t i = 0; i < s.barriers[k].size(); ++i) {
+        if (s.barriers[k][i] > s.stages[k].size() || (i > 0 && s.barriers[k][i] < s.barriers[k][i - 1])) {
+          fail("stage " + std::to_string(k) + "'s barrier " + std::to_string(i) + " is out of order");
+        }
+      }
+    }
+  }
+  if (!s.vertical_sync || !s.step_per_microbatch) return;
+  // A forward can only use a version its stage has already produced.
+  const auto versions = forward_versions(s);
+  for (int k = 0; k < s.num_stages; ++k) {
+    int steps = 0;
+    for (int i = 0; i < static_cast<int>(s.stages[k].size()); ++i) {
+      const Action& a = s.stages[k][i];
+      if (a.kind == ActionKind::kBackward) ++steps;
+      if (a.kind == ActionKind::kForward && versions[k][a.microbatch] > steps) {
+        fail(where(a, i) + ": vertical sync needs weight version " + std::to_string(versions[k][a.microbatch]) +
+             " but stage " + std::to_string(k) + " has made only " + std::to_string(steps) + " updates by then");
+      }
+    }
+  }
+}
+
 void validate(const Schedule& schedule, const ValidateOptions& options) {
   check_shape(schedule);
   check_actions(schedule, options.require_backward);
+  check_declarations(schedule);
   if (options.channel_capacity < 0) fail("channel capacity " + std::to_string(options.channel_capacity) + " < 0");
   BlockingReplay(schedule, options.channel_capacity).run();
 }
