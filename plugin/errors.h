@@ -3,6 +3,7 @@
 // names where the failure happened so the caller does not have to guess which
 // of K threads raised it.
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,22 @@ class PipelineError : public std::runtime_error {
   int stage_;
   int microbatch_;
   std::string action_;
+};
+
+// A non-finite loss or gradient stopped training. The pipeline's weights (and
+// its optimizers' state) are those of the last good step.
+class DivergenceError : public PipelineError {
+ public:
+  DivergenceError(int64_t step, std::string method, int stage, int microbatch, std::string action,
+                  const std::string& message)
+      : PipelineError(stage, microbatch, std::move(action), message), step_(step), method_(std::move(method)) {}
+
+  int64_t step() const { return step_; }  // 1-based count of train steps, this one included
+  const std::string& method() const { return method_; }  // the schedule's name
+
+ private:
+  int64_t step_;
+  std::string method_;
 };
 
 // Thrown by blocking waits that pass PipelineOptions::timeout.

@@ -2,10 +2,14 @@
 // PipelineOptions: everything a Pipeline is configured with, one documented
 // field each, set builder-style: PipelineOptions().stages(4).microbatches(8).
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
+#include <torch/optim/optimizer.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,14 +29,34 @@ enum class LossReduction {
   kSum,   // loss_fn returns a sum: added as is
 };
 
+// Makes one stage's optimizer over that stage's live weights, e.g.
+//   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); }
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+// The learning rate of the n-th update (n counts from 0).
+using LearningRateSchedule = std::function<double(int64_t update)>;
+
+// What a learning-rate schedule's update count counts.
+enum class UpdateUnit {
+  kBatch,       // train_step calls: synchronous schedules update once per batch
+  kMicrobatch,  // micro-batches: asynchronous schedules update after each one, on each stage
+};
+
 struct PipelineOptions {
   // Number of stages K. 0 means: boundaries().size() + 1 if boundaries are
   // given, else devices().size() if more than one device is given, else 1.
   TORCH_ARG(int, stages) = 0;
   // Number of micro-batches M a batch is split into along batch_dim().
   TORCH_ARG(int, microbatches) = 1;
-  // Schedule name: "sequential", "gpipe" or "1f1b" (see schedules::schedule_names()).
+  // Schedule name: "sequential", "gpipe", "1f1b" (synchronous: exact
+  // gradients of the whole batch) or "pipedream", "ddg", "fr" (asynchronous:
+  // every micro-batch is a mini-batch with its own update on every stage;
+  // the pipeline fills and drains within each train_step). See
+  // schedules/generators.h.
   TORCH_ARG(std::string, schedule) = "1f1b";
+  // PipeDream only: every stage's forward of a micro-batch uses the weight
+  // version stage 0's forward used. Asking it of another schedule is an error.
+  TORCH_ARG(bool, vertical_sync) = false;
   // A schedule in text form (schedules::Schedule::parse); overrides schedule()
   // when not empty. Its stage and micro-batch counts must match the options'.
   TORCH_ARG(std::string, schedule_text) = "";
@@ -59,6 +83,24 @@ struct PipelineOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
   // Record one trace event per action in StepResult::trace.
   TORCH_ARG(bool, trace) = true;
+  // The pipeline's own optimizer, one per stage over that stage's weights.
+  // Required by asynchronous schedules (they step after every micro-batch);
+  // optional for synchronous ones, where train_step then also steps it and
+  // clears the gradients. Without it the caller steps its own optimizer over
+  // parameters().
+  TORCH_ARG(OptimizerFactory, optimizer) = nullptr;
+  // Sets the learning rate of every param group before each of the
+  // pipeline's optimizer steps; needs optimizer(). Its unit must match the
+  // schedule's updates: kMicrobatch for asynchronous schedules, kBatch for
+  // synchronous ones (anything else is an error, not a silent rescale).
+  TORCH_ARG(LearningRateSchedule, lr_schedule) = nullptr;
+  TORCH_ARG(UpdateUnit, lr_schedule_unit) = UpdateUnit::kBatch;
+  // Stop with a DivergenceError at a non-finite loss or gradient, keeping the
+  // weights (and the pipeline's optimizer state) of the last good step. Costs
+  // one host synchronisation per stage per step (per micro-batch for
+  // asynchronous schedules). Whatever fails, an asynchronous step is rolled
+  // back to the weights and optimizer state it started from.
+  TORCH_ARG(bool, divergence_guard) = true;
 };
 
 }  // namespace conveyor

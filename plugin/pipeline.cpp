@@ -21,7 +21,8 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
   schedules::Schedule schedule;
   try {
     if (options.schedule_text().empty()) {
-      schedule = schedules::make_schedule(options.schedule(), num_stages, options.microbatches());
+      schedule =
+          schedules::make_schedule(options.schedule(), num_stages, options.microbatches(), options.vertical_sync());
     } else {
       schedule = schedules::Schedule::parse(options.schedule_text());
     }
@@ -42,12 +43,37 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
   return schedule;
 }
 
+// The optimizer and learning-rate options must fit how the schedule updates.
+void check_optimizer_options(const PipelineOptions& options, const schedules::Schedule& schedule) {
+  const std::string name = "'" + schedule.name + "'";
+  if (!schedule.synchronous() && !options.optimizer()) {
+    throw std::invalid_argument("conveyor: schedule " + name +
+                                " steps the optimizer after every micro-batch on every stage, so the pipeline needs "
+                                "its own: give PipelineOptions::optimizer(factory)");
+  }
+  if (options.lr_schedule() && !options.optimizer()) {
+    throw std::invalid_argument("conveyor: lr_schedule needs the pipeline's own optimizer (PipelineOptions::optimizer)");
+  }
+  if (!options.lr_schedule()) return;
+  if (!schedule.synchronous() && options.lr_schedule_unit() != UpdateUnit::kMicrobatch) {
+    throw std::invalid_argument("conveyor: schedule " + name +
+                                " updates the weights after every micro-batch, but the learning-rate schedule counts "
+                                "batches: give lr_schedule_unit(UpdateUnit::kMicrobatch) and a schedule over updates");
+  }
+  if (schedule.synchronous() && options.lr_schedule_unit() != UpdateUnit::kBatch) {
+    throw std::invalid_argument("conveyor: schedule " + name +
+                                " updates the weights once per batch, but the learning-rate schedule counts "
+                                "micro-batches: give lr_schedule_unit(UpdateUnit::kBatch)");
+  }
+}
+
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     : options_(std::move(options)), plan_(plan_stages(model, options_)) {
   const int num_stages = static_cast<int>(plan_.stages.size());
   schedule_ = build_schedule(options_, num_stages);
+  check_optimizer_options(options_, schedule_);
   if (options_.timeout().count() <= 0) throw std::invalid_argument("conveyor: timeout must be positive");
 
   // Everything is checked: only now are layers moved to their devices.
@@ -62,12 +88,19 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     const StageSpec& spec = plan_.stages[k];
     std::vector<std::pair<std::string, torch::nn::AnyModule>> slice(named.begin() + spec.begin,
                                                                      named.begin() + spec.end);
-    stages.push_back(std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device));
+    auto stage = std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device);
+    if (schedule_.weight_stashing) stage->separate_live_weights();
+    if (options_.optimizer()) stage->set_optimizer(options_.optimizer()(stage->live()));
+    stages.push_back(std::move(stage));
     devices.push_back(spec.device);
   }
+  RuntimeOptions runtime_options;
+  runtime_options.trace = options_.trace();
+  runtime_options.divergence_guard = options_.divergence_guard();
+  runtime_options.learning_rate = options_.lr_schedule();
   runtime_ = std::make_unique<Runtime>(
       std::move(stages), make_in_process_transport(devices, options_.channel_capacity(), options_.timeout()),
-      options_.trace());
+      std::move(runtime_options));
 }
 
 std::vector<at::Tensor> Pipeline::split(const at::Tensor& batch, const char* what, int num_microbatches) const {
@@ -102,9 +135,14 @@ StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& targe
        << " but the target has " << target.size(options_.batch_dim());
     throw std::invalid_argument(os.str());
   }
+  // The reported loss is the batch's; what each backward starts from is the
+  // batch's loss (synchronous: the gradients are the whole batch's) or the
+  // micro-batch's own (asynchronous: each micro-batch is a mini-batch).
+  const bool mean = options_.loss_reduction() == LossReduction::kMean;
   for (const auto& mb : data.inputs) {
-    const double share = static_cast<double>(mb.size(options_.batch_dim())) / static_cast<double>(n);
-    data.loss_weights.push_back(options_.loss_reduction() == LossReduction::kMean ? share : 1.0);
+    const double share = mean ? static_cast<double>(mb.size(options_.batch_dim())) / static_cast<double>(n) : 1.0;
+    data.report_weight.push_back(share);
+    data.loss_scale.push_back(schedule_.synchronous() ? share : 1.0);
   }
   data.loss_fn = &loss_fn;
   return runtime_->run(schedule_, data);
@@ -124,7 +162,7 @@ at::Tensor Pipeline::forward(const at::Tensor& input) {
 std::vector<at::Tensor> Pipeline::parameters() const {
   std::vector<at::Tensor> params;
   for (int k = 0; k < num_stages(); ++k) {
-    for (const auto& p : stage(k).module()->parameters()) params.push_back(p);
+    for (const auto& p : stage(k).live()) params.push_back(p);
   }
   return params;
 }
@@ -132,7 +170,7 @@ std::vector<at::Tensor> Pipeline::parameters() const {
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (int k = 0; k < num_stages(); ++k) {
-    for (const auto& p : stage(k).module()->named_parameters()) params.emplace_back(p.key(), p.value());
+    for (size_t i = 0; i < stage(k).live().size(); ++i) params.emplace_back(stage(k).names()[i], stage(k).live()[i]);
   }
   return params;
 }

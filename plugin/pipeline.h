@@ -10,9 +10,25 @@
 //     return torch::nn::functional::cross_entropy(out, tgt); });
 //   opt.step();
 //
-// train_step accumulates into .grad exactly as loss.backward() on the unsplit
-// model would (the caller zeroes gradients, as with any torch::optim
-// optimizer). If a step fails, .grad may hold part of that step's gradient.
+// With a synchronous schedule, train_step accumulates into .grad exactly as
+// loss.backward() on the unsplit model would (the caller zeroes gradients and
+// steps, as with any torch::optim optimizer; or gives the pipeline its own
+// optimizer with PipelineOptions::optimizer, and train_step steps it). If a
+// step fails, .grad may hold part of that step's gradient.
+//
+// With an asynchronous schedule (pipedream, ddg, fr) the pipeline owns one
+// optimizer per stage (PipelineOptions::optimizer) and every micro-batch is a
+// mini-batch: train_step(batch of M mini-batches) makes M updates on every
+// stage, with the staleness the method defines, and drains before returning.
+//
+//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(4).microbatches(16)
+//       .schedule("pipedream").optimizer([](std::vector<at::Tensor> p) {
+//         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9)); }));
+//   auto r = pipe.train_step(input, target, loss_fn);  // 16 updates per stage
+//
+// parameters() are the live weights an optimizer steps (with weight stashing
+// they are the pipeline's own tensors; the model's parameters hold the same
+// values between steps).
 
 #include "plugin/options.h"
 #include "plugin/partition.h"
@@ -44,6 +60,7 @@ class Pipeline {
   // stages concurrently. Output on the last stage's device.
   at::Tensor forward(const at::Tensor& input);
 
+  // The live weights, stage by stage.
   std::vector<at::Tensor> parameters() const;
   // Names as in the original Sequential ("3.weight").
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
@@ -54,6 +71,8 @@ class Pipeline {
 
   int num_stages() const { return runtime_->num_stages(); }
   const Stage& stage(int k) const { return runtime_->stage(k); }
+  // Steps train_step has completed.
+  int64_t completed_steps() const { return runtime_->completed_steps(); }
   const StagePlan& plan() const { return plan_; }
   const schedules::Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }

@@ -1,11 +1,18 @@
 #include "plugin/stage.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
+
+int64_t WeightVersion::bytes() const {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  return total;
+}
 
 Stage::Stage(int index, std::vector<std::pair<std::string, torch::nn::AnyModule>> layers, int64_t first_layer,
              c10::Device device)
@@ -14,6 +21,11 @@ Stage::Stage(int index, std::vector<std::pair<std::string, torch::nn::AnyModule>
     layer.ptr()->to(device_);
     module_->push_back(name, layer);
   }
+  for (const auto& p : module_->named_parameters()) {
+    names_.push_back(p.key());
+    params_.push_back(p.value());
+  }
+  live_ = params_;
 }
 
 at::Tensor Stage::forward(const at::Tensor& input) const {
@@ -37,6 +49,62 @@ at::Tensor Stage::forward(const at::Tensor& input) const {
     }
   }
   return x;
+}
+
+void Stage::separate_live_weights() {
+  if (separate_) return;
+  TORCH_CHECK(optimizer_ == nullptr, "conveyor: stage ", index_, ": separate the live weights before the optimizer is made");
+  live_.clear();
+  for (const auto& p : params_) live_.push_back(p.detach().clone().requires_grad_(p.requires_grad()));
+  separate_ = true;
+  read_live_weights();
+}
+
+std::shared_ptr<WeightVersion> Stage::snapshot() const {
+  auto version = std::make_shared<WeightVersion>();
+  for (const auto& w : live_) version->tensors.push_back(w.detach().clone());
+  return version;
+}
+
+void Stage::read_weights(const WeightVersion& version) {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(version.tensors[i]);
+}
+
+void Stage::read_live_weights() {
+  if (!separate_) return;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(live_[i].detach());
+}
+
+void Stage::collect_gradients() {
+  if (!separate_) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    at::Tensor& target = live_[i].mutable_grad();
+    target = target.defined() ? target + g : g;
+    params_[i].mutable_grad() = at::Tensor();
+  }
+}
+
+void Stage::clear_gradients() {
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  for (auto& w : live_) w.mutable_grad() = at::Tensor();
+}
+
+void Stage::restore_live(const WeightVersion& version) {
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < live_.size(); ++i) live_[i].copy_(version.tensors[i]);
+  read_live_weights();
+}
+
+void Stage::step(double lr) {
+  TORCH_CHECK(optimizer_ != nullptr, "conveyor: stage ", index_, " has no optimizer to step");
+  if (lr >= 0) {
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  }
+  optimizer_->step();
+  optimizer_->zero_grad(/*set_to_none=*/true);
+  ++updates_;
 }
 
 }  // namespace conveyor

@@ -2,16 +2,34 @@
 // Stage: a contiguous slice of a Sequential's layers placed on one device. It
 // shares the layer modules with the user's model (nothing is copied), and runs
 // them one by one so that a failure names the layer that raised it.
+//
+// Weights. The optimizer owns the stage's *live* weights. Normally those are
+// the layers' own parameters. A schedule with weight stashing needs a
+// backward to differentiate the version its forward read while the optimizer
+// keeps updating: then the live weights are separate tensors, and before each
+// forward or backward the layers' parameters are pointed (set_data, which
+// leaves autograd's version counters alone) at the read-only copy that action
+// must see. Between steps the parameters share the live weights' storage, so
+// the user's model and inference always see the latest values.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace conveyor {
+
+// A read-only copy of a stage's weights, in parameter order.
+struct WeightVersion {
+  std::vector<at::Tensor> tensors;
+  int64_t bytes() const;
+};
 
 class Stage {
  public:
@@ -33,12 +51,48 @@ class Stage {
   // The layers as a Sequential (same module objects, original names).
   torch::nn::Sequential module() const { return module_; }
 
+  // --- weights -----------------------------------------------------------
+  // The live weights (what an optimizer steps), with the layers' names.
+  const std::vector<at::Tensor>& live() const { return live_; }
+  const std::vector<std::string>& names() const { return names_; }
+  // Gives the optimizer its own live tensors (weight stashing); idempotent.
+  void separate_live_weights();
+  bool live_is_separate() const { return separate_; }
+  // A copy of the live weights as they are now.
+  std::shared_ptr<WeightVersion> snapshot() const;
+  // Points the layers' parameters at `version` / back at the live weights.
+  void read_weights(const WeightVersion& version);
+  void read_live_weights();
+  // After a backward: moves the layers' gradients onto the live weights,
+  // accumulating (a no-op when they are the same tensors).
+  void collect_gradients();
+  // Drops every gradient, the layers' and the live weights'.
+  void clear_gradients();
+  // Overwrites the live weights' values (a rollback); the layers follow.
+  void restore_live(const WeightVersion& version);
+
+  // --- the stage's own optimizer (asynchronous schedules, or when the
+  // pipeline was given one) -------------------------------------------------
+  void set_optimizer(std::unique_ptr<torch::optim::Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
+  torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
+  // Number of optimizer steps this stage has taken, over the pipeline's life.
+  int64_t updates() const { return updates_; }
+  // One optimizer step with learning rate `lr` (negative: leave it), then
+  // clears the gradients.
+  void step(double lr);
+
  private:
   int index_;
   int64_t first_layer_;
   c10::Device device_;
   std::vector<std::pair<std::string, torch::nn::AnyModule>> layers_;
   torch::nn::Sequential module_;
+  std::vector<at::Tensor> params_;  // the layers' parameters, in order
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> live_;
+  bool separate_ = false;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t updates_ = 0;
 };
 
 }  // namespace conveyor

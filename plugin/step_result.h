@@ -27,9 +27,17 @@ struct StepResult {
   // Per stage: the most micro-batches whose forward had run and backward not yet.
   std::vector<int> peak_inflight;
   // Per stage: the most bytes the runtime held for in-flight micro-batches
-  // (the stage's input and output tensors; autograd's own saved tensors are
-  // not counted).
+  // (the stage's input and output tensors; autograd's own saved tensors and
+  // stashed weight versions are not counted).
   std::vector<int64_t> peak_stash_bytes;
+  // Per stage: the most in-flight micro-batches whose forward graph (its
+  // activations) was kept, and whose input only was kept (to be replayed).
+  std::vector<int> peak_stashed_activations;
+  std::vector<int> peak_stashed_inputs;
+  // Per stage: the most distinct stashed weight versions alive at once.
+  std::vector<int> peak_weight_versions;
+  // Per stage: optimizer steps the pipeline took during this step.
+  std::vector<int> updates;
   // One event per action, per stage, in execution order (empty when
   // PipelineOptions::trace is off).
   std::vector<std::vector<TraceEvent>> trace;

@@ -35,7 +35,11 @@ class Transport {
   // receiver's current stream after this call sees it complete.
   virtual at::Tensor recv(Channel channel, int from, int to, int mb) = 0;
 
-  // Wakes every blocked send/recv with AbortedError (another stage failed).
+  // A lock-step barrier: returns once every stage has called barrier(_, index),
+  // at most until the timeout.
+  virtual void barrier(int stage, int index) = 0;
+
+  // Wakes every blocked send/recv/barrier with AbortedError (another stage failed).
   virtual void abort() = 0;
 
   // Drops undelivered messages and clears abort(), before a new step.

@@ -14,6 +14,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -79,14 +80,34 @@ class InProcessTransport final : public Transport {
     return deliver(message, devices_.at(to), to);
   }
 
+  void barrier(int stage, int index) override {
+    std::unique_lock<std::mutex> lock(barrier_mutex_);
+    ++arrived_[index];
+    barrier_changed_.notify_all();
+    const int everyone = static_cast<int>(devices_.size());
+    const bool met = barrier_changed_.wait_until(lock, deadline(), [&] { return aborted_ || arrived_[index] == everyone; });
+    if (aborted_) throw AbortedError("aborted because another stage failed");
+    if (!met) {
+      throw TimeoutError("stage " + std::to_string(stage) + " timed out after " + std::to_string(timeout_.count()) +
+                         " ms at lock-step barrier " + std::to_string(index) + ": " +
+                         std::to_string(everyone - arrived_[index]) + " stage(s) never arrived");
+    }
+  }
+
   void abort() override {
     for (auto& box : activations_) box->abort();
     for (auto& box : gradients_) box->abort();
+    std::lock_guard<std::mutex> lock(barrier_mutex_);
+    aborted_ = true;
+    barrier_changed_.notify_all();
   }
 
   void reset() override {
     for (auto& box : activations_) box->reset();
     for (auto& box : gradients_) box->reset();
+    std::lock_guard<std::mutex> lock(barrier_mutex_);
+    arrived_.clear();
+    aborted_ = false;
   }
 
  private:
@@ -146,6 +167,10 @@ class InProcessTransport final : public Transport {
   std::chrono::milliseconds timeout_;
   std::vector<std::unique_ptr<Mailbox<Message>>> activations_;  // [k]: k -> k+1
   std::vector<std::unique_ptr<Mailbox<Message>>> gradients_;    // [k]: k+1 -> k
+  std::mutex barrier_mutex_;
+  std::condition_variable barrier_changed_;
+  std::map<int, int> arrived_;  // barrier index -> stages that reached it
+  bool aborted_ = false;
   std::mutex streams_mutex_;
   std::map<std::pair<int, std::string>, c10::Stream> side_streams_;
 };
