@@ -60,6 +60,18 @@ bool is_divergence(const std::exception_ptr& error) {
   }
 }
 
+// Runs a blocking transport call, adding its duration to `seconds`.
+template <typename Fn>
+auto waited(double& seconds, Fn&& fn) {
+  const auto t0 = Clock::now();
+  struct Add {
+    double& seconds;
+    Clock::time_point t0;
+    ~Add() { seconds += std::chrono::duration<double>(Clock::now() - t0).count(); }
+  } add{seconds, t0};
+  return fn();
+}
+
 std::string save_optimizer(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   optimizer.save(archive);
@@ -83,6 +95,9 @@ struct Runtime::StepContext {
     int64_t live_bytes = 0, peak_bytes = 0;
     int live = 0, peak = 0, activations = 0, peak_activations = 0, inputs = 0, peak_inputs = 0;
     double busy_seconds = 0;
+    // Seconds the current action spent blocked in the transport before and
+    // after its compute: not busy time.
+    double wait_in = 0, wait_out = 0;
     std::vector<TraceEvent> trace;
     at::Tensor loss_sum;
     // Weight stashing: the version each forward reads, the versions some
@@ -262,6 +277,7 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     const Action& action = actions[i];
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
+    st.wait_in = st.wait_out = 0;
     const auto t0 = Clock::now();
     if (device_timing) {
       events.emplace_back(c10::Event(streams_[k]->device_type(), c10::EventFlag::BACKEND_DEFAULT),
@@ -288,11 +304,11 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
       events.back().second.record(*streams_[k]);
     } else {
       const auto t1 = Clock::now();
-      st.busy_seconds += std::chrono::duration<double>(t1 - t0).count();
-      if (options_.trace) {
-        st.trace.push_back(TraceEvent{action, std::chrono::duration<double, std::micro>(t0 - ctx.start).count(),
-                                      std::chrono::duration<double, std::micro>(t1 - ctx.start).count()});
-      }
+      const double start_us = std::chrono::duration<double, std::micro>(t0 - ctx.start).count() + st.wait_in * 1e6;
+      const double end_us =
+          std::max(start_us, std::chrono::duration<double, std::micro>(t1 - ctx.start).count() - st.wait_out * 1e6);
+      st.busy_seconds += (end_us - start_us) * 1e-6;
+      if (options_.trace) st.trace.push_back(TraceEvent{action, start_us, end_us});
     }
   }
   meet_barriers(actions.size());
@@ -335,7 +351,8 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   const bool training = data.loss_fn != nullptr;
   const bool replay = training && schedule.stash == schedules::Stash::kInputs;
   const bool last = k + 1 == num_stages();
-  at::Tensor x = k == 0 ? data.inputs[mb].to(stage.device()) : transport_->recv(Channel::kActivation, k - 1, k, mb);
+  at::Tensor x = k == 0 ? data.inputs[mb].to(stage.device())
+                        : waited(st.wait_in, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
   const bool input_needs_grad = training && !replay && k > 0 && x.defined() && x.is_floating_point();
   if (input_needs_grad) x = x.detach().requires_grad_(true);
 
@@ -354,7 +371,12 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
     c10::AutoGradMode grad_mode(training && !replay);
     y = stage.forward(x);
   }
-  if (!last) transport_->send(Channel::kActivation, k, k + 1, mb, y.detach());
+  if (!last) {
+    waited(st.wait_out, [&] {
+      transport_->send(Channel::kActivation, k, k + 1, mb, y.detach());
+      return 0;
+    });
+  }
   if (!training) {
     if (last && ctx.outputs) (*ctx.outputs)[mb] = y;
     return;
@@ -418,13 +440,17 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   if (last) {
     torch::autograd::backward({root});
   } else {
-    const at::Tensor grad = transport_->recv(Channel::kGradient, k + 1, k, mb);
+    const at::Tensor grad =
+        waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
     // An undefined gradient means nothing downstream depended on our output.
     if (grad.defined() && root.requires_grad()) torch::autograd::backward({root}, {grad});
   }
   if (k > 0) {
     const bool has_grad = input.defined() && input.requires_grad();
-    transport_->send(Channel::kGradient, k, k - 1, mb, has_grad ? input.grad() : at::Tensor());
+    waited(st.wait_out, [&] {
+      transport_->send(Channel::kGradient, k, k - 1, mb, has_grad ? input.grad() : at::Tensor());
+      return 0;
+    });
   }
   if (schedule.step_per_microbatch) update(k, mb, schedule, ctx);
 }

@@ -20,7 +20,8 @@ struct StepResult {
   double loss = 0;
   // Wall time of the whole step.
   double wall_seconds = 0;
-  // Per stage: time spent inside actions (forward, backward, loss).
+  // Per stage: time spent computing inside actions (forward, backward, loss,
+  // optimizer steps), not waiting for a neighbour.
   std::vector<double> busy_seconds;
   // 1 - sum(busy) / (K * wall): the share of stage-time spent waiting.
   double bubble_fraction = 0;
