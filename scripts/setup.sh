@@ -2,7 +2,7 @@
 # Installs what Conveyor needs, idempotently (a second run only checks):
 #  - Debian packages: GoogleTest, and 'fortunes' (the demo's English text);
 #  - the project's own virtual environment .venv with LibTorch (the torch
-#    wheel, CUDA 13 build), numpy and pytest.
+#    wheel, CUDA 13 build), numpy, pytest and scikit-learn.
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,7 +32,9 @@ if ! have_torch "$torch_version" && ! have_torch "$fallback_torch"; then
     "$py" -m pip install -q "torch==$fallback_torch"
   fi
 fi
-"$py" -c "import numpy, pytest" 2>/dev/null || "$py" -m pip install -q numpy pytest
+# numpy and pytest for the Python tests; scikit-learn ships the digits images
+# the ResNet study trains on (sklearn/datasets/data/digits.csv.gz).
+"$py" -c "import numpy, pytest, sklearn" 2>/dev/null || "$py" -m pip install -q numpy pytest scikit-learn
 # Build tools: use the machine's cmake/ninja when recent enough, else the venv's.
 if ! cmake --version 2>/dev/null | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=25))}'; then
   "$py" -m pip install -q "cmake>=3.25"

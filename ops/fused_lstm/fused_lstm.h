@@ -1,0 +1,31 @@
+#pragma once
+// conveyor::fused_lstm: a multi-layer unidirectional LSTM with the gate order
+// and arithmetic of torch::nn::LSTM (gates i, f, g, o), forward and backward.
+//
+//   input   [T, B, I]  time-major
+//   h0, c0  [L, B, H]
+//   weights torch::nn::LSTM's flat order: weight_ih_l0 [4H, I], weight_hh_l0
+//           [4H, H], bias_ih_l0 [4H], bias_hh_l0 [4H], weight_ih_l1, ...
+//           (the biases only when has_biases)
+//   returns (output [T, B, H], h_n [L, B, H], c_n [L, B, H])
+//
+// Kernels: CPU (a reference written with ATen ops; float64, float32, and
+// bfloat16/float16 computed in float32) and CUDA (float32, bfloat16, float16,
+// float64, accumulating in float32 or float64). Differentiable: the backward
+// is the op conveyor::fused_lstm_backward. From Python, after
+// torch.ops.load_library(path): torch.ops.conveyor.fused_lstm(...).
+//
+// The module that uses it is conveyor::FusedLSTM (fused_lstm_module.h).
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <tuple>
+
+namespace conveyor {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm(const at::Tensor& input, const at::Tensor& h0,
+                                                          const at::Tensor& c0, at::TensorList weights,
+                                                          bool has_biases);
+
+}  // namespace conveyor

@@ -1,0 +1,417 @@
+// conveyor::fused_lstm, conveyor::FusedLSTM and swap_fused_ops against
+// torch::nn::LSTM with the same weights: values and every gradient.
+#include "ops/fused_lstm/fused_lstm.h"
+#include "ops/fused_lstm/fused_lstm_module.h"
+#include "ops/swap.h"
+#include "plugin/adapters.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using conveyor::FusedLSTM;
+using conveyor::FusedLSTMImpl;
+using torch::nn::LSTM;
+using torch::nn::LSTMOptions;
+using ::testing::HasSubstr;
+using State = std::optional<std::tuple<at::Tensor, at::Tensor>>;
+using LstmResult = std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>>;
+using ForwardFn = std::function<LstmResult(const at::Tensor&, const State&)>;
+
+struct Config {
+  int64_t seq_len, batch, input_size, hidden, layers;
+  bool batch_first, bias, given_state;
+  std::string str() const {
+    std::ostringstream s;
+    s << "T=" << seq_len << " B=" << batch << " I=" << input_size << " H=" << hidden << " L=" << layers
+      << " batch_first=" << batch_first << " bias=" << bias << " given_state=" << given_state;
+    return s.str();
+  }
+  LSTMOptions options() const {
+    return LSTMOptions(input_size, hidden).num_layers(layers).bias(bias).batch_first(batch_first);
+  }
+};
+
+// Copies parameter values by name, the way a state dict moves between modules.
+void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  const auto source = from.named_parameters();
+  for (auto& p : to.named_parameters()) {
+    const at::Tensor* s = source.find(p.key());
+    ASSERT_NE(s, nullptr) << "no parameter " << p.key() << " in the source";
+    p.value().copy_(*s);
+  }
+}
+
+// |got - want| <= tol (absolute) or tol * max|want| (relative).
+void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, bool relative,
+                  const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << ": undefined";
+  ASSERT_TRUE(want.defined()) << what << ": reference undefined";
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const auto g = got.detach().cpu().to(at::kDouble);
+  const auto w = want.detach().cpu().to(at::kDouble);
+  const double scale = relative ? std::max(w.abs().max().item<double>(), 1e-30) : 1.0;
+  const double diff = (g - w).abs().max().item<double>();
+  EXPECT_LE(diff, tol * scale) << what << ": max abs diff " << diff << " (scale " << scale << ")";
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "<no error>";
+}
+
+// Runs both modules on the same data, backpropagates a random weighting of
+// (output, h_n, c_n) and compares values, input/state gradients and every
+// parameter gradient.
+void expect_same_as_torch(torch::nn::Module& fused_module, LSTM& ref, const Config& c, torch::Dtype dtype,
+                          torch::Device device, double tol, bool relative, const std::string& where,
+                          const ForwardFn& fused_forward) {
+  const auto opts = torch::TensorOptions().dtype(dtype).device(device);
+  const int64_t dim0 = c.batch_first ? c.batch : c.seq_len;
+  const int64_t dim1 = c.batch_first ? c.seq_len : c.batch;
+  const at::Tensor x = torch::randn({dim0, dim1, c.input_size}, opts);
+  const at::Tensor h0 = torch::randn({c.layers, c.batch, c.hidden}, opts);
+  const at::Tensor c0 = torch::randn({c.layers, c.batch, c.hidden}, opts);
+  const at::Tensor w_out = torch::randn({dim0, dim1, c.hidden}, opts);
+  const at::Tensor w_h = torch::randn({c.layers, c.batch, c.hidden}, opts);
+  const at::Tensor w_c = torch::randn({c.layers, c.batch, c.hidden}, opts);
+
+  auto run = [&](auto&& forward) {
+    at::Tensor xi = x.clone().requires_grad_();
+    at::Tensor hi = h0.clone().requires_grad_();
+    at::Tensor ci = c0.clone().requires_grad_();
+    State state;
+    if (c.given_state) state = std::make_tuple(hi, ci);
+    auto [out, hc] = forward(xi, state);
+    auto [h_n, c_n] = hc;
+    ((out * w_out).sum() + (h_n * w_h).sum() + (c_n * w_c).sum()).backward();
+    return std::vector<at::Tensor>{out, h_n, c_n, xi.grad(), hi.grad(), ci.grad()};
+  };
+  const auto got = run(fused_forward);
+  const auto want = run([&](const at::Tensor& xi, const State& s) {
+    return ref->forward(xi, s);
+  });
+  const char* names[] = {"output", "h_n", "c_n", "grad input", "grad h0", "grad c0"};
+  const size_t n = c.given_state ? 6 : 4;
+  for (size_t k = 0; k < n; ++k) expect_close(got[k], want[k], tol, relative, where + " " + names[k]);
+
+  const auto ref_params = ref->named_parameters();
+  for (const auto& p : fused_module.named_parameters()) {
+    expect_close(p.value().grad(), ref_params[p.key()].grad(), tol, relative, where + " grad " + p.key());
+  }
+}
+
+void expect_module_matches(const Config& c, torch::Dtype dtype, double tol, bool relative) {
+  LSTM ref(c.options());
+  FusedLSTM fused(c.options());
+  copy_parameters(*ref, *fused);
+  ref->to(dtype);
+  fused->to(dtype);
+  expect_same_as_torch(*fused, ref, c, dtype, torch::kCPU, tol, relative, c.str() + " " + c10::toString(dtype),
+                       [&](const at::Tensor& x, const State& s) {
+                         return fused->forward(x, s);
+                       });
+}
+
+std::vector<Config> test_configs() {
+  std::vector<Config> configs{
+      {5, 3, 4, 7, 1, false, true, false},  {1, 1, 3, 33, 2, true, true, true},
+      {4, 2, 5, 7, 4, true, false, true},   {3, 1, 2, 33, 3, false, false, false},
+      {1, 4, 6, 5, 1, false, true, true},
+  };
+  std::mt19937 rng(20240611);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int k = 0; k < 5; ++k) {
+    configs.push_back({pick(1, 6), pick(1, 4), pick(1, 9), pick(1, 40), pick(1, 4), pick(0, 1) == 1, pick(0, 1) == 1,
+                       pick(0, 1) == 1});
+  }
+  return configs;
+}
+
+TEST(FusedLstm, MatchesTorchLstmInFloat64) {
+  torch::manual_seed(1);
+  for (const auto& c : test_configs()) expect_module_matches(c, torch::kFloat64, 1e-10, /*relative=*/false);
+}
+
+// oneDNN's CPU LSTM builds a kernel per shape (seconds for this test); the
+// reference runs torch's native CPU LSTM, the same arithmetic, instead.
+struct WithoutMkldnn {
+  WithoutMkldnn() : was(at::globalContext().userEnabledMkldnn()) { at::globalContext().setUserEnabledMkldnn(false); }
+  ~WithoutMkldnn() { at::globalContext().setUserEnabledMkldnn(was); }
+  bool was;
+};
+
+TEST(FusedLstm, MatchesTorchLstmInFloat32) {
+  const WithoutMkldnn native_reference;
+  torch::manual_seed(2);
+  for (const auto& c : test_configs()) expect_module_matches(c, torch::kFloat32, 1e-5, /*relative=*/true);
+}
+
+TEST(FusedLstm, CpuComputesHalfTypesInFloat) {
+  // bfloat16 / float16 in and out, computed in float32: the result is the
+  // float32 result on the same (rounded) values, rounded once.
+  torch::manual_seed(3);
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    FusedLSTM fused(LSTMOptions(4, 9).num_layers(2));
+    fused->to(dtype);
+    const at::Tensor x = torch::randn({5, 3, 4}).to(dtype).requires_grad_();
+    const auto [out, state] = fused->forward(x);
+    std::vector<at::Tensor> float_weights;
+    for (const auto& w : fused->flat_weights()) float_weights.push_back(w.detach().to(torch::kFloat));
+    const at::Tensor zeros = torch::zeros({2, 3, 9});
+    const at::Tensor x_float = x.detach().to(torch::kFloat);
+    const auto want = std::get<0>(conveyor::fused_lstm(x_float, zeros, zeros, float_weights, true));
+    EXPECT_EQ(out.scalar_type(), dtype);
+    expect_close(out, want, 1e-2, /*relative=*/true, std::string("output ") + c10::toString(dtype));
+    out.sum().backward();
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().scalar_type(), dtype);
+    EXPECT_EQ(fused->named_parameters()["weight_hh_l1"].grad().scalar_type(), dtype);
+  }
+}
+
+TEST(FusedLstm, DropoutBetweenLayersLikeTorch) {
+  torch::manual_seed(4);
+  const Config c{6, 3, 4, 7, 3, true, true, true};
+  for (double p : {0.0, 0.5, 1.0}) {
+    LSTM ref(c.options().dropout(p));
+    FusedLSTM fused(c.options().dropout(p));
+    copy_parameters(*ref, *fused);
+    ref->to(torch::kFloat64);
+    fused->to(torch::kFloat64);
+    auto forward = [&](const at::Tensor& x, const State& s) {
+      return fused->forward(x, s);
+    };
+    // Eval: dropout is off in both. Training with p = 0 or p = 1 is deterministic
+    // (keep all / drop all between layers) and must match too.
+    ref->eval();
+    fused->eval();
+    const std::string where = "p=" + std::to_string(p);
+    expect_same_as_torch(*fused, ref, c, torch::kFloat64, torch::kCPU, 1e-10, false, "eval " + where, forward);
+    if (p == 0.5) continue;
+    ref->train();
+    fused->train();
+    fused->zero_grad();
+    ref->zero_grad();
+    expect_same_as_torch(*fused, ref, c, torch::kFloat64, torch::kCPU, 1e-10, false, "train " + where, forward);
+  }
+  // With 0 < p < 1 training must actually drop something.
+  FusedLSTM fused(c.options().dropout(0.5));
+  const at::Tensor x = torch::randn({3, 6, 4});
+  fused->eval();
+  const auto eval_out = std::get<0>(fused->forward(x));
+  fused->train();
+  const auto train_out = std::get<0>(fused->forward(x));
+  EXPECT_GT((train_out - eval_out).abs().max().item<double>(), 1e-3);
+}
+
+TEST(FusedLstm, StateDictRoundTrip) {
+  torch::manual_seed(5);
+  const auto options = LSTMOptions(5, 7).num_layers(2);
+  LSTM original(options);
+  FusedLSTM fused(options);
+  LSTM back(options);
+  std::vector<std::string> names, fused_names;
+  for (const auto& p : original->named_parameters()) names.push_back(p.key());
+  for (const auto& p : fused->named_parameters()) fused_names.push_back(p.key());
+  EXPECT_EQ(fused_names, names);
+
+  std::stringstream to_fused, to_back;
+  torch::save(original, to_fused);
+  torch::load(fused, to_fused);
+  torch::save(fused, to_back);
+  torch::load(back, to_back);
+  const auto want = original->named_parameters();
+  for (const auto& p : back->named_parameters()) {
+    EXPECT_TRUE(torch::equal(p.value(), want[p.key()])) << p.key();
+    EXPECT_TRUE(torch::equal(fused->named_parameters()[p.key()], want[p.key()])) << p.key();
+  }
+  copy_parameters(*fused, *back);  // by name, without serialisation
+  const at::Tensor x = torch::randn({4, 2, 5});
+  EXPECT_TRUE(torch::allclose(std::get<0>(back->forward(x)), std::get<0>(original->forward(x))));
+  expect_close(std::get<0>(fused->forward(x)), std::get<0>(original->forward(x)), 1e-5, true, "fused output");
+  // Unbatched [seq_len, input_size] input, which libtorch's LSTM lacks (Python's has it).
+  const at::Tensor unbatched = torch::randn({4, 5});
+  const at::Tensor want_unbatched = std::get<0>(original->forward(unbatched.unsqueeze(1))).squeeze(1);
+  expect_close(std::get<0>(fused->forward(unbatched)), want_unbatched, 1e-5, true, "unbatched output");
+}
+
+TEST(FusedLstm, RejectsBadInputWithClearMessages) {
+  FusedLSTM fused(LSTMOptions(4, 6).num_layers(2));
+  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({2, 3, 4, 1})); }), HasSubstr("input must be 3-D"));
+  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 5})); }),
+              HasSubstr("input feature size (input dim 2) is 5 but weight_ih_l0 expects 4"));
+  const State wrong_h0 = std::make_tuple(torch::zeros({2, 2, 6}), torch::zeros({2, 3, 6}));
+  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 4}), wrong_h0); }),
+              HasSubstr("h0 must have shape [num_layers, batch, hidden_size] = [2, 3, 6], got [2, 2, 6]"));
+  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 4}, torch::kFloat64)); }),
+              HasSubstr("weight_ih_l0 has dtype Float but input has dtype Double"));
+  EXPECT_THAT(error_of([&] { FusedLSTM(LSTMOptions(4, 6).bidirectional(true)); }), HasSubstr("bidirectional"));
+  EXPECT_THAT(error_of([&] { FusedLSTM(LSTMOptions(4, 6).proj_size(3)); }), HasSubstr("proj_size=3"));
+
+  // The op itself: rank and the weight list.
+  const auto w = fused->flat_weights();
+  const at::Tensor state = torch::zeros({2, 3, 6});
+  EXPECT_THAT(error_of([&] { conveyor::fused_lstm(torch::randn({3, 4}), state, state, w, true); }),
+              HasSubstr("input must be 3-D [seq_len, batch, input_size], got a 2-D tensor"));
+  const at::TensorList three_weights = at::TensorList(w).slice(0, 3);
+  EXPECT_THAT(error_of([&] { conveyor::fused_lstm(torch::randn({5, 3, 4}), state, state, three_weights, true); }),
+              HasSubstr("weights must hold 4 tensors per layer"));
+}
+
+// A Sequential of FirstOutput<LSTM> layers, as the pipeline runtime uses them.
+torch::nn::Sequential make_lstm_stack() {
+  torch::nn::Sequential m(torch::nn::Linear(4, 6),
+                          conveyor::FirstOutput<LSTM>(LSTMOptions(6, 8).batch_first(true)),
+                          conveyor::FirstOutput<LSTM>(LSTMOptions(8, 7).num_layers(2).batch_first(true)),
+                          conveyor::FirstOutput<LSTM>(LSTMOptions(7, 5).batch_first(true).bidirectional(true)),
+                          torch::nn::Linear(10, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+void expect_same_outputs_and_grads(torch::nn::Module& a, torch::nn::Module& b,
+                                   const std::function<at::Tensor(const at::Tensor&)>& fa,
+                                   const std::function<at::Tensor(const at::Tensor&)>& fb, const at::Tensor& x) {
+  const at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+  const at::Tensor ya = fa(xa), yb = fb(xb);
+  expect_close(ya, yb, 1e-10, false, "output");
+  const at::Tensor w = torch::randn_like(ya);
+  (ya * w).sum().backward();
+  (yb * w).sum().backward();
+  expect_close(xa.grad(), xb.grad(), 1e-10, false, "grad input");
+  const auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters()) expect_close(p.value().grad(), pb[p.key()].grad(), 1e-10, false, p.key());
+}
+
+TEST(SwapFusedOps, SequentialOfFirstOutputLstms) {
+  torch::manual_seed(6);
+  auto model = make_lstm_stack();
+  auto reference = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone()));
+  const at::Tensor w_before = model->named_parameters()["1.inner.weight_ih_l0"];
+
+  const conveyor::SwapReport report = conveyor::swap_fused_ops(model.ptr());
+  EXPECT_EQ(report.swapped_paths(), (std::vector<std::string>{"1.inner", "2.inner"}));
+  ASSERT_EQ(report.skipped.size(), 1u) << report.to_string();
+  EXPECT_EQ(report.skipped[0].path, "3.inner");
+  EXPECT_THAT(report.skipped[0].reason, HasSubstr("bidirectional"));
+  EXPECT_NE(std::dynamic_pointer_cast<FusedLSTMImpl>(model->named_modules()["1.inner"]), nullptr);
+  EXPECT_NE(std::dynamic_pointer_cast<LSTM::Impl>(model->named_modules()["3.inner"]), nullptr);
+  // Same tensors, not copies: an optimizer built before the swap still applies.
+  EXPECT_TRUE(model->named_parameters()["1.inner.weight_ih_l0"].is_same(w_before));
+
+  auto run = [](torch::nn::Sequential& m) { return [&m](const at::Tensor& x) { return m->forward(x); }; };
+  const at::Tensor x = torch::randn({3, 5, 4}, torch::kFloat64);
+  expect_same_outputs_and_grads(*model, *reference, run(model), run(reference), x);
+
+  // Cloning a swapped model deep-copies the fused layers.
+  auto copy = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone()));
+  EXPECT_NE(std::dynamic_pointer_cast<FusedLSTMImpl>(copy->named_modules()["2.inner"]), nullptr);
+  const std::string name = "2.inner.weight_hh_l1";
+  EXPECT_FALSE(copy->named_parameters()[name].is_same(model->named_parameters()[name]));
+  expect_close(copy->forward(x), reference->forward(x), 1e-10, false, "clone output");
+}
+
+TEST(SwapFusedOps, LstmDirectlyInSequentialReplacesTheEntry) {
+  torch::manual_seed(7);
+  torch::nn::Sequential seq(LSTM(LSTMOptions(3, 4)));
+  const auto report = conveyor::swap_fused_ops(seq.ptr());
+  EXPECT_EQ(report.swapped_paths(), std::vector<std::string>{"0"});
+  EXPECT_NE(std::dynamic_pointer_cast<FusedLSTMImpl>(seq->ptr(0)), nullptr);
+  EXPECT_NE(std::dynamic_pointer_cast<FusedLSTMImpl>(seq->begin()->ptr()), nullptr);
+  const auto out = seq->forward<LstmResult>(torch::randn({2, 1, 3}));
+  EXPECT_EQ(std::get<0>(out).sizes().vec(), (std::vector<int64_t>{2, 1, 4}));
+}
+
+// A user module: LSTMs in a ModuleList, a ModuleDict, and a typed member.
+struct StackNet : torch::nn::Module {
+  StackNet() {
+    layers = register_module("layers", torch::nn::ModuleList(LSTM(LSTMOptions(3, 5)),
+                                                             LSTM(LSTMOptions(5, 5).num_layers(2)),
+                                                             LSTM(LSTMOptions(4, 6).proj_size(3))));
+    std::vector<std::pair<std::string, std::shared_ptr<Module>>> named{{"top", LSTM(LSTMOptions(5, 4)).ptr()}};
+    by_name = register_module("by_name", torch::nn::ModuleDict(named));
+    typed = register_module("typed", LSTM(LSTMOptions(4, 4)));
+    to(torch::kFloat64);
+  }
+  static at::Tensor first_output(const std::shared_ptr<Module>& m, const at::Tensor& x) {
+    if (auto fused = std::dynamic_pointer_cast<FusedLSTMImpl>(m)) return std::get<0>(fused->forward(x));
+    return std::get<0>(std::dynamic_pointer_cast<LSTM::Impl>(m)->forward(x));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = first_output(layers[0], x);
+    x = first_output(layers[1], x);
+    x = first_output(by_name["top"], x);
+    x = std::get<0>(typed->forward(x));
+    return first_output(layers[2], x);
+  }
+  torch::nn::ModuleList layers{nullptr};
+  torch::nn::ModuleDict by_name{nullptr};
+  LSTM typed{nullptr};
+};
+
+TEST(SwapFusedOps, ModuleListModuleDictAndTypedMembers) {
+  torch::manual_seed(8);
+  auto net = std::make_shared<StackNet>();
+  auto reference = std::make_shared<StackNet>();
+  copy_parameters(*net, *reference);
+
+  const auto report = conveyor::swap_fused_ops(net);
+  EXPECT_EQ(report.swapped_paths(), (std::vector<std::string>{"layers.0", "layers.1", "by_name.top"}));
+  ASSERT_TRUE(report.skip_reason("layers.2").has_value()) << report.to_string();
+  EXPECT_THAT(*report.skip_reason("layers.2"), HasSubstr("proj_size=3"));
+  ASSERT_TRUE(report.skip_reason("typed").has_value()) << report.to_string();
+  EXPECT_THAT(*report.skip_reason("typed"), HasSubstr("parent keeps a typed member"));
+  EXPECT_EQ(net->named_modules()["typed"], net->typed.ptr());  // untouched, still consistent
+
+  const at::Tensor x = torch::randn({4, 2, 3}, torch::kFloat64);
+  expect_same_outputs_and_grads(*net, *reference, [&](const at::Tensor& t) { return net->forward(t); },
+                                [&](const at::Tensor& t) { return reference->forward(t); }, x);
+
+  const auto root = conveyor::swap_fused_ops(LSTM(LSTMOptions(2, 2)).ptr());
+  EXPECT_TRUE(root.swapped.empty());
+  ASSERT_TRUE(root.skip_reason("").has_value());
+  EXPECT_THAT(*root.skip_reason(""), HasSubstr("root"));
+}
+
+TEST(FusedLstmCuda, MatchesTorchLstmOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  // The reference is torch::nn::LSTM on CUDA in float64, with the same
+  // (dtype-rounded) weights. Batch 4 takes the persistent kernel, batch 48 the
+  // per-step kernel.
+  const std::vector<Config> configs{{7, 4, 5, 33, 2, true, true, true}, {5, 48, 6, 40, 2, false, true, false},
+                                    {1, 1, 3, 7, 1, false, false, true}};
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    for (const auto& c : configs) {
+      torch::manual_seed(9);
+      LSTM ref(c.options());
+      FusedLSTM fused(c.options());
+      fused->to(torch::kCUDA, dtype);
+      copy_parameters(*fused, *ref);
+      ref->to(torch::kCUDA, torch::kFloat64);
+      const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+      const auto where = c.str() + " cuda " + c10::toString(dtype);
+      expect_same_as_torch(*fused, ref, c, torch::kFloat64, torch::kCUDA, tol, true, where,
+                           [&](const at::Tensor& x, const State& s) {
+                             State sd;
+                             if (s) sd = std::make_tuple(std::get<0>(*s).to(dtype), std::get<1>(*s).to(dtype));
+                             auto [out, hc] = fused->forward(x.to(dtype), sd);
+                             return LstmResult{out, hc};
+                           });
+    }
+  }
+}
+
+}  // namespace
