@@ -1,0 +1,475 @@
+// lm_pipeline: trains a word-level LSTM language model as a pipeline of
+// stages (conveyor::Pipeline) on English text, evaluates it against a unigram
+// baseline, and fails (exit 1) if it does not beat that baseline.
+// Run with --help for what it does, where its data comes from and its flags.
+
+#include "examples/progress.h"
+#include "examples/text_corpus.h"
+#include "plugin/conveyor.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ex = conveyor::examples;
+
+namespace {
+
+constexpr const char* kFortuneDir = "/usr/share/games/fortunes";
+constexpr uint64_t kSplitSeed = 2718281828;  // fixed, so every --seed trains and evaluates on the same split
+// The output bias starts at the unigram log-frequencies, so the model starts
+// near the baseline: passing asks for a clear gain from context on top.
+constexpr double kRequiredGain = 0.2;  // nats per word: perplexity at least 18% below the baseline's
+
+constexpr const char* kHelp = R"(lm_pipeline: train a word-level LSTM language model as a pipeline.
+
+The model, embedding -> dropout -> LSTM -> dropout -> LSTM -> dropout -> linear,
+is cut into --stages stages, each run by its own thread (and on its own GPU
+with --device cuda). Each batch is split into --microbatches micro-batches that
+flow through the stages under a --schedule, with the gradients of the unsplit
+model. It ends with the valid and test perplexity next to a unigram baseline
+and exits with 1 unless the valid loss is at least 0.2 nats below the
+baseline's (perplexity 18% lower).
+
+Data: by default the English quotations of Debian's 'fortunes' package
+(/usr/share/games/fortunes, about 2.5 MB; scripts/setup.sh installs it). Text is
+lower-cased and split into words and punctuation, <eos> ends each fortune, and
+a hash of each fortune's text puts it in train, valid or test (about 90/5/5).
+With --data DIR: PTB-format DIR/ptb.{train,valid,test}.txt (one sentence a line,
+words separated by spaces, rare words as <unk>), <eos> ending each line. The
+vocabulary is the --vocab most frequent train words; the rest read <unk>.
+
+Training: Adam on the mean cross-entropy (nats per word; perplexity = exp) of
+[--batch, --bptt] windows of the train split laid out as --batch parallel
+streams, targets shifted by one word; gradients clipped to a global norm of
+--clip; each window starts from a zero LSTM state. The output bias starts at
+the log word frequencies of the train split, so training starts near the
+unigram loss and goes straight to learning from context.
+
+Flags (--flag VALUE or --flag=VALUE):
+  --stages N        pipeline stages, 1..7 (default 2)
+  --microbatches N  micro-batches per batch, at most --batch (default 4)
+  --schedule NAME   synchronous: sequential | gpipe | 1f1b (default 1f1b);
+                    asynchronous (an update per micro-batch, by an Adam per
+                    stage, no clipping): pipedream | ddg | fr
+  --steps N         training steps, one window each (default 400)
+  --device D        cpu (default) | cuda: stage k on cuda:(k mod GPU count) |
+                    auto: cuda when available, else cpu
+  --threads N       intra-op CPU threads of each stage (default cores / stages)
+  --batch N         parallel streams per window (default 32)
+  --bptt N          words per window (default 35)
+  --embed N         embedding width (default 128)
+  --hidden N        LSTM width (default 256)
+  --vocab N         vocabulary size including <unk> (default 10000)
+  --dropout P       dropout probability in [0, 1) (default 0.2)
+  --lr X            Adam learning rate (default 0.005)
+  --clip X          gradient-norm limit, 0 for none (default 1)
+  --eval-every N    steps between valid evaluations, 0: at the end (default 100)
+  --data DIR        PTB-format data instead of the fortunes
+  --seed N          seed of the initial weights and dropout (default 1)
+  --trace FILE      write the Chrome trace (Perfetto, chrome://tracing) of the
+                    last training step to FILE
+  --help            this text
+
+Exit status: 0 when the valid loss beats the unigram baseline by 0.2 nats, 1
+when it does not or training fails, 2 for invalid flags or missing data.
+Example: lm_pipeline --stages 2 --microbatches 8 --schedule gpipe --steps 200
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Config {
+  int64_t stages = 2, microbatches = 4, steps = 400, threads = 0;
+  std::string schedule = "1f1b", device = "cpu", data, trace;
+  int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
+  double dropout = 0.2, lr = 5e-3, clip = 1.0;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) {
+    throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
+                     "], got '" + text + "'");
+  }
+  return value;
+}
+
+double parse_real(const std::string& flag, const std::string& text, double min, double max_exclusive) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < min ||
+      value >= max_exclusive) {
+    std::ostringstream os;
+    os << flag << " expects a number in [" << min << ", " << max_exclusive << "), got '" << text << "'";
+    throw UsageError(os.str());
+  }
+  return value;
+}
+
+// Returns false when --help was asked for.
+bool parse_args(int argc, char** argv, Config& c) {
+  constexpr int64_t kBig = 1'000'000'000;
+  struct IntFlag { int64_t* value; int64_t min, max; };
+  struct RealFlag { double* value; double min, max_exclusive; };
+  const std::map<std::string, IntFlag> ints = {
+      {"--stages", {&c.stages, 1, 7}},       {"--microbatches", {&c.microbatches, 1, kBig}},
+      {"--steps", {&c.steps, 1, kBig}},      {"--threads", {&c.threads, 1, 1024}},
+      {"--batch", {&c.batch, 1, kBig}},      {"--bptt", {&c.bptt, 1, kBig}},
+      {"--embed", {&c.embed, 1, kBig}},      {"--hidden", {&c.hidden, 1, kBig}},
+      {"--vocab", {&c.vocab, 2, kBig}},      {"--eval-every", {&c.eval_every, 0, kBig}},
+      {"--seed", {&c.seed, 0, INT64_MAX}}};
+  const std::map<std::string, RealFlag> reals = {
+      {"--dropout", {&c.dropout, 0.0, 1.0}}, {"--lr", {&c.lr, 1e-12, 1e3}}, {"--clip", {&c.clip, 0.0, 1e9}}};
+  const std::map<std::string, std::string*> texts = {
+      {"--schedule", &c.schedule}, {"--device", &c.device}, {"--data", &c.data}, {"--trace", &c.trace}};
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "--help" || flag == "-h") return false;
+    const size_t eq = flag.find('=');
+    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+    }
+    const auto int_flag = ints.find(flag);
+    const auto real_flag = reals.find(flag);
+    const auto text_flag = texts.find(flag);
+    if (int_flag == ints.end() && real_flag == reals.end() && text_flag == texts.end()) {
+      throw UsageError("unknown argument '" + flag + "'");
+    }
+    if (!inline_value) {
+      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+      value = argv[++i];
+    }
+    if (int_flag != ints.end()) {
+      *int_flag->second.value = parse_int(flag, value, int_flag->second.min, int_flag->second.max);
+    } else if (real_flag != reals.end()) {
+      *real_flag->second.value = parse_real(flag, value, real_flag->second.min, real_flag->second.max_exclusive);
+    } else {
+      *text_flag->second = value;
+    }
+  }
+  const auto& names = conveyor::schedules::schedule_names();
+  if (std::find(names.begin(), names.end(), c.schedule) == names.end()) {
+    std::string all;
+    for (const auto& n : names) all += (all.empty() ? "" : " | ") + n;
+    throw UsageError("--schedule expects one of " + all + ", got '" + c.schedule + "'");
+  }
+  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
+    throw UsageError("--device expects cpu, cuda or auto, got '" + c.device + "'");
+  }
+  if (c.microbatches > c.batch) {
+    throw UsageError("--microbatches (" + std::to_string(c.microbatches) + ") cannot exceed --batch (" +
+                     std::to_string(c.batch) + "): every micro-batch needs at least one stream");
+  }
+  return true;
+}
+
+// The stage devices for --device; throws UsageError when CUDA is asked for and absent.
+std::vector<std::string> stage_devices(const Config& c) {
+  const bool cuda = torch::cuda::is_available();
+  if (c.device == "cpu" || (c.device == "auto" && !cuda)) return {"cpu"};
+  if (!cuda) throw UsageError("--device cuda: no CUDA device is available (use --device cpu or auto)");
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  std::vector<std::string> devices;
+  for (int64_t k = 0; k < c.stages; ++k) devices.push_back("cuda:" + std::to_string(k % count));
+  return devices;
+}
+
+std::string fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+struct LanguageModel {
+  torch::nn::Sequential layers;
+  std::vector<std::string> names;  // one per layer, for the plan
+  std::vector<double> costs;       // rough multiply-adds per word, forward and backward, for the split
+  torch::nn::Linear decoder{nullptr};
+};
+
+LanguageModel make_model(const Config& c, int64_t vocab) {
+  using namespace torch::nn;
+  LanguageModel m;
+  auto add = [&](AnyModule layer, std::string name, double cost) {
+    m.layers->push_back(std::move(layer));
+    m.names.push_back(std::move(name));
+    m.costs.push_back(cost);
+  };
+  auto dims = [](int64_t in, int64_t out) { return "(" + std::to_string(in) + "->" + std::to_string(out) + ")"; };
+  auto lstm = [&](int64_t in) {
+    return AnyModule(conveyor::FirstOutput<LSTM>(LSTMOptions(in, c.hidden).batch_first(true)));
+  };
+  const std::string drop = "dropout(" + fixed(c.dropout, 2) + ")";
+  const double h = static_cast<double>(c.hidden), e = static_cast<double>(c.embed), v = static_cast<double>(vocab);
+  m.decoder = Linear(c.hidden, vocab);
+  add(AnyModule(Embedding(vocab, c.embed)), "embedding" + dims(vocab, c.embed), e);
+  add(AnyModule(Dropout(c.dropout)), drop, e);
+  add(lstm(c.embed), "lstm" + dims(c.embed, c.hidden), 3 * 4 * h * (e + h));
+  add(AnyModule(Dropout(c.dropout)), drop, h);
+  add(lstm(c.hidden), "lstm" + dims(c.hidden, c.hidden), 3 * 4 * h * (h + h));
+  add(AnyModule(Dropout(c.dropout)), drop, h);
+  add(AnyModule(m.decoder), "linear" + dims(c.hidden, vocab), 3 * h * v + 4 * v);  // + the loss's softmax
+  return m;
+}
+
+// Starts the decoder's bias at the log unigram frequencies of the train split
+// (add-one smoothed), so that the first steps need not learn how often each
+// word occurs and go straight to learning from context.
+void init_decoder_bias(torch::nn::Linear& decoder, const std::vector<int64_t>& train, int64_t vocab) {
+  std::vector<float> log_freq(vocab, 1.0f);
+  for (int64_t id : train) log_freq[id] += 1.0f;
+  for (float& f : log_freq) f = std::log(f / static_cast<float>(train.size() + vocab));
+  torch::NoGradGuard no_grad;
+  decoder->bias.copy_(torch::tensor(log_freq));
+}
+
+at::Tensor lm_loss(const at::Tensor& output, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
+}
+
+std::pair<at::Tensor, at::Tensor> window_tensors(const ex::TokenGrid& grid, int64_t index, int64_t bptt) {
+  auto w = grid.window(index, bptt);
+  auto as_tensor = [&](std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kLong).view({grid.rows, w.len}); };
+  return {as_tensor(w.inputs), as_tensor(w.targets)};
+}
+
+// Mean cross-entropy (nats per word) of the model on every window of `grid`.
+double evaluate(conveyor::Pipeline& pipe, const ex::TokenGrid& grid, int64_t bptt) {
+  pipe.eval();
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  int64_t words = 0;
+  for (int64_t i = 0; i < grid.num_windows(bptt); ++i) {
+    auto [input, target] = window_tensors(grid, i, bptt);
+    const at::Tensor output = pipe.forward(input);
+    total += lm_loss(output, target.to(output.device())).item<double>() * static_cast<double>(target.numel());
+    words += target.numel();
+  }
+  pipe.train();
+  return total / static_cast<double>(words);
+}
+
+// Scales the gradients so that their global L2 norm is at most max_norm (0:
+// no limit); returns the norm before scaling. Works across devices.
+double clip_global_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  double squares = 0;
+  for (const auto& p : params) squares += p.grad().defined() ? p.grad().pow(2).sum().item<double>() : 0.0;
+  const double norm = std::sqrt(squares);
+  for (const auto& p : params) {
+    if (max_norm > 0 && norm > max_norm && p.grad().defined()) p.grad().mul_(max_norm / (norm + 1e-6));
+  }
+  return norm;
+}
+
+struct Data {
+  ex::Corpus corpus;
+  ex::TokenGrid train, valid, test;
+  ex::UnigramBaseline valid_baseline, test_baseline;
+};
+
+// Reads the corpus, lays it out in windows and prints what was read.
+Data load_data(const Config& c) {
+  Data d;
+  try {
+    d.corpus = c.data.empty() ? ex::load_fortunes(kFortuneDir, c.vocab, kSplitSeed) : ex::load_ptb(c.data, c.vocab);
+  } catch (const std::exception& e) {
+    throw UsageError(std::string(e.what()) +
+                     (c.data.empty() ? "\n  install Debian's 'fortunes' package (scripts/setup.sh does, or "
+                                       "'sudo apt-get install fortunes') or pass --data DIR with PTB-format files"
+                                     : ""));
+  }
+  const ex::Corpus& corpus = d.corpus;
+  const int64_t vocab = corpus.vocab.size();
+  d.valid_baseline = ex::unigram_baseline(corpus.train, corpus.valid, vocab);
+  d.test_baseline = ex::unigram_baseline(corpus.train, corpus.test, vocab);
+  try {
+    d.train = ex::batchify(corpus.train, c.batch, "train");
+    d.valid = ex::batchify(corpus.valid, c.batch, "valid");
+    d.test = ex::batchify(corpus.test, c.batch, "test");
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string(e.what()) + " (--batch " + std::to_string(c.batch) + ")");
+  }
+  const auto unk_share = [&](const std::vector<int64_t>& ids) {
+    return fixed(100.0 * static_cast<double>(std::count(ids.begin(), ids.end(), 0)) / static_cast<double>(ids.size()),
+                 1);
+  };
+  std::cout << "data: " << corpus.source << "\n  words: train " << ex::format_count(corpus.train.size())
+            << ", valid " << ex::format_count(corpus.valid.size()) << ", test " << ex::format_count(corpus.test.size())
+            << " (" << (c.data.empty() ? "fortunes " : "lines ") << corpus.train_entries << " / "
+            << corpus.valid_entries << " / " << corpus.test_entries << ")\n  vocabulary: " << vocab << " of "
+            << ex::format_count(corpus.distinct_train_words) << " distinct train words; <unk> is "
+            << unk_share(corpus.train) << "% of train, " << unk_share(corpus.valid) << "% of valid\n"
+            << "  unigram baseline (train counts, add-one): valid loss " << fixed(d.valid_baseline.cross_entropy, 3)
+            << " nats, perplexity " << fixed(d.valid_baseline.perplexity(), 1) << "; train unigram entropy "
+            << fixed(d.valid_baseline.train_entropy, 3) << " nats\n";
+  return d;
+}
+
+// Synchronous schedules: the caller clips and steps one Adam over every
+// weight. Asynchronous ones update after every micro-batch, so the pipeline
+// steps its own Adam per stage (without clipping).
+conveyor::Pipeline make_pipeline(const Config& c, const LanguageModel& model, const std::vector<std::string>& devices,
+                                 bool& synchronous) {
+  try {
+    const int stages = static_cast<int>(c.stages), microbatches = static_cast<int>(c.microbatches);
+    synchronous = conveyor::schedules::make_schedule(c.schedule, stages, microbatches).synchronous();
+    auto options = conveyor::PipelineOptions()
+                       .stages(stages)
+                       .microbatches(microbatches)
+                       .schedule(c.schedule)
+                       .devices(devices)
+                       .boundaries(conveyor::balanced_boundaries(model.costs, stages));
+    if (!synchronous) {
+      options.optimizer([lr = c.lr](std::vector<at::Tensor> p) {
+        return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr));
+      });
+    }
+    return conveyor::Pipeline(model.layers, options);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+void print_plan(const Config& c, const conveyor::Pipeline& pipe, const LanguageModel& model, int64_t windows,
+                bool synchronous) {
+  int64_t num_params = 0;
+  for (const auto& p : pipe.parameters()) num_params += p.numel();
+  std::cout << "model: " << ex::format_count(num_params) << " parameters in " << model.names.size() << " layers, "
+            << pipe.num_stages() << " stages, " << c.microbatches << " micro-batches of " << c.batch / c.microbatches
+            << (c.batch % c.microbatches ? "+" : "") << " streams, " << c.threads << " intra-op thread(s) per stage\n";
+  for (const auto& s : pipe.plan().stages) {
+    std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
+    for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
+    std::cout << "\n";
+  }
+  const std::string schedule = pipe.schedule().str();
+  std::cout << "schedule:\n" << schedule << (schedule.ends_with("\n") ? "" : "\n") << "training: " << c.steps
+            << " steps of " << c.batch << " x " << c.bptt << " words (" << fixed(double(c.steps) / double(windows), 2)
+            << " passes over the train split), " << (synchronous ? "Adam" : "an Adam per stage and micro-batch")
+            << " lr " << c.lr << ", clip " << (synchronous ? fixed(c.clip, 2) : "none") << ", dropout "
+            << c.dropout << "\n" << std::flush;
+}
+
+int run(const Config& c) {
+  using clock = std::chrono::steady_clock;
+  const auto started = clock::now();
+  auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+
+  const auto devices = stage_devices(c);  // fails fast on a missing GPU
+  const Data data = load_data(c);
+  LanguageModel model = make_model(c, data.corpus.vocab.size());
+  init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
+  bool synchronous = true;
+  conveyor::Pipeline pipe = make_pipeline(c, model, devices, synchronous);
+  const int64_t windows = data.train.num_windows(c.bptt);
+  print_plan(c, pipe, model, windows, synchronous);
+
+  const auto params = pipe.parameters();
+  torch::optim::Adam optimizer(params, torch::optim::AdamOptions(c.lr));
+  ex::ProgressBar progress(std::cerr, c.steps, ex::ProgressBar::stderr_is_tty(),
+                           std::clamp<int64_t>(c.steps / 10, 1, 50));
+  pipe.train();
+  conveyor::StepResult last;
+  double start_loss = 0, train_seconds = 0, eval_seconds = 0, valid_loss = 0;
+  int64_t words_trained = 0;
+  std::vector<double> recent;  // losses of the last steps, for the final train loss
+  for (int64_t step = 1; step <= c.steps; ++step) {
+    const auto t0 = clock::now();
+    auto [input, target] = window_tensors(data.train, (step - 1) % windows, c.bptt);
+    if (synchronous) optimizer.zero_grad();
+    last = pipe.train_step(input, target, lm_loss);
+    if (synchronous) {
+      clip_global_norm(params, c.clip);
+      optimizer.step();
+    }
+    train_seconds += seconds_since(t0);
+    words_trained += target.numel();
+    if (!std::isfinite(last.loss)) {
+      progress.finish();
+      std::cerr << "lm_pipeline: the loss became " << last.loss << " at step " << step << "; try a smaller --lr\n";
+      return 1;
+    }
+    if (step == 1) start_loss = last.loss;
+    recent.push_back(last.loss);
+    if (recent.size() > 50) recent.erase(recent.begin());
+    progress.update(step, last.loss, static_cast<double>(words_trained) / train_seconds);
+    if ((c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps) {
+      const auto t1 = clock::now();
+      valid_loss = evaluate(pipe, data.valid, c.bptt);
+      eval_seconds += seconds_since(t1);
+      progress.note("  step " + std::to_string(step) + ": valid loss " + fixed(valid_loss, 3) + ", perplexity " +
+                    fixed(std::exp(valid_loss), 1) + " (unigram " + fixed(data.valid_baseline.perplexity(), 1) + ")");
+    }
+  }
+  progress.finish();
+  const auto t2 = clock::now();
+  const double test_loss = evaluate(pipe, data.test, c.bptt);
+  eval_seconds += seconds_since(t2);
+  if (!c.trace.empty()) last.write_chrome_trace(c.trace);
+
+  double end_loss = 0;
+  for (double l : recent) end_loss += l / static_cast<double>(recent.size());
+  auto versus = [](double loss, const ex::UnigramBaseline& b) {
+    return "loss " + fixed(loss, 3) + ", perplexity " + fixed(std::exp(loss), 1) + "   unigram baseline: loss " +
+           fixed(b.cross_entropy, 3) + ", perplexity " + fixed(b.perplexity(), 1) + "\n";
+  };
+  std::cout << "result:\n  train loss: " << fixed(start_loss, 3) << " at the first step -> " << fixed(end_loss, 3)
+            << " (mean of the last " << recent.size() << " steps)\n  valid: " << versus(valid_loss, data.valid_baseline)
+            << "  test:  " << versus(test_loss, data.test_baseline) << "  last step: " << fixed(last.wall_seconds, 3)
+            << " s, bubble " << fixed(100 * last.bubble_fraction, 1) << "%, busy per stage";
+  for (size_t k = 0; k < last.busy_seconds.size(); ++k) {
+    std::cout << (k ? ", " : " ") << fixed(last.busy_seconds[k], 3) << " s";
+  }
+  std::cout << "\n  throughput: " << ex::format_count(static_cast<double>(words_trained) / train_seconds)
+            << " words/s; training " << ex::format_duration(train_seconds) << ", evaluation "
+            << ex::format_duration(eval_seconds) << ", total " << ex::format_duration(seconds_since(started)) << "\n";
+  if (!c.trace.empty()) std::cout << "  trace of the last step: " << c.trace << "\n";
+  const double gain = data.valid_baseline.cross_entropy - valid_loss;
+  const bool beat = gain >= kRequiredGain;
+  std::cout << (beat ? "PASS" : "FAIL") << ": the valid loss " << fixed(valid_loss, 3) << " is "
+            << fixed(std::fabs(gain), 3) << " nats " << (gain >= 0 ? "below" : "above") << " the unigram baseline's "
+            << fixed(data.valid_baseline.cross_entropy, 3) << " (required: " << kRequiredGain << " below)"
+            << (beat ? "" : "; train longer (--steps)") << "\n";
+  return beat ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config config;
+  try {
+    if (!parse_args(argc, argv, config)) {
+      std::cout << kHelp;
+      return 0;
+    }
+    const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    if (config.threads == 0) config.threads = std::max<int64_t>(1, cores / config.stages);
+    // Stage threads pick this up the first time they run an op.
+    at::set_num_threads(static_cast<int>(config.threads));
+    torch::manual_seed(static_cast<uint64_t>(config.seed));
+    return run(config);
+  } catch (const UsageError& e) {
+    std::cerr << "lm_pipeline: " << e.what() << "\nRun 'lm_pipeline --help' for the flags and the data.\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "lm_pipeline: " << e.what() << "\n";
+    return 1;
+  }
+}
