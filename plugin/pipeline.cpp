@@ -71,6 +71,22 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
     : options_(std::move(options)), plan_(plan_stages(model, options_)) {
+  build(model, -1, nullptr);
+}
+
+Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage,
+                   std::unique_ptr<Transport> transport)
+    : options_(std::move(options)), plan_(plan_stages(model, options_)) {
+  const int num_stages = static_cast<int>(plan_.stages.size());
+  if (local_stage < 0 || local_stage >= num_stages) {
+    throw std::invalid_argument("conveyor: local stage " + std::to_string(local_stage) + " is not a stage of this " +
+                                std::to_string(num_stages) + "-stage pipeline");
+  }
+  if (!transport) throw std::invalid_argument("conveyor: a pipeline with one local stage needs a transport");
+  build(model, local_stage, std::move(transport));
+}
+
+void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_ptr<Transport> transport) {
   const int num_stages = static_cast<int>(plan_.stages.size());
   schedule_ = build_schedule(options_, num_stages);
   check_optimizer_options(options_, schedule_);
@@ -86,21 +102,24 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   std::vector<c10::Device> devices;
   for (int k = 0; k < num_stages; ++k) {
     const StageSpec& spec = plan_.stages[k];
+    devices.push_back(spec.device);
+    if (local_stage >= 0 && k != local_stage) {
+      stages.push_back(nullptr);  // runs in another process
+      continue;
+    }
     std::vector<std::pair<std::string, torch::nn::AnyModule>> slice(named.begin() + spec.begin,
                                                                      named.begin() + spec.end);
     auto stage = std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device);
     if (schedule_.weight_stashing) stage->separate_live_weights();
     if (options_.optimizer()) stage->set_optimizer(options_.optimizer()(stage->live()));
     stages.push_back(std::move(stage));
-    devices.push_back(spec.device);
   }
   RuntimeOptions runtime_options;
   runtime_options.trace = options_.trace();
   runtime_options.divergence_guard = options_.divergence_guard();
   runtime_options.learning_rate = options_.lr_schedule();
-  runtime_ = std::make_unique<Runtime>(
-      std::move(stages), make_in_process_transport(devices, options_.channel_capacity(), options_.timeout()),
-      std::move(runtime_options));
+  if (!transport) transport = make_in_process_transport(devices, options_.channel_capacity(), options_.timeout());
+  runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options));
 }
 
 std::vector<at::Tensor> Pipeline::split(const at::Tensor& batch, const char* what, int num_microbatches) const {
@@ -156,12 +175,14 @@ at::Tensor Pipeline::forward(const at::Tensor& input) {
   data.inputs = split(input, "input", m);
   std::vector<at::Tensor> outputs;
   runtime_->run(schedules::make_forward_only(num_stages(), m), data, &outputs);
+  if (!is_local(num_stages() - 1)) return at::Tensor();  // the output is in another process
   return at::cat(outputs, options_.batch_dim());
 }
 
 std::vector<at::Tensor> Pipeline::parameters() const {
   std::vector<at::Tensor> params;
   for (int k = 0; k < num_stages(); ++k) {
+    if (!is_local(k)) continue;
     for (const auto& p : stage(k).live()) params.push_back(p);
   }
   return params;
@@ -170,13 +191,16 @@ std::vector<at::Tensor> Pipeline::parameters() const {
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (int k = 0; k < num_stages(); ++k) {
+    if (!is_local(k)) continue;
     for (size_t i = 0; i < stage(k).live().size(); ++i) params.emplace_back(stage(k).names()[i], stage(k).live()[i]);
   }
   return params;
 }
 
 void Pipeline::train(bool on) {
-  for (int k = 0; k < num_stages(); ++k) stage(k).module()->train(on);
+  for (int k = 0; k < num_stages(); ++k) {
+    if (is_local(k)) stage(k).module()->train(on);
+  }
 }
 
 }  // namespace conveyor

@@ -52,6 +52,15 @@ class Pipeline {
   // before anything is moved.
   explicit Pipeline(torch::nn::Sequential model, PipelineOptions options = {});
 
+  // One stage of a pipeline whose other stages run in other processes (see
+  // plugin/distributed.h): plans the whole model as above but builds and runs
+  // only stage `local_stage`, reaching its neighbours through `transport`.
+  // Only that stage's layers are moved and trained; parameters() are its
+  // weights; train_step's loss is NaN and forward() undefined unless it is the
+  // last stage.
+  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage,
+           std::unique_ptr<Transport> transport);
+
   // One training step on a whole batch: splits it into micro-batches, runs
   // the schedule, accumulates gradients. Returns the batch's loss and timings.
   StepResult train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
@@ -70,6 +79,8 @@ class Pipeline {
   void eval() { train(false); }
 
   int num_stages() const { return runtime_->num_stages(); }
+  // Whether this process runs stage k (every stage, unless built for one).
+  bool is_local(int k) const { return runtime_->is_local(k); }
   const Stage& stage(int k) const { return runtime_->stage(k); }
   // Steps train_step has completed.
   int64_t completed_steps() const { return runtime_->completed_steps(); }
@@ -78,6 +89,8 @@ class Pipeline {
   const PipelineOptions& options() const { return options_; }
 
  private:
+  // Builds the stages (all, or only `local_stage` >= 0) and the runtime.
+  void build(torch::nn::Sequential& model, int local_stage, std::unique_ptr<Transport> transport);
   std::vector<at::Tensor> split(const at::Tensor& batch, const char* what, int num_microbatches) const;
 
   PipelineOptions options_;

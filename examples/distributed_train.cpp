@@ -1,0 +1,349 @@
+// distributed_train: one model, three ways to spread its training over
+// processes or devices (a pipeline with one stage per process and optional
+// data-parallel replicas of it; all-reduce data parallelism over c10d; and
+// LibTorch's single-process DataParallel), so they can be compared on the
+// same work. Run with --help.
+
+#include "plugin/conveyor.h"
+#include "plugin/distributed.h"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr const char* kHelp = R"(distributed_train: train one MLP by pipeline, hybrid or data parallelism.
+
+Launch with torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT), one process per stage or replica:
+
+  torchrun --nproc-per-node=2 --no-python ./distributed_train --parallel=pipeline --stages=2
+  torchrun --nproc-per-node=4 --no-python ./distributed_train --parallel=pipeline --stages=2 --replicas=2
+  torchrun --nproc-per-node=2 --no-python ./distributed_train --parallel=ddp
+  ./distributed_train --parallel=dataparallel
+
+A multi-node torchrun (--nnodes, --rdzv-endpoint) works unchanged; without
+torchrun the program is one process, rank 0 of 1.
+
+Model and data: an MLP of --layers hidden layers of --hidden units (ReLU)
+classifying --inputs features into --classes classes, trained with SGD on the
+mean cross-entropy. The data are synthetic and endless: step s draws a global
+batch of --batch samples from a generator seeded with --seed + s, labelled by a
+fixed random linear teacher, so every rank can draw the same batch and each
+replica trains on its own shard of it.
+
+Modes (--parallel):
+  pipeline      the layers cut into --stages stages, one process each, under
+                --schedule with --microbatches micro-batches; WORLD_SIZE must be
+                stages x replicas, rank r runs stage r % stages of replica
+                r / stages. Replicas average their gradients every step.
+  ddp           every process holds the whole model and trains it on its shard;
+                gradients are averaged over all processes (c10d all-reduce).
+  dataparallel  LibTorch's torch::nn::parallel::data_parallel in one process,
+                over every CUDA device; on the CPU there is one device, so it is
+                plain single-process training (the baseline). One process only.
+
+Flags (--flag=VALUE or --flag VALUE):
+  --parallel MODE     pipeline | ddp | dataparallel (default pipeline)
+  --stages N          pipeline stages (default: WORLD_SIZE / --replicas)
+  --replicas N        data-parallel replicas of the pipeline (default 1)
+  --microbatches N    micro-batches per replica batch (default 4)
+  --schedule NAME     gpipe | 1f1b | sequential | pipedream | ddg | fr (default 1f1b)
+  --steps N           training steps (default 50)
+  --batch N           global batch, divided among the replicas (default 256)
+  --lr X              SGD learning rate (default 0.05)
+  --scale-lr          multiply the learning rate by the replicas (linear scaling)
+  --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
+  --threads N         intra-op threads per process (default 1)
+  --timeout-ms N      bound on every wait for another process (default 60000);
+                      a dead or stalled peer stops every rank within it
+  --checkpoint PATH   at the end rank 0 writes the whole model there (atomically)
+  --seed N            seed of the model and the data (default 1)
+  --log-every N       steps between log lines (default 10)
+  --help              this text
+
+Logging, checkpointing and evaluation happen on rank 0 only. The last line
+rank 0 prints is "samples/s: X" over the steps after the first.
+)";
+
+struct Args {
+  std::string parallel = "pipeline", schedule = "1f1b", checkpoint;
+  int stages = 0, replicas = 1, microbatches = 4, steps = 50, batch = 256, hidden = 512, layers = 6, inputs = 256,
+      classes = 10, threads = 1, log_every = 10;
+  int64_t timeout_ms = 60000, seed = 1;
+  double lr = 0.05;
+  bool scale_lr = false;
+};
+
+template <typename T>
+T number(const std::string& flag, const std::string& text) {
+  T value{};
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    throw std::invalid_argument("--" + flag + " needs a number, got '" + text + "'");
+  }
+  return value;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kHelp;
+      std::exit(0);
+    }
+    if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "' (see --help)");
+    flag = flag.substr(2);
+    if (flag == "scale-lr") {
+      a.scale_lr = true;
+      continue;
+    }
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw std::invalid_argument("--" + flag + " needs a value");
+    }
+    const std::map<std::string, int*> ints = {
+        {"stages", &a.stages}, {"replicas", &a.replicas}, {"microbatches", &a.microbatches}, {"steps", &a.steps},
+        {"batch", &a.batch}, {"hidden", &a.hidden}, {"layers", &a.layers}, {"inputs", &a.inputs},
+        {"classes", &a.classes}, {"threads", &a.threads}, {"log-every", &a.log_every}};
+    if (const auto it = ints.find(flag); it != ints.end()) {
+      *it->second = number<int>(flag, value);
+      if (*it->second < (flag == "stages" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
+    } else if (flag == "parallel") {
+      if (value != "pipeline" && value != "ddp" && value != "dataparallel") {
+        throw std::invalid_argument("--parallel must be pipeline, ddp or dataparallel, got '" + value + "'");
+      }
+      a.parallel = value;
+    } else if (flag == "schedule") {
+      a.schedule = value;
+    } else if (flag == "checkpoint") {
+      a.checkpoint = value;
+    } else if (flag == "timeout-ms") {
+      a.timeout_ms = number<int64_t>(flag, value);
+      if (a.timeout_ms <= 0) throw std::invalid_argument("--timeout-ms must be positive");
+    } else if (flag == "seed") {
+      a.seed = number<int64_t>(flag, value);
+    } else if (flag == "lr") {
+      a.lr = std::stod(value);
+    } else {
+      throw std::invalid_argument("unknown flag --" + flag + " (see --help)");
+    }
+  }
+  return a;
+}
+
+torch::nn::Sequential make_model(const Args& a) {
+  torch::manual_seed(a.seed);
+  torch::nn::Sequential model;
+  int width = a.inputs;
+  // He initialisation: LibTorch's default shrinks a deep ReLU stack's signal
+  // until nothing learns in a short run.
+  const auto linear = [](int in, int out) {
+    torch::nn::Linear layer(in, out);
+    torch::nn::init::kaiming_normal_(layer->weight, 0.0, torch::kFanIn, torch::kReLU);
+    torch::nn::init::zeros_(layer->bias);
+    return layer;
+  };
+  for (int i = 0; i < a.layers; ++i) {
+    model->push_back(linear(width, a.hidden));
+    model->push_back(torch::nn::ReLU());
+    width = a.hidden;
+  }
+  model->push_back(linear(width, a.classes));
+  return model;
+}
+
+struct Batch {
+  at::Tensor x, y;
+};
+
+// The same global batch on every rank: seeded by the step.
+Batch global_batch(const Args& a, int64_t step) {
+  torch::manual_seed(a.seed + 7919);
+  const at::Tensor teacher = torch::randn({a.inputs, a.classes});
+  torch::manual_seed(a.seed + step);
+  const at::Tensor x = torch::randn({a.batch, a.inputs});
+  return {x, x.matmul(teacher).argmax(1)};
+}
+
+at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out, target);
+}
+
+// Evaluation on one rank, with the whole model: loss and accuracy on a batch
+// no step trains on.
+void evaluate(const Args& a, torch::nn::Sequential model) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const Batch held_out = global_batch(a, -1);
+  const at::Tensor out = model->forward(held_out.x);
+  const double accuracy = out.argmax(1).eq(held_out.y).to(at::kDouble).mean().item<double>();
+  std::cout << "eval: loss " << cross_entropy(out, held_out.y).item<double>() << ", accuracy " << accuracy << "\n";
+}
+
+void save(const std::string& path, const torch::nn::Sequential& model) {
+  conveyor::save_atomically(path, [&](std::ostream& out) { torch::save(model, out); });
+  std::cout << "saved " << path << "\n";
+}
+
+// Times steps after the first (which pays for warm-up and connections).
+class Meter {
+ public:
+  void step_done(int step, int samples) {
+    const auto now = std::chrono::steady_clock::now();
+    if (step == 0) {
+      start_ = now;
+    } else {
+      samples_ += samples;
+    }
+    last_ = now;
+  }
+  double samples_per_second() const {
+    const double s = std::chrono::duration<double>(last_ - start_).count();
+    return s > 0 ? samples_ / s : 0;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_, last_;
+  double samples_ = 0;
+};
+
+void log_step(const Args& a, int step, double loss) {
+  if (step % a.log_every == 0 || step + 1 == a.steps) {
+    std::cout << "step " << std::setw(5) << step << "  loss " << std::fixed << std::setprecision(4) << loss
+              << std::defaultfloat << "\n";
+  }
+}
+
+int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
+  const int stages = a.stages > 0 ? a.stages : env.world_size / a.replicas;
+  if (stages * a.replicas != env.world_size) {
+    throw std::invalid_argument("WORLD_SIZE=" + std::to_string(env.world_size) + " is not --stages (" +
+                                std::to_string(stages) + ") x --replicas (" + std::to_string(a.replicas) + ")");
+  }
+  const std::chrono::milliseconds timeout(a.timeout_ms);
+  conveyor::ProcessGroups::Options group_options;
+  group_options.timeout = timeout;
+  auto groups = std::make_shared<conveyor::ProcessGroups>(conveyor::connect_store(env, std::chrono::minutes(5)),
+                                                          env.rank, conveyor::HybridLayout::for_world(env.world_size, stages),
+                                                          group_options);
+  const double lr = a.lr;
+  auto options = conveyor::PipelineOptions().stages(stages).microbatches(a.microbatches).schedule(a.schedule)
+                     .timeout(timeout).trace(false)
+                     .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
+  conveyor::DistributedPipeline pipe(make_model(a), options, groups,
+                                     conveyor::DistributedOptions().scale_learning_rate(a.scale_lr)
+                                         .local_rank(env.local_rank));
+  if (pipe.is_logging_rank()) {
+    std::cout << "pipeline: " << stages << " stages x " << a.replicas << " replicas, schedule " << a.schedule << ", "
+              << a.microbatches << " micro-batches, learning rate " << pipe.learning_rate(lr) << "\n";
+  }
+  const int d = groups->replica();
+  Meter meter;
+  for (int step = 0; step < a.steps; ++step) {
+    const Batch b = global_batch(a, step);
+    const auto r = pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas),
+                                   cross_entropy);
+    meter.step_done(step, a.batch);
+    if (pipe.is_logging_rank()) log_step(a, step, r.loss);
+  }
+  pipe.gather_model();
+  if (pipe.is_logging_rank()) {
+    evaluate(a, pipe.model());
+    if (!a.checkpoint.empty()) save(a.checkpoint, pipe.model());
+    std::cout << "samples/s: " << meter.samples_per_second() << "\n";
+  }
+  groups->barrier();
+  return 0;
+}
+
+int run_ddp(const Args& a, const conveyor::LaunchEnvironment& env) {
+  conveyor::ProcessGroups::Options group_options;
+  group_options.timeout = std::chrono::milliseconds(a.timeout_ms);
+  auto groups = std::make_shared<conveyor::ProcessGroups>(conveyor::connect_store(env, std::chrono::minutes(5)),
+                                                          env.rank, conveyor::HybridLayout::for_world(env.world_size, 1),
+                                                          group_options);
+  const int replicas = env.world_size, d = groups->replica();
+  const double lr = a.scale_lr ? a.lr * replicas : a.lr;
+  auto model = make_model(a);
+  conveyor::AllReduceDataParallel ddp(model, std::make_unique<torch::optim::SGD>(model->parameters(), lr), groups);
+  if (ddp.is_logging_rank()) std::cout << "ddp: " << replicas << " processes, learning rate " << lr << "\n";
+  Meter meter;
+  for (int step = 0; step < a.steps; ++step) {
+    const Batch b = global_batch(a, step);
+    const double loss =
+        ddp.train_step(conveyor::shard(b.x, d, replicas), conveyor::shard(b.y, d, replicas), cross_entropy);
+    meter.step_done(step, a.batch);
+    if (ddp.is_logging_rank()) log_step(a, step, loss);
+  }
+  if (ddp.is_logging_rank()) {
+    evaluate(a, model);
+    if (!a.checkpoint.empty()) save(a.checkpoint, model);
+    std::cout << "samples/s: " << meter.samples_per_second() << "\n";
+  }
+  groups->barrier();
+  return 0;
+}
+
+int run_data_parallel(const Args& a, const conveyor::LaunchEnvironment& env) {
+  if (env.world_size != 1) {
+    throw std::invalid_argument("--parallel=dataparallel is one process driving every device; run it without "
+                                "torchrun (or with --nproc-per-node=1)");
+  }
+  std::vector<c10::Device> devices;
+  for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) devices.emplace_back(torch::kCUDA, i);
+  if (devices.empty()) devices.emplace_back(torch::kCPU);
+  std::cout << "dataparallel: " << devices.size() << " device(s)"
+            << (devices[0].is_cpu() ? " (the CPU is one device: this is plain single-process training)" : "")
+            << "\n";
+  auto model = make_model(a);
+  model->to(devices[0]);
+  torch::optim::SGD sgd(model->parameters(), a.lr);
+  Meter meter;
+  for (int step = 0; step < a.steps; ++step) {
+    const Batch b = global_batch(a, step);
+    const double loss = conveyor::data_parallel_step(model, sgd, b.x, b.y, cross_entropy, devices);
+    meter.step_done(step, a.batch);
+    log_step(a, step, loss);
+  }
+  model->to(torch::kCPU);
+  evaluate(a, model);
+  if (!a.checkpoint.empty()) save(a.checkpoint, model);
+  std::cout << "samples/s: " << meter.samples_per_second() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = 0;
+  try {
+    const Args a = parse(argc, argv);
+    torch::set_num_threads(a.threads);
+    const auto env = conveyor::LaunchEnvironment::from_environment();
+    rank = env.rank;
+    if (a.parallel == "pipeline") return run_pipeline(a, env);
+    if (a.parallel == "ddp") return run_ddp(a, env);
+    return run_data_parallel(a, env);
+  } catch (const std::exception& e) {
+    std::cerr << "distributed_train: rank " << rank << ": " << e.what() << std::endl;
+    return 1;
+  }
+}

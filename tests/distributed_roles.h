@@ -1,0 +1,252 @@
+#pragma once
+// The ranks of the multi-process tests (tests/test_distributed.cpp): what each
+// role computes and writes, and the data, model and file format the tests'
+// single-process references share with them.
+
+#include "plugin/distributed.h"
+#include "test_models.h"
+
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+namespace conveyor::testing {
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+constexpr int kBatch = 8;
+constexpr int kMicrobatches = 4;
+constexpr int kSteps = 3;
+
+// ---------------------------------------------------------------------------
+// What the ranks and the references share.
+
+struct Data {
+  at::Tensor x, y;
+};
+
+inline Data global_batch(int step) {
+  torch::manual_seed(100 + step);
+  return {torch::randn({kBatch, 8}, torch::kFloat64), torch::randn({kBatch, 3}, torch::kFloat64)};
+}
+
+inline torch::nn::Sequential seeded_mlp() {
+  torch::manual_seed(0);
+  return make_mlp();
+}
+
+inline OptimizerFactory sgd_momentum() {
+  return [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+}
+
+inline void write_tensors(const std::string& path, const Tensors& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().clone());
+  const std::vector<char> bytes = torch::pickle_save(dict);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline Tensors read_tensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Tensors out;
+  if (bytes.empty()) return out;
+  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+inline Tensors grads_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  Tensors out;
+  for (const auto& [name, p] : named) out[name] = p.grad();
+  return out;
+}
+
+inline Tensors values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  Tensors out;
+  for (const auto& [name, p] : named) out[name] = p;
+  return out;
+}
+
+inline Tensors values_of(const torch::nn::Sequential& model) {
+  Tensors out;
+  for (const auto& p : model->named_parameters()) out[p.key()] = p.value();
+  return out;
+}
+
+// Stalls or exits the process at its n-th forward (CONVEYOR_TEST_TRIP="exit:3"
+// or "stall:2"), to play a peer that dies or hangs mid-step. Otherwise the identity.
+struct TripwireImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    const char* trip = std::getenv("CONVEYOR_TEST_TRIP");
+    if (!trip || std::getenv("CONVEYOR_TEST_TRIP_RANK") != std::string(std::getenv("RANK"))) return x;
+    const std::string spec(trip);
+    const int at_call = std::stoi(spec.substr(spec.find(':') + 1));
+    if (++calls == at_call) {
+      if (spec.rfind("exit", 0) == 0) ::_exit(9);
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+    }
+    return x;
+  }
+  int calls = 0;
+};
+TORCH_MODULE(Tripwire);
+
+// ---------------------------------------------------------------------------
+// The ranks.
+
+struct Worker {
+  LaunchEnvironment env;
+  std::string out;
+  c10::intrusive_ptr<c10d::Store> store;
+
+  std::shared_ptr<ProcessGroups> groups(const std::string& name, int stages, std::chrono::milliseconds timeout) {
+    ProcessGroups::Options options;
+    options.name = name;
+    options.timeout = timeout;
+    options.connect_timeout = std::chrono::seconds(30);
+    return std::make_shared<ProcessGroups>(store, env.rank, HybridLayout::for_world(env.world_size, stages), options);
+  }
+  std::string file(const std::string& what) const { return out + "/" + what + "-rank" + std::to_string(env.rank) + ".pt"; }
+  void note(const std::string& what, const std::string& text) const {
+    std::ofstream(out + "/" + what + "-rank" + std::to_string(env.rank) + ".txt") << text;
+  }
+};
+
+// One stage per rank: gradients of gpipe and 1f1b, weights after pipedream.
+inline void pipelines(Worker& w) {
+  auto groups = w.groups("pipeline", w.env.world_size, std::chrono::seconds(20));
+  const Data d = global_batch(0);
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule(schedule), groups);
+    const StepResult r = pipe.train_step(d.x, d.y, mse);
+    Tensors grads = grads_of(pipe.named_parameters());
+    grads["loss"] = at::full({1}, r.loss, at::kDouble);
+    write_tensors(w.file(schedule), grads);
+  }
+  DistributedPipeline pipe(seeded_mlp(),
+                           PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
+                           groups);
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    pipe.train_step(s.x, s.y, mse);
+  }
+  write_tensors(w.file("pipedream"), values_of(pipe.named_parameters()));
+  groups->barrier();
+}
+
+// D = 2 replicas of a 2-stage pipeline, each on its shard of the global batch.
+inline void hybrid(Worker& w) {
+  auto groups = w.groups("hybrid", 2, std::chrono::seconds(20));
+  const int d = groups->replica(), replicas = groups->layout().replicas;
+  auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
+  DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("1f1b").optimizer(sgd), groups);
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    losses.push_back(pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse).loss);
+  }
+  write_tensors(w.file("hybrid"), values_of(pipe.named_parameters()));
+  pipe.gather_model();
+  if (pipe.is_logging_rank()) {
+    Tensors whole = values_of(pipe.model());
+    whole["losses"] = torch::tensor(losses, at::kDouble);
+    write_tensors(w.out + "/hybrid-gathered.pt", whole);
+  }
+  // An asynchronous schedule reduces across replicas at every update; with
+  // the same data on both replicas it must equal one pipeline.
+  DistributedPipeline async(
+      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
+      groups);
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    async.train_step(s.x, s.y, mse);
+  }
+  write_tensors(w.file("hybrid-pipedream"), values_of(async.named_parameters()));
+  groups->barrier();
+}
+
+// The data-parallel baseline: every rank the whole model, gradients all-reduced.
+inline void data_parallel(Worker& w) {
+  auto groups = w.groups("ddp", 1, std::chrono::seconds(20));
+  auto model = seeded_mlp();
+  AllReduceDataParallel ddp(model, std::make_unique<torch::optim::SGD>(model->parameters(), 0.1), groups);
+  const int d = groups->replica(), replicas = groups->layout().replicas;
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    ddp.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
+  }
+  write_tensors(w.file("ddp"), values_of(model));
+  groups->barrier();
+}
+
+// Stage 1 declares an activation shape stage 0 does not produce.
+inline void declared_shape_mismatch(Worker& w) {
+  const std::chrono::milliseconds timeout(1000);
+  auto groups = w.groups("mismatch", w.env.world_size, timeout);
+  try {
+    DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("gpipe").timeout(timeout), groups,
+                             DistributedOptions().activation_shapes({{-1, 7}}));
+    const Data d = global_batch(0);
+    pipe.train_step(d.x, d.y, mse);
+    w.note("mismatch", "no error");
+  } catch (const std::exception& e) {
+    w.note("mismatch", e.what());
+  }
+}
+
+// A 3-stage pipeline whose stage 1 holds a tripwire (see TripwireImpl).
+inline void faulty(Worker& w) {
+  const std::chrono::milliseconds timeout(std::stoi(std::getenv("CONVEYOR_TEST_TIMEOUT_MS")));
+  auto groups = w.groups("faulty", 3, timeout);
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), Tripwire(), torch::nn::Linear(16, 8),
+                              torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  model->to(torch::kFloat64);
+  DistributedPipeline pipe(
+      model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout), groups);
+  for (int step = 0; step < 2; ++step) {
+    const Data d = global_batch(step);
+    pipe.train_step(d.x, d.y, mse);
+  }
+}
+
+inline int run_worker(const std::string& role) {
+  torch::set_num_threads(1);
+  Worker w;
+  try {
+    w.env = LaunchEnvironment::from_environment();
+    w.out = std::getenv("CONVEYOR_TEST_OUT");
+    w.store = connect_store(w.env, std::chrono::seconds(30));
+    if (role == "two") {
+      pipelines(w);
+      data_parallel(w);
+      declared_shape_mismatch(w);
+    } else if (role == "four") {
+      pipelines(w);
+      hybrid(w);
+    } else if (role == "faulty") {
+      faulty(w);
+    } else {
+      std::cerr << "unknown role " << role << "\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace conveyor::testing
