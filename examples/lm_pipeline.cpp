@@ -37,7 +37,7 @@ constexpr const char* kHelp = R"(lm_pipeline: train a word-level LSTM language m
 
 The model, embedding -> dropout -> LSTM -> dropout -> LSTM -> dropout -> linear,
 is cut into --stages stages, each run by its own thread (and on its own GPU
-with --device cuda). Each batch is split into --microbatches micro-batches that
+when there are GPUs). Each batch is split into --microbatches micro-batches that
 flow through the stages under a --schedule, with the gradients of the unsplit
 model. It ends with the valid and test perplexity next to a unigram baseline
 and exits with 1 unless the valid loss is at least 0.2 nats below the
@@ -65,8 +65,8 @@ Flags (--flag VALUE or --flag=VALUE):
                     asynchronous (an update per micro-batch, by an Adam per
                     stage, no clipping): pipedream | ddg | fr
   --steps N         training steps, one window each (default 400)
-  --device D        cpu (default) | cuda: stage k on cuda:(k mod GPU count) |
-                    auto: cuda when available, else cpu
+  --device D        auto (default): cuda when available, else cpu | cpu |
+                    cuda: stage k on cuda:(k mod GPU count)
   --threads N       intra-op CPU threads of each stage (default cores / stages)
   --batch N         parallel streams per window (default 32)
   --bptt N          words per window (default 35)
@@ -94,7 +94,7 @@ struct UsageError : std::runtime_error {
 
 struct Config {
   int64_t stages = 2, microbatches = 4, steps = 400, threads = 0;
-  std::string schedule = "1f1b", device = "cpu", data, trace;
+  std::string schedule = "1f1b", device = "auto", data, trace;
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
