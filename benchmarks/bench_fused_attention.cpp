@@ -1,0 +1,259 @@
+// conveyor::fused_attention against at::scaled_dot_product_attention:
+// forward and forward+backward time and TFLOP/s, median over timed runs after
+// warm-up. On CUDA: bfloat16, SDPA with the flash backend forced and with the
+// default backend choice, timed with CUDA events. Without CUDA: the CPU
+// reference against SDPA on CPU, at a small size, timed with a steady clock.
+
+#include "ops/fused_attention/fused_attention.h"
+
+#include <torch/torch.h>
+
+#ifdef CONVEYOR_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Options {
+  int64_t batch = 8;
+  int64_t heads = 16;
+  std::vector<int64_t> seq_lens = {1024, 4096};
+  std::vector<int64_t> head_dims = {64, 128};
+  int warmup = 3;
+  int iters = 10;
+  bool cpu = false;
+};
+
+void print_help() {
+  std::printf(
+      "bench_fused_attention: conveyor::fused_attention vs at::scaled_dot_product_attention\n"
+      "\n"
+      "  --batch N        batch size (default 8; 2 on CPU)\n"
+      "  --heads N        heads (default 16; 4 on CPU)\n"
+      "  --seq A,B,...    sequence lengths (default 1024,4096; 256,512 on CPU)\n"
+      "  --head-dim A,..  head dims (default 64,128; 64 on CPU)\n"
+      "  --warmup N       untimed runs first (default 3)\n"
+      "  --iters N        timed runs; the median is reported (default 10)\n"
+      "  --cpu            run the CPU comparison even when CUDA is present\n"
+      "  --help           this text\n"
+      "\n"
+      "FLOPs: forward 4*B*H*S^2*D (halved when causal), backward 2.5x forward.\n"
+      "On CUDA the inputs are bfloat16 and SDPA runs twice: with only the flash\n"
+      "backend enabled, and with PyTorch's default backend choice. Without CUDA\n"
+      "the CPU reference (float32) is compared with SDPA on CPU.\n");
+}
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoll(item));
+  return out;
+}
+
+Options parse(int argc, char** argv, bool cuda) {
+  Options o;
+  bool sizes_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value (see --help)\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      print_help();
+      std::exit(0);
+    } else if (a == "--batch") {
+      o.batch = std::stoll(value());
+      sizes_given = true;
+    } else if (a == "--heads") {
+      o.heads = std::stoll(value());
+      sizes_given = true;
+    } else if (a == "--seq") {
+      o.seq_lens = parse_list(value());
+      sizes_given = true;
+    } else if (a == "--head-dim") {
+      o.head_dims = parse_list(value());
+      sizes_given = true;
+    } else if (a == "--warmup") {
+      o.warmup = std::stoi(value());
+    } else if (a == "--iters") {
+      o.iters = std::max(1, std::stoi(value()));
+    } else if (a == "--cpu") {
+      o.cpu = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
+      std::exit(2);
+    }
+  }
+  if ((o.cpu || !cuda) && !sizes_given) {  // the math path forms S x S scores: keep it small
+    o.batch = 2;
+    o.heads = 4;
+    o.seq_lens = {256, 512};
+    o.head_dims = {64};
+  }
+  return o;
+}
+
+// Milliseconds of one call of f, median over `iters` after `warmup` calls.
+double median_ms(const std::function<void()>& f, const Options& o, bool cuda) {
+  for (int i = 0; i < o.warmup; ++i) f();
+  std::vector<double> times;
+#ifdef CONVEYOR_WITH_CUDA
+  if (cuda) {
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    for (int i = 0; i < o.iters; ++i) {
+      cudaEventRecord(start, stream);
+      f();
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      times.push_back(ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+#endif
+  if (!cuda) {
+    for (int i = 0; i < o.iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+using Attention = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>;
+
+struct Row {
+  std::string name;
+  double forward_ms = 0, training_ms = 0, max_diff = 0;
+};
+
+Row measure(const std::string& name, const Attention& attention, const at::Tensor& q, const at::Tensor& k,
+            const at::Tensor& v, const at::Tensor& grad, bool causal, const at::Tensor& reference,
+            const Options& o, bool cuda) {
+  Row row{name};
+  {
+    torch::NoGradGuard no_grad;
+    row.forward_ms = median_ms([&] { attention(q, k, v, causal); }, o, cuda);
+    if (reference.defined()) {
+      row.max_diff = (attention(q, k, v, causal).to(torch::kFloat) - reference).abs().max().item<double>();
+    }
+  }
+  const at::Tensor qg = q.detach().requires_grad_(true);
+  const at::Tensor kg = k.detach().requires_grad_(true);
+  const at::Tensor vg = v.detach().requires_grad_(true);
+  row.training_ms = median_ms(
+      [&] {
+        for (const at::Tensor& t : {qg, kg, vg}) t.mutable_grad().reset();
+        attention(qg, kg, vg, causal).backward(grad);
+      },
+      o, cuda);
+  return row;
+}
+
+// Rates in TFLOP/s on CUDA, GFLOP/s on CPU (flops_per_unit = 1e12 or 1e9).
+void print_rows(const std::vector<Row>& rows, const Options& o, int64_t s, int64_t d, bool causal,
+                double flops_per_unit) {
+  const double forward_flops = 4.0 * o.batch * o.heads * s * s * d * (causal ? 0.5 : 1.0);
+  for (const Row& r : rows) {
+    std::printf("%6lld %4lld %-6s | %-14s | %9.3f %8.2f | %9.3f %8.2f | %9.2e\n", static_cast<long long>(s),
+                static_cast<long long>(d), causal ? "yes" : "no", r.name.c_str(), r.forward_ms,
+                forward_flops / (r.forward_ms * 1e-3 * flops_per_unit), r.training_ms,
+                3.5 * forward_flops / (r.training_ms * 1e-3 * flops_per_unit), r.max_diff);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool have_cuda = torch::cuda::is_available();
+  const Options o = parse(argc, argv, have_cuda);
+  const bool cuda = have_cuda && !o.cpu;
+  const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
+  const auto dtype = cuda ? torch::kBFloat16 : torch::kFloat32;
+  if (!have_cuda) {
+    std::printf("CUDA is absent: timing the CPU reference against SDPA on CPU (float32); the CUDA kernels "
+                "are not measured.\n");
+  }
+  std::printf("device %s, dtype %s, batch %lld, heads %lld, warm-up %d, median of %d runs; max|diff| is against "
+              "SDPA's default output\n",
+              cuda ? "cuda" : "cpu", cuda ? "bfloat16" : "float32", static_cast<long long>(o.batch),
+              static_cast<long long>(o.heads), o.warmup, o.iters);
+  const char* rate = cuda ? "TFLOP/s" : "GFLOP/s";
+  std::printf("%6s %4s %-6s | %-14s | %9s %8s | %9s %8s | %9s\n", "seq", "dim", "causal", "kernel", "fwd ms", rate,
+              "f+b ms", rate, "max|diff|");
+
+  const Attention fused = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+    return conveyor::fused_attention(q, k, v, std::nullopt, causal);
+  };
+  const Attention sdpa = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+  };
+  auto& ctx = at::globalContext();
+  const bool flash0 = ctx.userEnabledFlashSDP(), mem0 = ctx.userEnabledMemEfficientSDP();
+  const bool math0 = ctx.userEnabledMathSDP(), cudnn0 = ctx.userEnabledCuDNNSDP();
+  auto restore_backends = [&] {
+    ctx.setSDPUseFlash(flash0);
+    ctx.setSDPUseMemEfficient(mem0);
+    ctx.setSDPUseMath(math0);
+    ctx.setSDPUseCuDNN(cudnn0);
+  };
+
+  torch::manual_seed(0);
+  for (const int64_t s : o.seq_lens) {
+    for (const int64_t d : o.head_dims) {
+      for (const bool causal : {false, true}) {
+        const auto options = torch::TensorOptions().device(device).dtype(dtype);
+        const at::Tensor q = torch::randn({o.batch, o.heads, s, d}, options);
+        const at::Tensor k = torch::randn({o.batch, o.heads, s, d}, options);
+        const at::Tensor v = torch::randn({o.batch, o.heads, s, d}, options);
+        const at::Tensor grad = torch::randn({o.batch, o.heads, s, d}, options);
+        at::Tensor reference;
+        {
+          torch::NoGradGuard no_grad;
+          reference = sdpa(q, k, v, causal).to(torch::kFloat);  // max|diff| is measured against this
+        }
+        std::vector<Row> rows;
+        try {
+          rows.push_back(measure("conveyor", fused, q, k, v, grad, causal, reference, o, cuda));
+          if (cuda) {
+            ctx.setSDPUseFlash(true);
+            ctx.setSDPUseMemEfficient(false);
+            ctx.setSDPUseMath(false);
+            ctx.setSDPUseCuDNN(false);
+            rows.push_back(measure("sdpa flash", sdpa, q, k, v, grad, causal, reference, o, cuda));
+            restore_backends();
+          }
+          rows.push_back(measure(cuda ? "sdpa default" : "sdpa", sdpa, q, k, v, grad, causal, reference, o, cuda));
+        } catch (const std::exception& e) {
+          restore_backends();
+          std::printf("%6lld %4lld %-6s | failed: %s\n", static_cast<long long>(s), static_cast<long long>(d),
+                      causal ? "yes" : "no", e.what());
+          continue;
+        }
+        print_rows(rows, o, s, d, causal, cuda ? 1e12 : 1e9);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,50 @@
+// Instantiates the tensor-core backward for float16 / bfloat16 x head_dim 64 /
+// 128: rowsum(dO * O) first, then the key-block kernel, which accumulates dQ
+// (unscaled, float) into params.grad_q_accum for the caller to convert.
+
+#include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+namespace conveyor::attention::cuda {
+namespace {
+
+template <typename T, int kHeadDim>
+void run_flash_backward(const BackwardParams& params, cudaStream_t stream) {
+  using Config = FlashBackwardConfigFor<T, kHeadDim>;
+  const auto kernel = flash_backward_kernel<T, Config>;
+  if (Config::kSmemBytes > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
+  }
+  const ForwardParams& p = params.fwd;
+  const dim3 grid((p.k_len + Config::kBlockN - 1) / Config::kBlockN, p.heads, p.batch);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T>
+void run_for_head_dim(const BackwardParams& params, cudaStream_t stream) {
+  if (params.fwd.head_dim == 64) {
+    run_flash_backward<T, 64>(params, stream);
+  } else {
+    run_flash_backward<T, 128>(params, stream);
+  }
+}
+
+}  // namespace
+
+void launch_flash_backward(const BackwardParams& params, cudaStream_t stream) {
+  TORCH_CHECK(flash_supports(params.fwd.dtype, params.fwd.head_dim),
+              "fused_attention: the tensor-core kernel takes float16 or bfloat16 with head_dim 64 or 128, got "
+              "head_dim ", params.fwd.head_dim);
+  TORCH_CHECK(params.grad_q_accum != nullptr, "fused_attention: the tensor-core backward needs grad_q_accum");
+  launch_row_dot(params, stream);
+  if (params.fwd.dtype == ElementType::kHalf) {
+    run_for_head_dim<__half>(params, stream);
+  } else {
+    run_for_head_dim<__nv_bfloat16>(params, stream);
+  }
+}
+
+}  // namespace conveyor::attention::cuda

@@ -1,0 +1,243 @@
+#pragma once
+// Tensor-core attention backward, FlashAttention-2 style. One CTA owns
+// kBlockN keys of one (batch, head), 16 per warp, and keeps their dK and dV
+// accumulators in registers while it walks the query rows kBlockM at a time.
+// Per query block, in the transposed view (keys as rows) so that each warp's
+// results are rows it owns:
+//   S^T  = K Q^T                     P^T = exp2(S^T * scale log2 e - lse log2 e)
+//   dP^T = V dO^T                    dS^T = P^T * (dP^T - D),  D = rowsum(dO * O)
+//   dV  += P^T dO                    dK  += dS^T Q            (scale applied once at the end)
+//   dQ  += dS K  -> atomicAdd into a float workspace shared by all key blocks
+// P^T and dS^T go from accumulators straight into A fragments; dS is also
+// written to shared memory, transposed, for the dQ product, whose rows mix
+// the keys of every warp. The probabilities are recomputed from the saved
+// log-sum-exp, never stored; hidden keys (and every key of a fully masked row)
+// get probability 0 and so contribute nothing.
+
+#include "ops/fused_attention/cuda/attention_params.h"
+#include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
+#include "ops/fused_attention/cuda/warp_mma.cuh"
+
+namespace conveyor::attention::cuda {
+
+template <typename T, int kHeadDim_, int kBlockM_, int kWarps_>
+struct FlashBackwardConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA
+  static constexpr int kBlockM = kBlockM_;     // query rows per step
+  static constexpr int kStride = kHeadDim + 8;
+  static constexpr int kDsStride = kBlockN + 8;
+  static constexpr int kSmemBytes =
+      (2 * kBlockN + 2 * kBlockM) * kStride * static_cast<int>(sizeof(T)) +
+      kBlockM * kDsStride * static_cast<int>(sizeof(T)) + 2 * kBlockM * static_cast<int>(sizeof(float));
+  // dQ = dS K: warp w takes 16-row block w % kRowBlocks and kDqTilesPerWarp
+  // 8-column tiles, produced kDqChunk tiles at a time so that few
+  // accumulators are live next to dK and dV.
+  static constexpr int kRowBlocks = kBlockM / 16;
+  static constexpr int kDqTilesPerWarp = (kHeadDim / 8) / (kWarps / kRowBlocks);
+  static constexpr int kDqChunk = 4;
+  static_assert(kHeadDim % 16 == 0 && kBlockM % 16 == 0, "tiles are made of 16x16 mma blocks");
+  static_assert(kWarps % kRowBlocks == 0, "each warp takes whole dQ row blocks");
+  static_assert(kDqTilesPerWarp * (kWarps / kRowBlocks) == kHeadDim / 8, "dQ columns split evenly across warps");
+  static_assert(kDqTilesPerWarp % kDqChunk == 0 && kDqChunk % 2 == 0, "dQ chunks are whole tile pairs");
+};
+
+// The configuration the launcher uses: 64 keys a CTA (4 warps x 16), query
+// steps of 64 rows at head_dim 64 and of 32 at head_dim 128, where dK and dV
+// already hold 128 accumulators a thread.
+template <typename T, int kHeadDim>
+using FlashBackwardConfigFor = FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4>;
+
+template <typename T, typename Config>
+__global__ void __launch_bounds__(Config::kThreads)
+    flash_backward_kernel(const BackwardParams bp) {
+  constexpr int D = Config::kHeadDim, BM = Config::kBlockM, BN = Config::kBlockN;
+  constexpr int kStride = Config::kStride, kDsStride = Config::kDsStride, kThreads = Config::kThreads;
+  const ForwardParams& p = bp.fwd;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + BN * kStride;
+  T* sQ = sV + BN * kStride;
+  T* sdO = sQ + BM * kStride;
+  T* sdS = sdO + BM * kStride;  // [BM][kDsStride]: dS, query-major
+  float* sLse = reinterpret_cast<float*>(sdS + BM * kDsStride);  // lse * log2 e
+  float* sDot = sLse + BM;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * BN;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
+  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;
+  const T* k = static_cast<const T*>(p.k) + bh * p.k_len * D;
+  const T* v = static_cast<const T*>(p.v) + bh * p.k_len * D;
+  const T* dout = static_cast<const T*>(bp.grad_out) + bh * p.q_len * D;
+  const float* lse = static_cast<const float*>(p.lse) + bh * p.q_len;
+  const float* row_dot = static_cast<const float*>(bp.row_dot) + bh * p.q_len;
+  float* dq_accum = bp.grad_q_accum + bh * p.q_len * D;
+  const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
+  const float scale = static_cast<float>(p.scale);
+  const float scale_log2 = scale * kLog2e;
+
+  copy_tile_async<BN, D, kThreads>(sK, kStride, k, n0, p.k_len, tid);
+  copy_tile_async<BN, D, kThreads>(sV, kStride, v, n0, p.k_len, tid);
+  cp_async_commit();
+
+  // This warp's keys: rows key_lo (registers 0,1) and key_lo + 8 (registers 2,3).
+  const int key_lo = n0 + warp * 16 + g;
+  bool key_hidden[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lo + 8 * r;
+    key_hidden[r] = key >= p.k_len || (mask != nullptr && mask[key] != 0);
+  }
+
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  }
+
+  // With causal masking, queries before n0 see none of these keys.
+  const int m_first = p.causal ? (n0 / BM) * BM : 0;
+  for (int m0 = m_first; m0 < p.q_len; m0 += BM) {
+    copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
+    copy_tile_async<BM, D, kThreads>(sdO, kStride, dout, m0, p.q_len, tid);
+    cp_async_commit();
+    for (int i = tid; i < BM; i += kThreads) {
+      const bool valid = m0 + i < p.q_len;
+      sLse[i] = valid ? lse[m0 + i] * kLog2e : 0.f;
+      sDot[i] = valid ? row_dot[m0 + i] : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // S^T and dP^T for this warp's 16 keys x BM queries.
+    float s[BM / 8][4], dp[BM / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t k_frag[4];
+      load_a(k_frag, sK, kStride, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; nt += 2) {
+        uint32_t b[2][2];
+        load_b_rows(b, sQ, kStride, nt * 8, kk * 16, lane);
+        mma_16816<T>(s[nt], k_frag, b[0]);
+        mma_16816<T>(s[nt + 1], k_frag, b[1]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t v_frag[4];
+      load_a(v_frag, sV, kStride, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; nt += 2) {
+        uint32_t b[2][2];
+        load_b_rows(b, sdO, kStride, nt * 8, kk * 16, lane);
+        mma_16816<T>(dp[nt], v_frag, b[0]);
+        mma_16816<T>(dp[nt + 1], v_frag, b[1]);
+      }
+    }
+
+    // P^T in s, dS^T in dp; dS also to shared memory as [query][key].
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int key = key_lo + 8 * r;
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        const int query = m0 + ql;
+        const bool hidden = key_hidden[r] || query >= p.q_len || (p.causal && key > query);
+        const float prob = hidden ? 0.f : exp2f(s[nt][e] * scale_log2 - sLse[ql]);
+        const float ds = prob * (dp[nt][e] - sDot[ql]);
+        s[nt][e] = prob;
+        dp[nt][e] = ds;
+        if constexpr (MmaType<T>::kIsBFloat16) {
+          sdS[ql * kDsStride + warp * 16 + g + 8 * r] = __float2bfloat16_rn(ds);
+        } else {
+          sdS[ql * kDsStride + warp * 16 + g + 8 * r] = __float2half_rn(ds);
+        }
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q over this block's BM queries.
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      uint32_t p_frag[4], ds_frag[4];
+      accumulators_to_a<T>(p_frag, s[2 * kk], s[2 * kk + 1]);
+      accumulators_to_a<T>(ds_frag, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt += 2) {
+        uint32_t b[2][2];
+        load_b_cols(b, sdO, kStride, kk * 16, dt * 8, lane);
+        mma_16816<T>(dv[dt], p_frag, b[0]);
+        mma_16816<T>(dv[dt + 1], p_frag, b[1]);
+        load_b_cols(b, sQ, kStride, kk * 16, dt * 8, lane);
+        mma_16816<T>(dk[dt], ds_frag, b[0]);
+        mma_16816<T>(dk[dt + 1], ds_frag, b[1]);
+      }
+    }
+    __syncthreads();  // sdS complete
+
+    // dQ[m0 : m0 + BM] += dS K (unscaled): warp -> a 16-row block and a share of the columns.
+    const int row_block = warp % Config::kRowBlocks;
+    const int first_tile = (warp / Config::kRowBlocks) * Config::kDqTilesPerWarp;
+#pragma unroll 1
+    for (int chunk = 0; chunk < Config::kDqTilesPerWarp; chunk += Config::kDqChunk) {
+      float acc[Config::kDqChunk][4];
+#pragma unroll
+      for (int c = 0; c < Config::kDqChunk; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, sdS, kDsStride, row_block * 16, kk * 16, lane);
+#pragma unroll
+        for (int c = 0; c < Config::kDqChunk; c += 2) {
+          uint32_t b[2][2];
+          load_b_cols(b, sK, kStride, kk * 16, (first_tile + chunk + c) * 8, lane);
+          mma_16816<T>(acc[c], a, b[0]);
+          mma_16816<T>(acc[c + 1], a, b[1]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < Config::kDqChunk; ++c) {
+        const int col = (first_tile + chunk + c) * 8 + 2 * t;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int query = m0 + row_block * 16 + g + 8 * r;
+          if (query < p.q_len) {
+            atomicAdd(dq_accum + static_cast<int64_t>(query) * D + col, acc[c][2 * r]);
+            atomicAdd(dq_accum + static_cast<int64_t>(query) * D + col + 1, acc[c][2 * r + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // sQ, sdO and sdS are refilled next
+  }
+  cp_async_wait<0>();  // K and V were never waited for when no query sees these keys
+
+  T* grad_k = static_cast<T*>(bp.grad_k) + bh * p.k_len * D;
+  T* grad_v = static_cast<T*>(bp.grad_v) + bh * p.k_len * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_lo + 8 * r;
+    if (key >= p.k_len) continue;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const int64_t at = static_cast<int64_t>(key) * D + dt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(grad_k + at) = pack2<T>(dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(grad_v + at) = pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace conveyor::attention::cuda

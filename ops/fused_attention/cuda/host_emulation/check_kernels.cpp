@@ -1,0 +1,242 @@
+// Runs the CUDA attention kernels (tensor-core and general paths, forward and
+// backward) on the host emulation and compares them with a float64 reference,
+// on shapes chosen to hit partial tiles, causal skipping, padding and fully
+// masked rows. Exit status 0 when every comparison is within tolerance.
+#include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
+#include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
+#include "ops/fused_attention/cuda/simple_attention_kernels.cuh"
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+using namespace conveyor::attention::cuda;
+
+struct Problem {
+  int B, H, Sq, Sk, D;
+  bool causal;
+  int padding;  // 0 none, 1 random, 2 whole batch 0, 3 first key
+};
+
+template <typename T> T from_double(double x);
+template <> __half from_double<__half>(double x) { return __float2half_rn(static_cast<float>(x)); }
+template <> __nv_bfloat16 from_double<__nv_bfloat16>(double x) { return __float2bfloat16_rn(static_cast<float>(x)); }
+template <> float from_double<float>(double x) { return static_cast<float>(x); }
+template <> double from_double<double>(double x) { return x; }
+double to_double(__half x) { return __half2float(x); }
+double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
+double to_double(float x) { return x; }
+double to_double(double x) { return x; }
+
+template <typename T> ElementType element_type();
+template <> ElementType element_type<__half>() { return ElementType::kHalf; }
+template <> ElementType element_type<__nv_bfloat16>() { return ElementType::kBFloat16; }
+template <> ElementType element_type<float>() { return ElementType::kFloat; }
+template <> ElementType element_type<double>() { return ElementType::kDouble; }
+
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Reference reference(const Problem& pr, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v, const std::vector<double>& dout, const std::vector<uint8_t>& mask,
+                    double scale) {
+  const int D = pr.D;
+  Reference r;
+  r.out.assign(q.size(), 0);
+  r.lse.assign(static_cast<size_t>(pr.B) * pr.H * pr.Sq, 0);
+  r.dq.assign(q.size(), 0);
+  r.dk.assign(k.size(), 0);
+  r.dv.assign(v.size(), 0);
+  for (int b = 0; b < pr.B; ++b)
+    for (int h = 0; h < pr.H; ++h) {
+      const size_t qo = (static_cast<size_t>(b) * pr.H + h) * pr.Sq * D;
+      const size_t ko = (static_cast<size_t>(b) * pr.H + h) * pr.Sk * D;
+      for (int i = 0; i < pr.Sq; ++i) {
+        std::vector<double> s(pr.Sk), p(pr.Sk, 0.0);
+        double m = -INFINITY;
+        for (int j = 0; j < pr.Sk; ++j) {
+          const bool hidden = (pr.causal && j > i) || mask[static_cast<size_t>(b) * pr.Sk + j];
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += q[qo + i * D + d] * k[ko + j * D + d];
+          s[j] = hidden ? -INFINITY : dot * scale;
+          m = std::max(m, s[j]);
+        }
+        if (m == -INFINITY) continue;  // fully masked: zeros
+        double sum = 0;
+        for (int j = 0; j < pr.Sk; ++j) sum += (p[j] = std::exp(s[j] - m));
+        for (int j = 0; j < pr.Sk; ++j) p[j] /= sum;
+        r.lse[(static_cast<size_t>(b) * pr.H + h) * pr.Sq + i] = m + std::log(sum);
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (int j = 0; j < pr.Sk; ++j) o += p[j] * v[ko + j * D + d];
+          r.out[qo + i * D + d] = o;
+        }
+        double row_dot = 0;
+        for (int d = 0; d < D; ++d) row_dot += dout[qo + i * D + d] * r.out[qo + i * D + d];
+        for (int j = 0; j < pr.Sk; ++j) {
+          if (p[j] == 0) continue;
+          double dp = 0;
+          for (int d = 0; d < D; ++d) dp += dout[qo + i * D + d] * v[ko + j * D + d];
+          const double ds = p[j] * (dp - row_dot);
+          for (int d = 0; d < D; ++d) {
+            r.dq[qo + i * D + d] += scale * ds * k[ko + j * D + d];
+            r.dk[ko + j * D + d] += scale * ds * q[qo + i * D + d];
+            r.dv[ko + j * D + d] += p[j] * dout[qo + i * D + d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+template <typename T>
+double error(const std::vector<T>& got, const std::vector<double>& want) {
+  double diff = 0, scale = 1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = to_double(got[i]);
+    if (!std::isfinite(g)) return INFINITY;
+    diff = std::max(diff, std::abs(g - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return diff / scale;
+}
+
+int failures = 0;
+void report(const char* what, const std::string& name, double err, double tol) {
+  const bool ok = err <= tol;
+  if (!ok) ++failures;
+  printf("  %-5s %-40s err %.3g (tol %.1g) %s\n", what, name.c_str(), err, tol, ok ? "ok" : "FAIL");
+}
+
+template <typename T>
+const char* dtype_name() { return std::is_same_v<T, __half> ? "f16" : "bf16"; }
+
+template <typename T, typename LseT>
+void run_case(const Problem& pr, bool flash, double tol) {
+  std::mt19937 rng(pr.B * 1000 + pr.Sq * 7 + pr.Sk + pr.D);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform;
+  const size_t nq = static_cast<size_t>(pr.B) * pr.H * pr.Sq * pr.D;
+  const size_t nk = static_cast<size_t>(pr.B) * pr.H * pr.Sk * pr.D;
+  std::vector<T> q(nq), k(nk), v(nk), dout(nq);
+  std::vector<double> qd(nq), kd(nk), vd(nk), dod(nq);
+  for (size_t i = 0; i < nq; ++i) { q[i] = from_double<T>(normal(rng)); qd[i] = to_double(q[i]); }
+  for (size_t i = 0; i < nk; ++i) { k[i] = from_double<T>(normal(rng)); kd[i] = to_double(k[i]); }
+  for (size_t i = 0; i < nk; ++i) { v[i] = from_double<T>(normal(rng)); vd[i] = to_double(v[i]); }
+  for (size_t i = 0; i < nq; ++i) { dout[i] = from_double<T>(normal(rng)); dod[i] = to_double(dout[i]); }
+  std::vector<uint8_t> mask(static_cast<size_t>(pr.B) * pr.Sk, 0);
+  for (int b = 0; b < pr.B; ++b)
+    for (int j = 0; j < pr.Sk; ++j) {
+      uint8_t& m = mask[static_cast<size_t>(b) * pr.Sk + j];
+      if (pr.padding == 1) m = j > 0 && uniform(rng) < 0.35;
+      if (pr.padding == 2) m = b == 0;
+      if (pr.padding == 3) m = j == 0;
+    }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(pr.D));
+  const Reference want = reference(pr, qd, kd, vd, dod, mask, scale);
+
+  std::vector<T> out(nq);
+  std::vector<LseT> lse(static_cast<size_t>(pr.B) * pr.H * pr.Sq);
+  ForwardParams p;
+  p.q = q.data(); p.k = k.data(); p.v = v.data();
+  p.key_padding_mask = pr.padding ? mask.data() : nullptr;
+  p.out = out.data(); p.lse = lse.data();
+  p.batch = pr.B; p.heads = pr.H; p.q_len = pr.Sq; p.k_len = pr.Sk; p.head_dim = pr.D;
+  p.scale = scale; p.causal = pr.causal; p.dtype = element_type<T>();
+
+  std::vector<T> dq(nq), dk(nk), dv(nk);
+  std::vector<LseT> row_dot(lse.size());
+  std::vector<float> dq_accum(nq, 0.f);
+  BackwardParams bp;
+  bp.fwd = p;
+  bp.grad_out = dout.data(); bp.row_dot = row_dot.data(); bp.grad_q_accum = dq_accum.data();
+  bp.grad_q = dq.data(); bp.grad_k = dk.data(); bp.grad_v = dv.data();
+
+  const std::string name = std::string(flash ? "flash " : "simple ") + "B" + std::to_string(pr.B) + " H" +
+                           std::to_string(pr.H) + " Sq" + std::to_string(pr.Sq) + " Sk" + std::to_string(pr.Sk) +
+                           " D" + std::to_string(pr.D) + (pr.causal ? " causal" : "") + " pad" +
+                           std::to_string(pr.padding) + " " +
+                           (sizeof(T) == 2 ? dtype_name<T>() : sizeof(T) == 4 ? "f32" : "f64");
+  unsigned char* smem = conveyor::attention::cuda::smem_raw;
+  const size_t cap = sizeof(conveyor::attention::cuda::smem_raw);
+  auto rows_grid = [&](int rows, int block) { return dim3((rows + block - 1) / block, pr.H, pr.B); };
+
+  if (flash) {
+    if constexpr (sizeof(T) == 2) {
+      auto fwd = [&]<int kD>() {
+        using C = FlashForwardConfigFor<T, kD>;  // what the launcher runs
+        emulated::launch(flash_forward_kernel<T, C>, rows_grid(pr.Sq, C::kBlockM), C::kThreads, C::kSmemBytes, smem,
+                         cap, p);
+      };
+      if (pr.D == 64) fwd.template operator()<64>(); else fwd.template operator()<128>();
+    }
+  } else {
+    emulated::launch(simple_forward_kernel<T, LseT>, rows_grid(pr.Sq, SimpleTiles::kBlockM), SimpleTiles::kThreads,
+                     SimpleTiles::forward_elements(pr.D) * sizeof(LseT), smem, cap, p);
+  }
+  report("out", name, error(out, want.out), tol);
+  report("lse", name, error(lse, want.lse), tol);
+
+  // The backward runs on the kernel's own out and lse, as in real use.
+  const int64_t rows = static_cast<int64_t>(pr.B) * pr.H * pr.Sq;
+  emulated::launch(row_dot_kernel<T, LseT>, dim3((rows + SimpleTiles::kWarps - 1) / SimpleTiles::kWarps),
+                   SimpleTiles::kThreads, 0, smem, cap, bp);
+  if (flash) {
+    if constexpr (sizeof(T) == 2) {
+      auto bwd = [&]<int kD>() {
+        using C = FlashBackwardConfigFor<T, kD>;  // what the launcher runs
+        emulated::launch(flash_backward_kernel<T, C>, rows_grid(pr.Sk, C::kBlockN), C::kThreads, C::kSmemBytes, smem,
+                         cap, bp);
+      };
+      if (pr.D == 64) bwd.template operator()<64>(); else bwd.template operator()<128>();
+      for (size_t i = 0; i < nq; ++i) dq[i] = from_double<T>(dq_accum[i] * scale);
+    }
+  } else {
+    emulated::launch(simple_dkdv_kernel<T, LseT>, rows_grid(pr.Sk, SimpleTiles::kBlockN), SimpleTiles::kThreads,
+                     SimpleTiles::dkdv_elements(pr.D) * sizeof(LseT), smem, cap, bp);
+    emulated::launch(simple_dq_kernel<T, LseT>, rows_grid(pr.Sq, SimpleTiles::kBlockM), SimpleTiles::kThreads,
+                     SimpleTiles::dq_elements(pr.D) * sizeof(LseT), smem, cap, bp);
+  }
+  report("dq", name, error(dq, want.dq), tol);
+  report("dk", name, error(dk, want.dk), tol);
+  report("dv", name, error(dv, want.dv), tol);
+  fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "";
+  const std::vector<Problem> flash_cases = {
+      {1, 1, 70, 130, 64, false, 1},
+      {2, 1, 100, 37, 128, true, 3},
+      {1, 2, 1, 1, 64, false, 0},
+      {2, 1, 65, 65, 64, true, 2},
+      {1, 1, 130, 70, 128, true, 1},
+      {1, 1, 64, 200, 128, false, 0},
+      {1, 1, 40, 200, 64, true, 1},  // key blocks past the last query
+  };
+  if (only.empty() || only == "flash") {
+    for (const Problem& pr : flash_cases) {
+      run_case<__half, float>(pr, true, 6e-3);
+      run_case<__nv_bfloat16, float>(pr, true, 3e-2);
+    }
+  }
+  if (only.empty() || only == "simple") {
+    const std::vector<Problem> simple_cases = {
+        {1, 1, 40, 70, 40, true, 1},
+        {2, 1, 17, 33, 24, false, 2},
+        {1, 2, 1, 1, 8, false, 0},
+        {1, 1, 35, 20, 72, true, 3},
+        {1, 1, 10, 90, 16, true, 1},
+    };
+    for (const Problem& pr : simple_cases) {
+      run_case<float, float>(pr, false, 2e-5);
+      run_case<double, double>(pr, false, 1e-12);
+      run_case<__half, float>(pr, false, 6e-3);
+      run_case<__nv_bfloat16, float>(pr, false, 3e-2);
+    }
+  }
+  printf("%s: %d failures, %ld warp collectives\n", failures ? "FAILED" : "PASSED", failures,
+         emulated::collective_count.load());
+  return failures ? 1 : 0;
+}

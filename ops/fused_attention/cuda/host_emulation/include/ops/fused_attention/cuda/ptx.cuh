@@ -1,0 +1,24 @@
+#pragma once
+// Host stand-in for ops/fused_attention/cuda/ptx.cuh (same names), found first
+// on the include path when the kernels are compiled for host emulation.
+#include <cstdint>
+namespace conveyor::attention::cuda {
+template <typename T>
+struct MmaType;
+template <>
+struct MmaType<__half> { static constexpr bool kIsBFloat16 = false; };
+template <>
+struct MmaType<__nv_bfloat16> { static constexpr bool kIsBFloat16 = true; };
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { emulated::ldmatrix(r, smem, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) { emulated::ldmatrix(r, smem, true); }
+template <typename T>
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emulated::mma<MmaType<T>::kIsBFloat16>(d, a, b);
+}
+inline void cp_async_16(void* smem, const void* gmem, bool valid) { emulated::cp_async(smem, gmem, valid); }
+inline void cp_async_commit() { emulated::cp_async_commit(); }
+template <int kPending>
+inline void cp_async_wait() { emulated::cp_async_wait(kPending); }
+// The kernels' extern __shared__ array.
+alignas(128) inline unsigned char smem_raw[256 * 1024];
+}  // namespace conveyor::attention::cuda
