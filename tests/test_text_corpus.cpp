@@ -1,4 +1,4 @@
-// The language-model example's data helpers: tokeniser, vocabulary, split,
+// The language-model example's data code: tokeniser, vocabulary, split,
 // windows, unigram baseline, file readers and progress line.
 
 #include "examples/progress.h"

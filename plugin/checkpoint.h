@@ -1,0 +1,61 @@
+#pragma once
+// Checkpoints: a pipeline's whole training state in one file, so that a run
+// can stop and resume with the next step bit for bit what it would have been.
+//
+//   conveyor::save_checkpoint("run.ckpt", pipe, {step, {&opt}});
+//   ...  // a new process: same model, same options, a fresh optimizer
+//   const int64_t step = conveyor::load_checkpoint("run.ckpt", pipe, {&opt});
+//
+// The file is the zip format of torch::pickle_save, which Python's
+// torch.load reads as a dict:
+//   format        "conveyor-checkpoint", version 1
+//   step          the caller's step count
+//   num_stages    K
+//   schedule      the schedule in text form; options: the PipelineOptions
+//   model         {name: tensor}: every parameter and buffer, named as the
+//                 original model names them (model_named_parameters), on CPU
+//   stages        per stage: {"device", "first_layer", "num_layers",
+//                 "parameters": [names], "buffers": [names]}
+//   optimizers    a list, one entry per optimizer: {"type", "stage" (-1: over
+//                 the whole pipeline; k: stage k's own), "param_groups":
+//                 [{"lr", "params": [names]}], "state": {name: {field: value}}}
+//   rng           {"cpu": generator state, "cuda": [state per device]}
+// Optimizer state is stored by parameter name, so it does not depend on the
+// order in which an optimizer was given its parameters.
+//
+// Loading checks that the checkpoint is of this model (the same parameter and
+// buffer names and shapes) and of this many stages, and refuses otherwise.
+//
+// Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
+
+#include "plugin/pipeline.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct TrainingState {
+  int64_t step = 0;
+  // Each over some of the pipeline's parameters (usually one over all).
+  std::vector<torch::optim::Optimizer*> optimizers;
+};
+
+// Writes path + ".tmp", flushes it to disk and renames it over `path`, so a
+// crash while saving leaves the previous checkpoint intact. Throws
+// std::runtime_error on I/O failure, std::invalid_argument for an optimizer
+// that is not supported or holds a tensor that is not the pipeline's.
+void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state = {});
+
+// Restores weights, buffers, optimizer states (into `optimizers`, which must
+// match the saved ones in number, type and parameters) and the random number
+// generators. Returns the saved step. Throws std::invalid_argument for a
+// file that is not a checkpoint, a checkpoint of another model or stage
+// count, or optimizers that do not match; nothing is changed then.
+int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+                        const std::vector<torch::optim::Optimizer*>& optimizers = {});
+
+}  // namespace conveyor

@@ -1,0 +1,167 @@
+"""Writes the TorchScript fixtures the C++ tests load (python make_fixtures.py OUTDIR).
+
+Made at test time so that no binary lives in the repository. All models are
+float64 so the tests can compare gradients to 1e-10.
+
+  mlp.pt          scripted; forward is a chain stem -> encoder -> act -> head,
+                  encoder itself a chain layer1 -> act -> layer2
+  lstm_lm.pt      scripted; embed -> rnn1 -> rnn2 -> proj, each rnn a wrapper
+                  module around nn.LSTM that returns the output only
+  resnet.pt       traced; stem -> block1 -> block2 -> head, residual adds
+                  inside the blocks
+  nonchain.pt     scripted; a residual add at the top level (no chain)
+  dropout_mlp.pt  scripted chain with dropout in its first half
+  corrupt.pt      mlp.pt cut in half
+  not_script.pt   torch.save of a dict of tensors
+"""
+import argparse
+import os
+import warnings
+
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = nn.Linear(16, 16)
+        self.act = nn.Tanh()
+        self.layer2 = nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = self.layer1(x)
+        x = self.act(x)
+        return self.layer2(x)
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.encoder = Encoder()
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.encoder(x)
+        x = self.act(x)
+        return self.head(x)
+
+
+class LstmOutput(nn.Module):
+    def __init__(self, inputs, hidden):
+        super().__init__()
+        self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return out
+
+
+class LstmLm(nn.Module):
+    def __init__(self, vocab=40):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.rnn1 = LstmOutput(8, 12)
+        self.rnn2 = LstmOutput(12, 12)
+        self.proj = nn.Linear(12, vocab)
+
+    def forward(self, tokens):
+        return self.proj(self.rnn2(self.rnn1(self.embed(tokens))))
+
+
+class Block(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
+
+
+class Stem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = Stem()
+        self.block1 = Block(6)
+        self.block2 = Block(6)
+        self.head = Head()
+
+    def forward(self, x):
+        return self.head(self.block2(self.block1(self.stem(x))))
+
+
+class NonChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = self.a(x)
+        y = self.b(x)
+        return self.c(torch.tanh(x + y))
+
+
+class DropoutMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.drop = nn.Dropout(0.3)
+        self.act = nn.Tanh()
+        self.fc2 = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.drop(self.fc1(x))))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("outdir", help="directory to write the fixtures into (created if missing)")
+    out = parser.parse_args().outdir
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+
+    def path(name):
+        return os.path.join(out, name)
+
+    torch.jit.save(torch.jit.script(Mlp().double()), path("mlp.pt"))
+    torch.jit.save(torch.jit.script(LstmLm().double()), path("lstm_lm.pt"))
+    resnet = ResNet().double()
+    torch.jit.save(torch.jit.trace(resnet, torch.randn(2, 3, 8, 8, dtype=torch.float64)), path("resnet.pt"))
+    torch.jit.save(torch.jit.script(NonChain().double()), path("nonchain.pt"))
+    torch.jit.save(torch.jit.script(DropoutMlp().double()), path("dropout_mlp.pt"))
+
+    with open(path("mlp.pt"), "rb") as f:
+        data = f.read()
+    with open(path("corrupt.pt"), "wb") as f:
+        f.write(data[: len(data) // 2])
+    torch.save({"weight": torch.randn(3, 3)}, path("not_script.pt"))
+    print(f"fixtures written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""torch.classes.conveyor.Pipeline: a TorchScript model pipelined from Python.
+
+Gradients equal the unsplit model's, a torch.optim optimizer over
+pipe.parameters() trains the pipeline's (and the ScriptModule's) weights,
+state dicts and checkpoints use the model's names, and errors arrive as
+Python exceptions that say what went wrong and where.
+"""
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin():
+    torch.ops.load_library(os.environ["CONVEYOR_LIB"])
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = nn.Linear(16, 16)
+        self.act = nn.Tanh()
+        self.layer2 = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.layer2(self.act(self.layer1(x)))
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        self.encoder = Encoder()
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.act(self.encoder(self.stem(x))))
+
+
+class LstmOutput(nn.Module):
+    def __init__(self, inputs, hidden):
+        super().__init__()
+        self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return out
+
+
+class LstmLm(nn.Module):
+    def __init__(self, vocab=30):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.rnn = LstmOutput(8, 12)
+        self.proj = nn.Linear(12, vocab)
+
+    def forward(self, tokens):
+        return self.proj(self.rnn(self.embed(tokens)))
+
+
+class NonChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = self.a(x)
+        return self.c(torch.tanh(x + self.b(x)))
+
+
+class Mse(nn.Module):
+    def forward(self, out, target):
+        return ((out - target) ** 2).mean()
+
+
+def eager_and_scripted(cls, seed=0):
+    torch.manual_seed(seed)
+    eager = cls().double()
+    return eager, torch.jit.script(copy.deepcopy(eager))
+
+
+def batch(n=12):
+    return torch.randn(n, 8, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)
+
+
+def assert_same_grads(pipe, eager, tol=1e-10):
+    got = pipe.named_parameters()
+    expected = dict(eager.named_parameters())
+    assert list(got) == list(expected)
+    for name, p in expected.items():
+        assert got[name].grad is not None, name
+        assert (got[name].grad - p.grad).abs().max().item() <= tol, name
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_gradients_equal_the_unsplit_models(schedule, stages):
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": stages, "microbatches": 3, "schedule": schedule})
+    assert pipe.num_stages() == stages
+    x, y = batch()
+    loss = pipe.train_step(x, y)
+    ref = nn.functional.mse_loss(eager(x), y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+
+
+def test_lstm_language_model_with_cross_entropy_and_string_options():
+    eager, scripted = eager_and_scripted(LstmLm)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": "3", "microbatches": "2", "loss": "cross_entropy"})
+    tokens, target = torch.randint(30, (6, 5)), torch.randint(30, (6, 5))
+    loss = pipe.train_step(tokens, target)
+    out = eager(tokens)
+    ref = nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1))
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+
+
+def test_split_points_pipeline_a_forward_that_is_no_chain():
+    eager, scripted = eager_and_scripted(NonChain)
+    with pytest.raises(ValueError, match=r"not a plain chain.*aten::add.*split points that work here: b, c"):
+        torch.classes.conveyor.Pipeline(scripted, {"stages": 2})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"split_points": ["b"], "microbatches": 4})
+    x, y = batch()
+    pipe.train_step(x, y)
+    nn.functional.mse_loss(eager(x), y).backward()
+    assert_same_grads(pipe, eager)
+    with pytest.raises(ValueError, match=r"split point 0 \('d'\) names no submodule"):
+        torch.classes.conveyor.Pipeline(scripted, {"split_points": "d"})
+
+
+def test_a_scripted_loss_module_gives_the_same_gradients():
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"split_points": "encoder.layer2,head", "microbatches": 4,
+                                                      "loss": torch.jit.script(Mse())})
+    assert pipe.num_stages() == 3
+    x, y = batch()
+    pipe.train_step(x, y)
+    nn.functional.mse_loss(eager(x), y).backward()
+    assert_same_grads(pipe, eager)
+
+
+def test_torch_optim_over_parameters_trains_the_pipeline_and_the_script_module():
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 4})
+    script_ptrs = {p.data_ptr() for p in scripted.parameters()}
+    assert {p.data_ptr() for p in pipe.parameters()} == script_ptrs
+    opt = torch.optim.Adam(pipe.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(eager.parameters(), lr=1e-2)
+    x, y = batch(16)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        losses.append(pipe.train_step(x, y))
+        opt.step()
+        ref_opt.zero_grad()
+        nn.functional.mse_loss(eager(x), y).backward()
+        ref_opt.step()
+    assert losses[-1] < losses[0]
+    for name, p in eager.named_parameters():
+        assert (pipe.state_dict()[name] - p).abs().max().item() <= 1e-10, name
+    assert (scripted(x) - eager(x)).abs().max().item() <= 1e-10  # the caller's ScriptModule was trained
+    assert (pipe.forward(x) - eager(x)).abs().max().item() <= 1e-10
+
+
+def test_state_dict_moves_between_the_pipeline_and_the_model(tmp_path):
+    eager, scripted = eager_and_scripted(Mlp)
+    path = str(tmp_path / "mlp.pt")
+    torch.jit.save(scripted, path)
+    pipe = torch.classes.conveyor.Pipeline(path, {"stages": 2})  # from a file: its own copy
+    state = pipe.state_dict()
+    assert list(state) == list(eager.state_dict())
+    other, _ = eager_and_scripted(Mlp, seed=5)
+    pipe.load_state_dict(other.state_dict())
+    x, _ = batch()
+    assert (pipe.forward(x) - other(x)).abs().max().item() <= 1e-12
+    eager.load_state_dict(pipe.state_dict())
+    assert (eager(x) - other(x)).abs().max().item() <= 1e-12
+    with pytest.raises(ValueError, match="missing 'stem.weight'"):
+        pipe.load_state_dict({k: v for k, v in state.items() if k != "stem.weight"})
+    with pytest.raises(ValueError, match="'head.bias' has shape"):
+        pipe.load_state_dict({**state, "head.bias": torch.zeros(4, dtype=torch.float64)})
+
+
+def test_checkpoint_is_read_by_torch_load_and_restores_the_weights(tmp_path):
+    _, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2})
+    path = str(tmp_path / "run.ckpt")
+    pipe.save_checkpoint(path, 7)
+    saved = pipe.state_dict()
+    ckpt = torch.load(path)
+    assert ckpt["format"] == "conveyor-checkpoint" and ckpt["step"] == 7 and ckpt["num_stages"] == 2
+    assert list(ckpt["model"]) == list(saved)
+    for name, t in saved.items():
+        assert torch.equal(ckpt["model"][name], t), name
+    assert ckpt["stages"][1]["parameters"] == ["head.weight", "head.bias"]
+    with torch.no_grad():
+        for p in pipe.parameters():
+            p.zero_()
+    assert pipe.load_checkpoint(path) == 7
+    for name, t in pipe.state_dict().items():
+        assert torch.equal(t, ckpt["model"][name]), name
+    three = torch.classes.conveyor.Pipeline(scripted, {"stages": 3})
+    with pytest.raises(ValueError, match="is of a pipeline of 2 stages, this one has 3"):
+        three.load_checkpoint(path)
+
+
+def test_errors_in_stages_arrive_as_python_exceptions_naming_the_stage():
+    _, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2})
+    x, _ = batch(4)
+    with pytest.raises(RuntimeError, match=r"stage 1 failed in 1F0 .*mse_loss|stage 1 failed"):
+        pipe.train_step(x, torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"stage 0 failed in 0F0 \(forward of micro-batch 0\): layer stem"):
+        pipe.forward(torch.randn(4, 7, dtype=torch.float64))
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    _, scripted = eager_and_scripted(Mlp)
+    with pytest.raises(ValueError, match=r"unknown option 'stagez' \(known: .*stages"):
+        torch.classes.conveyor.Pipeline(scripted, {"stagez": 2})
+    with pytest.raises(ValueError, match="option 'microbatches' must be an int, got str 'many'"):
+        torch.classes.conveyor.Pipeline(scripted, {"microbatches": "many"})
+    with pytest.raises(ValueError, match="the model must be a TorchScript module"):
+        torch.classes.conveyor.Pipeline(torch.zeros(3), {})
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="not a readable zip archive"):
+        torch.classes.conveyor.Pipeline(str(bad), {})

@@ -1,0 +1,205 @@
+// Checkpoints: a resumed run takes bit for bit the steps an uninterrupted one
+// takes, the file reads back as a dict of named tensors, and a checkpoint of
+// another model or stage count is refused before anything changes.
+#include "plugin/checkpoint.h"
+#include "plugin/torchscript.h"
+
+#include "test_models.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+namespace conveyor {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("conveyor_" + name)).string();
+}
+
+// Dropout sits in stage 0 only: with one stage drawing random numbers the
+// order of draws is fixed, so the run is reproducible at all.
+torch::nn::Sequential dropout_mlp() {
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(0.3), torch::nn::Tanh(),
+                          torch::nn::Linear(16, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+PipelineOptions options(int stages = 2) { return PipelineOptions().stages(stages).microbatches(4).schedule("1f1b"); }
+
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+std::unique_ptr<torch::optim::Optimizer> sgd(std::vector<at::Tensor> params) {
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+std::unique_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+}
+
+// Each step draws its batch from the global generator, as a data loader would.
+void train(Pipeline& pipe, torch::optim::Optimizer& opt, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
+    const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
+    opt.zero_grad();
+    pipe.train_step(x, y, testing::mse);
+    opt.step();
+  }
+}
+
+void expect_bit_identical(const Pipeline& a, const Pipeline& b, const std::string& where) {
+  const auto pa = model_named_parameters(a);
+  const auto pb = model_named_parameters(b);
+  ASSERT_EQ(pa.size(), pb.size()) << where;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first) << where;
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << where << ": " << pa[i].first << " differs by "
+                                                          << (pa[i].second - pb[i].second).abs().max().item<double>();
+  }
+}
+
+// 6 steps in one go against 3 steps, a checkpoint, a fresh pipeline and
+// optimizer (other initial weights, other generator state), a load and 3 steps.
+void check_resume(const std::function<std::unique_ptr<Pipeline>()>& make_pipe, const MakeOptimizer& make_opt,
+                  const std::string& where) {
+  const std::string path = temp_path("resume.ckpt");
+  torch::manual_seed(42);
+  auto straight = make_pipe();
+  auto straight_opt = make_opt(straight->parameters());
+  train(*straight, *straight_opt, 6);
+
+  torch::manual_seed(42);
+  auto first = make_pipe();
+  auto first_opt = make_opt(first->parameters());
+  train(*first, *first_opt, 3);
+  save_checkpoint(path, *first, {3, {first_opt.get()}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp")) << where;
+
+  torch::manual_seed(7);
+  auto resumed = make_pipe();
+  auto resumed_opt = make_opt(resumed->parameters());
+  torch::randn({100});  // move the generator on: the checkpoint must bring it back
+  EXPECT_EQ(load_checkpoint(path, *resumed, {resumed_opt.get()}), 3) << where;
+  train(*resumed, *resumed_opt, 3);
+  expect_bit_identical(*straight, *resumed, where);
+  std::filesystem::remove(path);
+}
+
+TEST(Checkpoint, ResumeIsBitIdenticalWithSgdMomentumAndAdam) {
+  const auto make_pipe = [] { return std::make_unique<Pipeline>(dropout_mlp(), options().boundaries({3})); };
+  check_resume(make_pipe, sgd, "sgd");
+  check_resume(make_pipe, adam, "adam");
+}
+
+TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
+  const char* dir = std::getenv("CONVEYOR_FIXTURES");
+  if (!dir) GTEST_SKIP() << "CONVEYOR_FIXTURES is not set (ctest runs make_fixtures.py first)";
+  const std::string file = (std::filesystem::path(dir) / "dropout_mlp.pt").string();
+  const auto make_pipe = [&] { return make_script_pipeline(load_script(file), options()); };
+  check_resume(make_pipe, adam, "script adam");
+}
+
+TEST(Checkpoint, TheFileIsADictOfNamedTensorsAndState) {
+  torch::manual_seed(1);
+  Pipeline pipe(testing::make_mlp(), options(3));
+  auto opt = sgd(pipe.parameters());
+  train(pipe, *opt, 1);
+  const std::string path = temp_path("contents.ckpt");
+  save_checkpoint(path, pipe, {11, {opt.get()}});
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto d = torch::pickle_load(bytes).toGenericDict();
+  EXPECT_EQ(d.at("format").toStringRef(), "conveyor-checkpoint");
+  EXPECT_EQ(d.at("step").toInt(), 11);
+  EXPECT_EQ(d.at("num_stages").toInt(), 3);
+  EXPECT_EQ(d.at("schedule").toStringRef(), pipe.schedule().str());
+  EXPECT_EQ(d.at("options").toGenericDict().at("microbatches").toInt(), 4);
+  const auto model = d.at("model").toGenericDict();
+  for (const auto& [name, p] : pipe.named_parameters()) {
+    ASSERT_TRUE(model.contains(name)) << name;
+    EXPECT_TRUE(torch::equal(model.at(name).toTensor(), p)) << name;
+  }
+  const auto stages = d.at("stages").toList();
+  ASSERT_EQ(stages.size(), 3u);
+  EXPECT_EQ(stages.get(1).toGenericDict().at("parameters").toList().get(0).toStringRef(), "4.weight");  // layers 3, 4
+  const auto saved_opt = d.at("optimizers").toList().get(0).toGenericDict();
+  EXPECT_EQ(saved_opt.at("type").toStringRef(), "SGD");
+  EXPECT_EQ(saved_opt.at("stage").toInt(), -1);
+  const at::Tensor p0 = pipe.parameters()[0];
+  const auto& buffer = static_cast<torch::optim::SGDParamState&>(*opt->state().at(p0.unsafeGetTensorImpl()));
+  EXPECT_TRUE(torch::equal(
+      saved_opt.at("state").toGenericDict().at("0.weight").toGenericDict().at("momentum_buffer").toTensor(),
+      buffer.momentum_buffer()));
+  EXPECT_TRUE(d.at("rng").toGenericDict().at("cpu").toTensor().defined());
+  std::filesystem::remove(path);
+}
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no std::invalid_argument thrown)";
+}
+
+TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
+  torch::manual_seed(2);
+  const std::string path = temp_path("refuse.ckpt");
+  Pipeline saved(testing::make_mlp(), options(2));
+  auto saved_opt = sgd(saved.parameters());
+  train(saved, *saved_opt, 1);
+  save_checkpoint(path, saved, {1, {saved_opt.get()}});
+
+  torch::nn::Sequential wider(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16),
+                              torch::nn::ReLU(), torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  wider->to(torch::kFloat64);
+  Pipeline other(wider, options(2));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, other); }),
+              AllOf(HasSubstr(path), HasSubstr("different model"), HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here")));
+  Pipeline shorter(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh()), options(2));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, shorter); }), AllOf(HasSubstr("different model"), HasSubstr("no '")));
+
+  Pipeline three(testing::make_mlp(), options(3));
+  const at::Tensor before = three.parameters()[0].clone();
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, three); }),
+              HasSubstr("is of a pipeline of 2 stages, this one has 3"));
+
+  Pipeline same(testing::make_mlp(), options(2));
+  auto adam_opt = adam(same.parameters());
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, same, {adam_opt.get()}); }),
+              HasSubstr("optimizer 0: the saved state is of SGD, this optimizer is Adam"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, same); }), HasSubstr("holds 1 optimizer states, but 0"));
+  EXPECT_TRUE(torch::equal(three.parameters()[0], before));
+  EXPECT_FALSE(torch::equal(same.parameters()[0], saved.parameters()[0]));  // untouched by the refused loads
+
+  const std::string junk = temp_path("junk.ckpt");
+  std::ofstream(junk) << "not a checkpoint";
+  EXPECT_THAT(error_of([&] { load_checkpoint(junk, same); }), HasSubstr("is not a readable checkpoint"));
+  std::filesystem::remove(junk);
+  std::filesystem::remove(path);
+}
+
+TEST(Checkpoint, SavingReplacesTheFileAtomically) {
+  const std::string path = temp_path("atomic.ckpt");
+  std::ofstream(path) << "previous";
+  Pipeline pipe(testing::make_mlp(), options(2));
+  save_checkpoint(path, pipe, {5, {}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  Pipeline fresh(testing::make_mlp(), options(2));
+  EXPECT_EQ(load_checkpoint(path, fresh), 5);
+  expect_bit_identical(pipe, fresh, "atomic");
+  EXPECT_THROW(save_checkpoint("/nonexistent-dir/x.ckpt", pipe), std::runtime_error);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace conveyor
