@@ -405,6 +405,15 @@ void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetCon
     throw UsageError("--microbatches x --batch (" + std::to_string(c.microbatches * c.batch) + ") exceeds the " +
                      std::to_string(data.train.size()) + " train images");
   }
+  for (const auto& m : c.methods) {
+    const bool async = m == "ddg" || m == "fr" || m == "pipedream";
+    for (int64_t k : c.stages) {
+      if (async && k > c.microbatches) {
+        throw UsageError(m + " with " + std::to_string(k) + " stages needs --microbatches of at least " +
+                         std::to_string(k) + " (got " + std::to_string(c.microbatches) + "): the pipeline must fill");
+      }
+    }
+  }
   if (data.test.size() < c.microbatches) {
     throw UsageError("the test split (" + std::to_string(data.test.size()) + " images) is smaller than --microbatches");
   }
@@ -425,7 +434,7 @@ void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetCon
   const int64_t idle = data.train.size() - per_epoch * c.batch;
   std::cout << "training: " << c.epochs << " epochs of " << per_epoch << " updates, each on a mini-batch of "
             << c.batch << " images"
-            << (idle ? " (" + std::to_string(idle) + " train images, drawn anew each epoch, sit each epoch out)" : "")
+            << (idle ? " (another " + std::to_string(idle) + " train images, a new draw each epoch, sit it out)" : "")
             << "; asynchronous methods: " << c.microbatches << " mini-batches (updates) per pipeline step; "
             << "gpipe/1f1b: " << c.sync_microbatches << " micro-batches per mini-batch\n  SGD momentum 0.9, weight "
             << "decay 5e-4, " << shortest(c.warmup_epochs) << " epoch(s) of linear warm-up, then a cosine to 0; "
