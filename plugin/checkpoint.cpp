@@ -32,7 +32,9 @@ namespace {
 using Dict = c10::impl::GenericDict;
 using List = c10::impl::GenericList;
 constexpr const char* kFormat = "conveyor-checkpoint";
-constexpr int64_t kVersion = 1;
+// 2 added each stage's own optimizer, its update count and the pipeline's
+// completed steps (asynchronous schedules resume from them).
+constexpr int64_t kVersion = 2;
 
 Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 List new_list() { return List(c10::AnyType::get()); }
@@ -52,22 +54,35 @@ std::string shape(const at::Tensor& t) {
   return os.str();
 }
 
+// Every tensor an optimizer may hold, by its model name: the layers'
+// parameters and, where weight stashing keeps them apart, the live weights.
 std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
   std::map<const void*, std::string> names;
-  for (const auto& [name, p] : model_named_parameters(pipe)) names[p.unsafeGetTensorImpl()] = name;
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (!pipe.is_local(k)) continue;
+    const auto named = model_named_parameters(pipe.stage(k));
+    const auto& live = pipe.stage(k).live();
+    for (size_t i = 0; i < named.size(); ++i) {
+      names[named[i].second.unsafeGetTensorImpl()] = named[i].first;
+      if (i < live.size()) names[live[i].unsafeGetTensorImpl()] = named[i].first;
+    }
+  }
   return names;
 }
 
-ParameterNamer namer(const std::map<const void*, std::string>& names, size_t optimizer) {
+ParameterNamer namer(const std::map<const void*, std::string>& names, const std::string& optimizer) {
   return [&names, optimizer](const at::Tensor& p) {
     const auto it = names.find(p.unsafeGetTensorImpl());
     if (it == names.end()) {
-      throw std::invalid_argument("conveyor: optimizer " + std::to_string(optimizer) + " holds a tensor of shape " +
-                                  shape(p) + " that is not a parameter of the pipeline");
+      throw std::invalid_argument("conveyor: " + optimizer + " holds a tensor of shape " + shape(p) +
+                                  " that is not a parameter of the pipeline");
     }
     return it->second;
   };
 }
+
+std::string optimizer_label(size_t i) { return "optimizer " + std::to_string(i); }
+std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) + "'s optimizer"; }
 
 // --- random number generators --------------------------------------------------
 
@@ -206,6 +221,8 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   d.insert("num_stages", int64_t{pipe.num_stages()});
   d.insert("schedule", pipe.schedule().str());
   d.insert("options", options_to_dict(pipe));
+  d.insert("completed_steps", pipe.completed_steps());
+  const auto names = names_by_tensor(pipe);
 
   Dict model = new_dict();
   for (const auto& [name, t] : model_named_parameters(pipe)) model.insert(name, to_cpu(t));
@@ -215,6 +232,11 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   List stages = new_list();
   for (int k = 0; k < pipe.num_stages(); ++k) {
     Dict s = new_dict();
+    s.insert("local", pipe.is_local(k));
+    if (!pipe.is_local(k)) {  // saved by the process that runs it
+      stages.push_back(s);
+      continue;
+    }
     s.insert("device", pipe.stage(k).device().str());
     s.insert("first_layer", pipe.stage(k).first_layer());
     s.insert("num_layers", pipe.stage(k).num_layers());
@@ -223,15 +245,22 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
     for (const auto& b : model_named_buffers(pipe.stage(k))) buffers.push_back(b.first);
     s.insert("parameters", params);
     s.insert("buffers", buffers);
+    s.insert("updates", pipe.stage(k).updates());
+    if (torch::optim::Optimizer* own = pipe.stage(k).optimizer()) {
+      Dict o = optimizer_state_to_dict(*own, namer(names, stage_optimizer_label(k)));
+      o.insert_or_assign("stage", int64_t{k});
+      s.insert("optimizer", o);
+    } else {
+      s.insert("optimizer", c10::IValue());
+    }
     stages.push_back(s);
   }
   d.insert("stages", stages);
 
-  const auto names = names_by_tensor(pipe);
   List optimizers = new_list();
   for (size_t i = 0; i < state.optimizers.size(); ++i) {
     TORCH_CHECK(state.optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
-    optimizers.push_back(optimizer_state_to_dict(*state.optimizers[i], namer(names, i)));
+    optimizers.push_back(optimizer_state_to_dict(*state.optimizers[i], namer(names, optimizer_label(i))));
   }
   d.insert("optimizers", optimizers);
   d.insert("rng", rng_to_dict());
@@ -278,8 +307,35 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
   for (size_t i = 0; i < optimizers.size(); ++i) {
     TORCH_CHECK(optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
     restore.push_back(optimizer_state_restorer(*optimizers[i], saved_optimizers.get(i).toGenericDict(),
-                                               namer(names, i), "conveyor: optimizer " + std::to_string(i) + ": "));
+                                               namer(names, optimizer_label(i)),
+                                               "conveyor: " + optimizer_label(i) + ": "));
   }
+  // Each stage's own optimizer and progress (format 2; a version 1 file has
+  // neither, and fits only a pipeline without its own optimizers).
+  const List saved_stages = d.at("stages").toList();
+  std::vector<int64_t> updates(pipe.num_stages(), 0);
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (!pipe.is_local(k)) continue;
+    const Dict s = saved_stages.get(k).toGenericDict();
+    if (s.contains("local") && !s.at("local").toBool()) {
+      throw std::invalid_argument(what + "was saved by the process that does not run stage " + std::to_string(k) +
+                                  "; load the file that this stage's process saved");
+    }
+    if (s.contains("updates")) updates[k] = s.at("updates").toInt();
+    torch::optim::Optimizer* own = pipe.stage(k).optimizer();
+    const bool saved_own = s.contains("optimizer") && !s.at("optimizer").isNone();
+    if ((own != nullptr) != saved_own) {
+      throw std::invalid_argument(what + (saved_own ? "holds" : "holds no") + " state of stage " + std::to_string(k) +
+                                  "'s own optimizer, but this pipeline " + (own ? "has" : "has no") +
+                                  " such optimizer (PipelineOptions::optimizer)");
+    }
+    if (own) {
+      restore.push_back(optimizer_state_restorer(*own, s.at("optimizer").toGenericDict(),
+                                                 namer(names, stage_optimizer_label(k)),
+                                                 "conveyor: " + stage_optimizer_label(k) + ": "));
+    }
+  }
+  const int64_t completed = d.contains("completed_steps") ? d.at("completed_steps").toInt() : 0;
 
   // Everything matches: only now is anything changed.
   {
@@ -287,6 +343,7 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
     for (const auto& [name, t] : tensors) t.copy_(model.at(name).toTensor());
   }
   for (const auto& r : restore) r();
+  pipe.restore_progress(completed, updates);
   restore_rng(d.at("rng").toGenericDict());
   return d.at("step").toInt();
 }

@@ -8,20 +8,31 @@
 //
 // The file is the zip format of torch::pickle_save, which Python's
 // torch.load reads as a dict:
-//   format        "conveyor-checkpoint", version 1
+//   format        "conveyor-checkpoint", version 2
 //   step          the caller's step count
+//   completed_steps  Pipeline::completed_steps()
 //   num_stages    K
 //   schedule      the schedule in text form; options: the PipelineOptions
 //   model         {name: tensor}: every parameter and buffer, named as the
 //                 original model names them (model_named_parameters), on CPU
-//   stages        per stage: {"device", "first_layer", "num_layers",
-//                 "parameters": [names], "buffers": [names]}
+//   stages        per stage: {"local", "device", "first_layer", "num_layers",
+//                 "parameters": [names], "buffers": [names], "updates": the
+//                 stage's optimizer steps, "optimizer": the state of the
+//                 stage's own optimizer (PipelineOptions::optimizer) or None}
+//                 ("local" false: the stage runs in another process, which
+//                 saves it in its own file; only "local" is there then)
 //   optimizers    a list, one entry per optimizer: {"type", "stage" (-1: over
 //                 the whole pipeline; k: stage k's own), "param_groups":
 //                 [{"lr", "params": [names]}], "state": {name: {field: value}}}
 //   rng           {"cpu": generator state, "cuda": [state per device]}
 // Optimizer state is stored by parameter name, so it does not depend on the
-// order in which an optimizer was given its parameters.
+// order in which an optimizer was given its parameters. The stages' own
+// optimizers (every asynchronous schedule has them) are saved and restored
+// with the stages, together with their update counts, which the learning-rate
+// schedule reads: an asynchronous run resumes as exactly as a synchronous one.
+//
+// A pipeline that runs one stage of a multi-process pipeline saves and loads
+// that stage only: each process keeps its own file.
 //
 // Loading checks that the checkpoint is of this model (the same parameter and
 // buffer names and shapes) and of this many stages, and refuses otherwise.
@@ -51,8 +62,8 @@ struct TrainingState {
 void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state = {});
 
 // Restores weights, buffers, optimizer states (into `optimizers`, which must
-// match the saved ones in number, type and parameters) and the random number
-// generators. Returns the saved step. Throws std::invalid_argument for a
+// match the saved ones in number, type and parameters, and into the stages'
+// own optimizers), step and update counts, and the random number generators. Returns the saved step. Throws std::invalid_argument for a
 // file that is not a checkpoint, a checkpoint of another model or stage
 // count, or optimizers that do not match; nothing is changed then.
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,

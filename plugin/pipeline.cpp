@@ -122,6 +122,15 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options));
 }
 
+void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
+  TORCH_CHECK(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ",
+              num_stages(), " update counts, got ", stage_updates.size());
+  runtime_->restore_completed_steps(completed_steps);
+  for (int k = 0; k < num_stages(); ++k) {
+    if (is_local(k)) runtime_->stage(k).restore_updates(stage_updates[k]);
+  }
+}
+
 std::vector<at::Tensor> Pipeline::split(const at::Tensor& batch, const char* what, int num_microbatches) const {
   if (!batch.defined()) throw std::invalid_argument(std::string("conveyor: the ") + what + " is undefined");
   const int64_t dim = options_.batch_dim();

@@ -84,6 +84,9 @@ class Pipeline {
   const Stage& stage(int k) const { return runtime_->stage(k); }
   // Steps train_step has completed.
   int64_t completed_steps() const { return runtime_->completed_steps(); }
+  // Sets completed_steps() and each local stage's update count (which the
+  // learning-rate schedule reads) when a checkpoint is loaded.
+  void restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates);
   const StagePlan& plan() const { return plan_; }
   const schedules::Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }

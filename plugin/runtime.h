@@ -57,6 +57,7 @@ class Runtime {
   Stage& stage(int k) { return *stages_.at(k); }
   // Training steps completed (run() calls with a loss that succeeded).
   int64_t completed_steps() const { return completed_steps_; }
+  void restore_completed_steps(int64_t steps) { completed_steps_ = steps; }
 
  private:
   struct StepContext;

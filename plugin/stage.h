@@ -77,6 +77,8 @@ class Stage {
   torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
   // Number of optimizer steps this stage has taken, over the pipeline's life.
   int64_t updates() const { return updates_; }
+  // Sets that count, when a checkpoint is loaded (see plugin/checkpoint.h).
+  void restore_updates(int64_t updates) { updates_ = updates; }
   // One optimizer step with learning rate `lr` (negative: leave it), then
   // clears the gradients.
   void step(double lr);

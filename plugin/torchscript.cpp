@@ -127,6 +127,7 @@ template <typename Select>
 std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const Pipeline& pipe, Select select) {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (!pipe.is_local(k)) continue;  // its tensors live in another process
     for (auto& item : stage_named(pipe.stage(k), select)) named.push_back(std::move(item));
   }
   return named;

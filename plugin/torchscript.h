@@ -69,7 +69,8 @@ std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, Pipelin
 // by their TorchScript path ("encoder.layer2.weight"), any other layer's as
 // Pipeline::named_parameters() does ("3.weight"). Checkpoints and the Python
 // class use these names, so a state dict moves between the pipeline and the
-// unsplit model.
+// unsplit model. In a pipeline that runs one stage of several processes
+// (plugin/distributed.h), those of this process's stage.
 std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe);
 std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe);
 // The same for one stage.

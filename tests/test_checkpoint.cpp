@@ -106,6 +106,85 @@ TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
   check_resume(make_pipe, adam, "script adam");
 }
 
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no std::invalid_argument thrown)";
+}
+
+// Asynchronous schedules: the stages own their optimizers, update after every
+// micro-batch and read a learning rate that decays with their update count;
+// all of that must come back.
+void train_own(Pipeline& pipe, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
+    const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
+    pipe.train_step(x, y, testing::mse);
+  }
+}
+
+void check_async_resume(const std::string& schedule, const MakeOptimizer& make_opt) {
+  const std::string path = temp_path("async.ckpt");
+  const auto make_pipe = [&] {
+    return std::make_unique<Pipeline>(
+        dropout_mlp(), PipelineOptions()
+                           .stages(3)
+                           .boundaries({3, 5})
+                           .microbatches(4)
+                           .schedule(schedule)
+                           .optimizer(make_opt)
+                           .lr_schedule([](int64_t update) { return 0.05 / (1.0 + 0.1 * static_cast<double>(update)); })
+                           .lr_schedule_unit(UpdateUnit::kMicrobatch));
+  };
+  torch::manual_seed(42);
+  auto straight = make_pipe();
+  train_own(*straight, 6);
+
+  torch::manual_seed(42);
+  auto first = make_pipe();
+  train_own(*first, 3);
+  save_checkpoint(path, *first, {3, {}});
+
+  torch::manual_seed(7);
+  auto resumed = make_pipe();
+  torch::randn({100});
+  EXPECT_EQ(load_checkpoint(path, *resumed), 3) << schedule;
+  EXPECT_EQ(resumed->completed_steps(), 3) << schedule;
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(resumed->stage(k).updates(), first->stage(k).updates()) << schedule;
+  train_own(*resumed, 3);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(resumed->stage(k).updates(), straight->stage(k).updates()) << schedule;
+  expect_bit_identical(*straight, *resumed, schedule);
+  std::filesystem::remove(path);
+}
+
+TEST(Checkpoint, AsynchronousSchedulesResumeBitIdenticalWithTheStagesOwnOptimizers) {
+  check_async_resume("pipedream", sgd);  // weight stashing: the optimizers hold separate live weights
+  check_async_resume("ddg", adam);
+  check_async_resume("fr", sgd);
+}
+
+TEST(Checkpoint, StageOptimizersMustBeOnBothSides) {
+  torch::manual_seed(3);
+  const std::string path = temp_path("own.ckpt");
+  Pipeline owning(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
+  train_own(owning, 1);
+  save_checkpoint(path, owning);
+  Pipeline plain(testing::make_mlp(), options(2));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, plain); }),
+              AllOf(HasSubstr("holds state of stage 0's own optimizer"), HasSubstr("this pipeline has no such")));
+  Pipeline other_type(testing::make_mlp(), options(2).schedule("pipedream").optimizer(adam));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, other_type); }),
+              HasSubstr("stage 0's optimizer: the saved state is of SGD, this optimizer is Adam"));
+  Pipeline same(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
+  EXPECT_EQ(load_checkpoint(path, same), 0);
+  expect_bit_identical(owning, same, "own");
+  std::filesystem::remove(path);
+}
+
 TEST(Checkpoint, TheFileIsADictOfNamedTensorsAndState) {
   torch::manual_seed(1);
   Pipeline pipe(testing::make_mlp(), options(3));
@@ -139,16 +218,6 @@ TEST(Checkpoint, TheFileIsADictOfNamedTensorsAndState) {
       buffer.momentum_buffer()));
   EXPECT_TRUE(d.at("rng").toGenericDict().at("cpu").toTensor().defined());
   std::filesystem::remove(path);
-}
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no std::invalid_argument thrown)";
 }
 
 TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
