@@ -2,10 +2,14 @@
 
 #include "plugin/adapters.h"
 
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
+
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -18,15 +22,27 @@ std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
-struct SwapperTable {
-  std::mutex mutex;
-  std::vector<FusedSwapper> swappers;
-};
+// A registry filled by static initializers in the ops' files.
+template <typename Swapper>
+class SwapperTable {
+ public:
+  static SwapperTable& get() {
+    static SwapperTable table;  // built on first use, so registration order across files does not matter
+    return table;
+  }
+  void add(Swapper swapper) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    swappers_.push_back(std::move(swapper));
+  }
+  std::vector<Swapper> all() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return swappers_;
+  }
 
-SwapperTable& swapper_table() {
-  static SwapperTable table;  // built on first use, so registration order across files does not matter
-  return table;
-}
+ private:
+  std::mutex mutex_;
+  std::vector<Swapper> swappers_;
+};
 
 std::optional<FusedSwapper> find_swapper(const std::vector<FusedSwapper>& swappers, const Module& module) {
   for (const auto& swapper : swappers) {
@@ -112,16 +128,10 @@ void swap_children(const std::vector<FusedSwapper>& swappers, Module& parent, co
 void register_fused_swapper(FusedSwapper swapper) {
   TORCH_CHECK(swapper.matches && swapper.make_replacement, "register_fused_swapper: swapper '", swapper.kind,
               "' lacks matches or make_replacement");
-  SwapperTable& table = swapper_table();
-  const std::lock_guard<std::mutex> lock(table.mutex);
-  table.swappers.push_back(std::move(swapper));
+  SwapperTable<FusedSwapper>::get().add(std::move(swapper));
 }
 
-std::vector<FusedSwapper> fused_swappers() {
-  SwapperTable& table = swapper_table();
-  const std::lock_guard<std::mutex> lock(table.mutex);
-  return table.swappers;
-}
+std::vector<FusedSwapper> fused_swappers() { return SwapperTable<FusedSwapper>::get().all(); }
 
 SwapReport swap_fused_ops(std::shared_ptr<Module> root) {
   TORCH_CHECK(root != nullptr, "swap_fused_ops: root module is null");
@@ -132,6 +142,86 @@ SwapReport swap_fused_ops(std::shared_ptr<Module> root) {
     return report;
   }
   swap_children(swappers, *root, "", report);
+  return report;
+}
+
+// --- TorchScript --------------------------------------------------------------
+
+namespace {
+
+void collect_nodes(torch::jit::Block* block, std::vector<torch::jit::Node*>& nodes) {
+  for (torch::jit::Node* node : block->nodes()) {
+    nodes.push_back(node);
+    for (torch::jit::Block* inner : node->blocks()) collect_nodes(inner, nodes);
+  }
+}
+
+// Puts a call of `to` with the same inputs in place of `node`.
+void replace_call(torch::jit::Node* node, const c10::Symbol& to) {
+  torch::jit::Graph* graph = node->owningGraph();
+  const torch::jit::WithInsertPoint insert_before(node);
+  torch::jit::Node* call = graph->insertNode(graph->create(to, node->inputs(), node->outputs().size()));
+  call->setSourceRange(node->sourceRange());
+  for (size_t i = 0; i < node->outputs().size(); ++i) {
+    call->output(i)->setType(node->output(i)->type());
+    node->output(i)->replaceAllUsesWith(call->output(i));
+  }
+  node->destroy();
+}
+
+// What was found in one class type's code: per swapper, swapped or why not.
+using TypeFindings = std::vector<std::pair<std::string, std::optional<std::string>>>;
+
+TypeFindings swap_in_type(const torch::jit::Module& module, const std::vector<ScriptSwapper>& swappers) {
+  TypeFindings findings;
+  for (const torch::jit::Method& method : module.get_methods()) {
+    torch::jit::GraphFunction* function = torch::jit::tryToGraphFunction(method.function());
+    if (function == nullptr) continue;
+    std::vector<torch::jit::Node*> nodes;
+    collect_nodes(function->graph()->block(), nodes);
+    for (torch::jit::Node* node : nodes) {
+      for (const ScriptSwapper& swapper : swappers) {
+        if (!swapper.matches(*node)) continue;
+        std::optional<std::string> why_not = swapper.why_not ? swapper.why_not(*node, module) : std::nullopt;
+        if (!why_not) replace_call(node, c10::Symbol::fromQualString(swapper.to));
+        findings.emplace_back(swapper.kind, std::move(why_not));
+        break;
+      }
+    }
+  }
+  return findings;
+}
+
+}  // namespace
+
+void register_script_swapper(ScriptSwapper swapper) {
+  TORCH_CHECK(swapper.matches && !swapper.to.empty(), "register_script_swapper: swapper '", swapper.kind,
+              "' lacks matches or a replacement op");
+  SwapperTable<ScriptSwapper>::get().add(std::move(swapper));
+}
+
+std::vector<ScriptSwapper> script_swappers() { return SwapperTable<ScriptSwapper>::get().all(); }
+
+SwapReport swap_fused_ops(torch::jit::Module& module) {
+  const std::vector<ScriptSwapper> swappers = script_swappers();
+  // The clone has types of its own (shared among its modules as the
+  // original's are), so editing their code leaves the original's alone, and
+  // no executor has compiled the old code yet.
+  torch::jit::Module swapped = module.clone(/*inplace=*/true);
+  std::map<const c10::ClassType*, TypeFindings> by_type;
+  SwapReport report;
+  for (const auto& item : swapped.named_modules()) {
+    const c10::ClassType* type = item.value.type().get();
+    if (!by_type.count(type)) by_type[type] = swap_in_type(item.value, swappers);
+    for (const auto& [kind, why_not] : by_type[type]) {
+      if (why_not) {
+        report.skipped.push_back({item.name, *why_not});
+      } else {
+        report.swapped.push_back({item.name, kind});
+      }
+    }
+  }
+  module = swapped;
   return report;
 }
 

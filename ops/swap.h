@@ -18,7 +18,14 @@
 //
 //   auto report = conveyor::swap_fused_ops(model.ptr());
 //   std::cout << report.to_string();
+//
+// TorchScript models: swap_fused_ops(torch::jit::Module&) points the graphs'
+// calls of an op (aten::lstm) at the fused op with the same signature
+// (conveyor::lstm), as listed in a second table (RegisterScriptSwapper). A
+// scripted or traced torch.nn.LSTM runs fused then, whatever module holds it.
 
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 
@@ -73,5 +80,34 @@ struct RegisterFusedSwapper {
 };
 
 SwapReport swap_fused_ops(std::shared_ptr<torch::nn::Module> root);
+
+// How to point a TorchScript graph's calls of one op at a fused op that takes
+// the same arguments and returns the same results.
+struct ScriptSwapper {
+  std::string kind;  // for the report, e.g. "aten::lstm -> conveyor::lstm"
+  std::string to;    // the replacement op's qualified name, e.g. "conveyor::lstm"
+  // Whether `node` is a call this swapper replaces (kind and overload).
+  std::function<bool(const torch::jit::Node& node)> matches;
+  // Why this call cannot run fused, judged from its constant arguments and
+  // the attributes of `owner` (the module whose code holds it), or nullopt.
+  // (Arguments only known at run time are for the fused op to judge: it must
+  // give the original op's result for any of them.)
+  std::function<std::optional<std::string>(const torch::jit::Node& node, const torch::jit::Module& owner)> why_not;
+};
+void register_script_swapper(ScriptSwapper swapper);
+std::vector<ScriptSwapper> script_swappers();
+
+struct RegisterScriptSwapper {
+  explicit RegisterScriptSwapper(ScriptSwapper swapper) { register_script_swapper(std::move(swapper)); }
+};
+
+// Replaces `module` with a clone that shares its parameters, buffers and
+// attributes (the same tensors) but has its own copy of the code, in which
+// every call a script swapper matches, and does not refuse, calls the fused
+// op. The report names each module whose code held such a call ("" is the
+// model itself): swapped, or skipped with the reason. Other handles to the
+// original module keep running the original code. Call it before the model
+// is first run or pipelined (make_script_pipeline).
+SwapReport swap_fused_ops(torch::jit::Module& module);
 
 }  // namespace conveyor

@@ -22,8 +22,11 @@
 //   ("uniform" | "parameters"), batch_dim, channel_capacity, timeout_ms,
 //   optimize (let the TorchScript executor optimize), loss ("cross_entropy"
 //   over the last dimension | "mse" | a scripted module called as
-//   loss(output, target)), loss_reduction ("mean" | "sum", for a module).
+//   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
+//   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
+//   fused op; fused_ops_report() says which).
 
+#include "ops/swap.h"
 #include "plugin/checkpoint.h"
 #include "plugin/torchscript.h"
 
@@ -45,7 +48,7 @@ using Options = c10::Dict<std::string, c10::IValue>;
 const std::set<std::string> kKnownOptions = {"stages",      "microbatches",   "schedule",         "schedule_text",
                                              "devices",     "split_points",   "balance",          "batch_dim",
                                              "channel_capacity", "timeout_ms", "optimize",        "loss",
-                                             "loss_reduction"};
+                                             "loss_reduction", "fused_ops"};
 
 // Python's name for what a value is, for messages.
 std::string python_type(const c10::IValue& v) {
@@ -175,6 +178,8 @@ class PythonPipeline : public torch::CustomClassHolder {
   int64_t num_stages() const { return pipe_->num_stages(); }
   std::string schedule() const { return pipe_->schedule().str(); }
   std::string plan() const { return pipe_->plan().str(); }
+  // What the fused_ops option swapped and left (swap_fused_ops' report).
+  std::string fused_ops_report() const { return fused_ops_report_; }
 
   // Weights, buffers, step and random generators; a torch.optim optimizer
   // keeps its own state_dict().
@@ -199,6 +204,7 @@ class PythonPipeline : public torch::CustomClassHolder {
     PipelineOptions opts;
     std::vector<std::string> split_points;
     ScriptLayerOptions layer_options;
+    bool fused_ops = false;
     loss_ = [](const at::Tensor& out, const at::Tensor& target) { return torch::mse_loss(out, target); };
     for (const auto& entry : options) {
       const std::string& key = entry.key();
@@ -229,7 +235,9 @@ class PythonPipeline : public torch::CustomClassHolder {
         opts.loss_reduction(r == "mean" ? LossReduction::kMean : LossReduction::kSum);
       }
       if (key == "loss") set_loss(v);
+      if (key == "fused_ops") fused_ops = as_bool(key, v);
     }
+    if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
     pipe_ = make_script_pipeline(model_, opts, split_points, layer_options);
   }
 
@@ -252,6 +260,7 @@ class PythonPipeline : public torch::CustomClassHolder {
   }
 
   torch::jit::Module model_;
+  std::string fused_ops_report_ = "fused_ops is off\n";
   std::unique_ptr<Pipeline> pipe_;
   LossFn loss_;
 };
@@ -271,6 +280,7 @@ TORCH_LIBRARY_FRAGMENT(conveyor, m) {
       .def("num_stages", &PythonPipeline::num_stages)
       .def("schedule", &PythonPipeline::schedule)
       .def("plan", &PythonPipeline::plan)
+      .def("fused_ops_report", &PythonPipeline::fused_ops_report)
       .def("save_checkpoint", &PythonPipeline::save_checkpoint)
       .def("load_checkpoint", &PythonPipeline::load_checkpoint);
 }

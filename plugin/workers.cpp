@@ -16,14 +16,17 @@ StageWorkers::~StageWorkers() {
 }
 
 std::vector<std::exception_ptr> StageWorkers::run(const std::function<void(int)>& fn) {
+  const at::ThreadLocalState caller_state;
   std::unique_lock<std::mutex> lock(mutex_);
   job_ = &fn;
+  caller_state_ = &caller_state;
   errors_.assign(threads_.size(), nullptr);
   pending_ = static_cast<int>(threads_.size());
   ++generation_;
   start_.notify_all();
   done_.wait(lock, [&] { return pending_ == 0; });
   job_ = nullptr;
+  caller_state_ = nullptr;
   return errors_;
 }
 
@@ -31,15 +34,18 @@ void StageWorkers::loop(int k) {
   long seen = 0;
   while (true) {
     const std::function<void(int)>* job;
+    const at::ThreadLocalState* state;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       start_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
       seen = generation_;
       job = job_;
+      state = caller_state_;
     }
     std::exception_ptr error;
     try {
+      const at::ThreadLocalStateGuard caller_state(*state);
       (*job)(k);
     } catch (...) {
       error = std::current_exception();

@@ -3,6 +3,13 @@
 // thread k for every k at once and returns when all have returned. Threads
 // live as long as the pipeline so that per-thread state (intra-op pools,
 // current streams) is set up once, not once per step.
+//
+// Each call runs under the thread-local state of run()'s caller
+// (at::ThreadLocalState, as at::launch does): a profiler, autocast, saved-
+// tensor hooks or record-function callbacks that are on where train_step is
+// called also see the stages' work.
+
+#include <ATen/ThreadLocalState.h>
 
 #include <condition_variable>
 #include <exception>
@@ -30,6 +37,7 @@ class StageWorkers {
   std::mutex mutex_;
   std::condition_variable start_, done_;
   const std::function<void(int)>* job_ = nullptr;
+  const at::ThreadLocalState* caller_state_ = nullptr;
   std::vector<std::exception_ptr> errors_;
   long generation_ = 0;
   int pending_ = 0;

@@ -4,6 +4,7 @@
 #include "plugin/checkpoint.h"
 #include "plugin/torchscript.h"
 
+#include "script_fixtures.h"
 #include "test_models.h"
 
 #include <cstdlib>
@@ -99,9 +100,8 @@ TEST(Checkpoint, ResumeIsBitIdenticalWithSgdMomentumAndAdam) {
 }
 
 TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
-  const char* dir = std::getenv("CONVEYOR_FIXTURES");
-  if (!dir) GTEST_SKIP() << "CONVEYOR_FIXTURES is not set (ctest runs make_fixtures.py first)";
-  const std::string file = (std::filesystem::path(dir) / "dropout_mlp.pt").string();
+  REQUIRE_FIXTURES();
+  const std::string file = testing::fixture("dropout_mlp.pt");
   const auto make_pipe = [&] { return make_script_pipeline(load_script(file), options()); };
   check_resume(make_pipe, adam, "script adam");
 }

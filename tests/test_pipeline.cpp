@@ -2,6 +2,9 @@
 // report what they did (in-flight counts, stash bytes, trace).
 #include "test_models.h"
 
+#include <ATen/record_function.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -197,6 +200,31 @@ TEST(PipelineStats, TraceHasOneEventPerActionAndWritesChromeJson) {
   EXPECT_EQ(events, 2u * 3 * 4);
   EXPECT_NE(json.find("\"name\":\"2B3\""), std::string::npos);
   std::filesystem::remove(path);
+}
+
+// The stages run under the caller's thread-local state: a record-function
+// callback (what torch.profiler installs) added on the calling thread sees
+// the stages' ops, and only while it is installed.
+std::atomic<int> linear_calls{0};
+
+std::unique_ptr<at::ObserverContext> count_linear(const at::RecordFunction& fn) {
+  if (std::string(fn.name()) == "aten::addmm") ++linear_calls;  // torch::nn::Linear on 2-D input
+  return nullptr;
+}
+
+TEST(PipelineApi, StagesRunUnderTheCallersThreadLocalState) {
+  Pipeline pipe(testing::make_mlp(), PipelineOptions().stages(2).microbatches(3).schedule("1f1b"));
+  const Batch batch = mlp_batch(6);
+  linear_calls = 0;
+  {
+    const at::CallbackHandle handle =
+        at::addThreadLocalCallback(at::RecordFunctionCallback(&count_linear).needsInputs(false));
+    pipe.train_step(batch.input, batch.target, testing::mse);
+    at::removeCallback(handle);
+  }
+  EXPECT_EQ(linear_calls.load(), 4 * 3);  // 4 Linear layers, 3 micro-batches, forward once each
+  pipe.train_step(batch.input, batch.target, testing::mse);
+  EXPECT_EQ(linear_calls.load(), 4 * 3);
 }
 
 TEST(PipelineApi, CustomScheduleTextRuns) {

@@ -4,6 +4,7 @@
 // The models come from tests/python/make_fixtures.py (env CONVEYOR_FIXTURES).
 #include "plugin/torchscript.h"
 
+#include "script_fixtures.h"
 #include "test_models.h"
 
 #include <cstdlib>
@@ -17,15 +18,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string fixture(const std::string& name) {
-  const char* dir = std::getenv("CONVEYOR_FIXTURES");
-  return dir ? (std::filesystem::path(dir) / name).string() : std::string();
-}
-
-#define REQUIRE_FIXTURES()                                                              \
-  if (!std::getenv("CONVEYOR_FIXTURES")) {                                             \
-    GTEST_SKIP() << "CONVEYOR_FIXTURES is not set (ctest runs make_fixtures.py first)"; \
-  }
+using testing::fixture;
 
 struct Case {
   const char* file;

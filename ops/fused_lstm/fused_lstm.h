@@ -28,4 +28,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm(const at::Tensor& inpu
                                                           const at::Tensor& c0, at::TensorList weights,
                                                           bool has_biases);
 
+// fused_lstm over `num_layers` layers, with dropout of probability `dropout`
+// on the output of every layer but the last when `train` (one op call per
+// layer then; the mask is drawn with at::dropout, as torch::nn::LSTM does).
+// Shapes as fused_lstm's: time-major input, [L, B, H] states.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_layers(const at::Tensor& input, const at::Tensor& h0,
+                                                                 const at::Tensor& c0, at::TensorList weights,
+                                                                 bool has_biases, int64_t num_layers,
+                                                                 double dropout, bool train);
+
 }  // namespace conveyor

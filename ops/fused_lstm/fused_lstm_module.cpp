@@ -9,6 +9,27 @@
 
 namespace conveyor {
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_layers(const at::Tensor& input, const at::Tensor& h0,
+                                                                 const at::Tensor& c0, at::TensorList weights,
+                                                                 bool has_biases, int64_t num_layers,
+                                                                 double dropout, bool train) {
+  if (!train || dropout <= 0 || num_layers <= 1) return fused_lstm(input, h0, c0, weights, has_biases);
+  // Dropout acts between layers, so run the layers one op call at a time.
+  const int64_t per_layer = has_biases ? 4 : 2;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == num_layers * per_layer, "fused_lstm: ", num_layers,
+              " layers need ", num_layers * per_layer, " weights, got ", weights.size());
+  std::vector<at::Tensor> hs, cs;
+  at::Tensor layer_input = input;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    auto [out, h, c] = fused_lstm(layer_input, h0.narrow(0, l, 1), c0.narrow(0, l, 1),
+                                  weights.slice(l * per_layer, per_layer), has_biases);
+    hs.push_back(h);
+    cs.push_back(c);
+    layer_input = l + 1 < num_layers ? at::dropout(out, dropout, /*train=*/true) : out;
+  }
+  return {layer_input, at::cat(hs, 0), at::cat(cs, 0)};
+}
+
 void check_fused_lstm_options(const torch::nn::LSTMOptions& options) {
   TORCH_CHECK(!options.bidirectional(),
               "FusedLSTM: bidirectional=true is not supported (the fused kernels run one direction); "
@@ -112,27 +133,8 @@ std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forwar
     c0 = at::zeros({L, x.size(1), H}, x.options());
   }
 
-  const std::vector<at::Tensor> weights = flat_weights();
-  at::Tensor output, h_n, c_n;
-  if (is_training() && options.dropout() > 0 && L > 1) {
-    // Dropout acts between layers, so run the layers one op call at a time.
-    const int64_t per_layer = options.bias() ? 4 : 2;
-    std::vector<at::Tensor> hs, cs;
-    at::Tensor layer_input = x;
-    for (int64_t l = 0; l < L; ++l) {
-      const at::TensorList layer_weights = at::TensorList(weights).slice(l * per_layer, per_layer);
-      auto [out, h, c] = fused_lstm(layer_input, h0.narrow(0, l, 1), c0.narrow(0, l, 1), layer_weights,
-                                    options.bias());
-      hs.push_back(h);
-      cs.push_back(c);
-      layer_input = l + 1 < L ? at::dropout(out, options.dropout(), /*train=*/true) : out;
-    }
-    output = layer_input;
-    h_n = at::cat(hs, 0);
-    c_n = at::cat(cs, 0);
-  } else {
-    std::tie(output, h_n, c_n) = fused_lstm(x, h0, c0, weights, options.bias());
-  }
+  auto [output, h_n, c_n] = fused_lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(),
+                                              is_training());
 
   if (batched && options.batch_first()) output = output.transpose(0, 1);
   if (!batched) {

@@ -7,6 +7,7 @@ target_sources(conveyor PRIVATE
   ${PROJECT_SOURCE_DIR}/ops/fused_lstm/fused_lstm_cpu.cpp
   ${PROJECT_SOURCE_DIR}/ops/fused_lstm/fused_lstm_autograd.cpp
   ${PROJECT_SOURCE_DIR}/ops/fused_lstm/fused_lstm_module.cpp
+  ${PROJECT_SOURCE_DIR}/ops/fused_lstm/fused_lstm_aten.cpp
   ${PROJECT_SOURCE_DIR}/ops/fused_lstm/fused_lstm_swap.cpp)
 if(CONVEYOR_WITH_CUDA)
   target_sources(conveyor PRIVATE

@@ -7,6 +7,10 @@ float64 so the tests can compare gradients to 1e-10.
                   encoder itself a chain layer1 -> act -> layer2
   lstm_lm.pt      scripted; embed -> rnn1 -> rnn2 -> proj, each rnn a wrapper
                   module around nn.LSTM that returns the output only
+  lstm_mix.pt     scripted; embed -> deep (2-layer LSTM) -> both (bidirectional)
+                  -> projected (proj_size 6) -> head: one LSTM the fused op
+                  runs and two it cannot
+  lstm_traced.pt  lstm_lm.pt's model traced (aten::lstm with constant arguments)
   resnet.pt       traced; stem -> block1 -> block2 -> head, residual adds
                   inside the blocks
   nonchain.pt     scripted; a residual add at the top level (no chain)
@@ -51,9 +55,9 @@ class Mlp(nn.Module):
 
 
 class LstmOutput(nn.Module):
-    def __init__(self, inputs, hidden):
+    def __init__(self, inputs, hidden, **options):
         super().__init__()
-        self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
+        self.lstm = nn.LSTM(inputs, hidden, batch_first=True, **options)
 
     def forward(self, x):
         out, _ = self.lstm(x)
@@ -70,6 +74,19 @@ class LstmLm(nn.Module):
 
     def forward(self, tokens):
         return self.proj(self.rnn2(self.rnn1(self.embed(tokens))))
+
+
+class LstmMix(nn.Module):
+    def __init__(self, vocab=40):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.deep = LstmOutput(8, 12, num_layers=2)
+        self.both = LstmOutput(12, 5, bidirectional=True)
+        self.projected = LstmOutput(10, 9, proj_size=6)
+        self.head = nn.Linear(6, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.projected(self.both(self.deep(self.embed(tokens)))))
 
 
 class Block(nn.Module):
@@ -150,6 +167,8 @@ def main():
 
     torch.jit.save(torch.jit.script(Mlp().double()), path("mlp.pt"))
     torch.jit.save(torch.jit.script(LstmLm().double()), path("lstm_lm.pt"))
+    torch.jit.save(torch.jit.script(LstmMix().double()), path("lstm_mix.pt"))
+    torch.jit.save(torch.jit.trace(LstmLm().double(), torch.randint(40, (3, 4))), path("lstm_traced.pt"))
     resnet = ResNet().double()
     torch.jit.save(torch.jit.trace(resnet, torch.randn(2, 3, 8, 8, dtype=torch.float64)), path("resnet.pt"))
     torch.jit.save(torch.jit.script(NonChain().double()), path("nonchain.pt"))

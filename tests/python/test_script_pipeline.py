@@ -127,6 +127,36 @@ def test_lstm_language_model_with_cross_entropy_and_string_options():
     assert_same_grads(pipe, eager)
 
 
+def has_fused_lstm():
+    try:
+        torch.ops.conveyor.lstm
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_fused_ops_run_the_lstms_fused_with_the_same_gradients(stages):
+    if not has_fused_lstm():
+        pytest.skip("the plugin was built without the fused LSTM op")
+    eager, scripted = eager_and_scripted(LstmLm)
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted, {"stages": stages, "microbatches": 2, "loss": "cross_entropy", "fused_ops": True})
+    report = pipe.fused_ops_report()
+    assert "swapped 1, skipped 0" in report and "swapped rnn.lstm" in report, report
+    tokens, target = torch.randint(30, (6, 5)), torch.randint(30, (6, 5))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = pipe.train_step(tokens, target)
+    assert any(e.name == "conveyor::fused_lstm" for e in prof.events()), "the fused op did not run"
+    out = eager(tokens)
+    ref = nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1))
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+    # The pipeline trains the caller's module: its tensors, not copies.
+    assert {p.data_ptr() for p in pipe.parameters()} == {q.data_ptr() for q in scripted.parameters()}
+
+
 def test_split_points_pipeline_a_forward_that_is_no_chain():
     eager, scripted = eager_and_scripted(NonChain)
     with pytest.raises(ValueError, match=r"not a plain chain.*aten::add.*split points that work here: b, c"):
