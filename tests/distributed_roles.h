@@ -5,6 +5,9 @@
 
 #include "plugin/distributed.h"
 #include "test_models.h"
+#ifdef CONVEYOR_HAS_CHECKPOINT
+#include "plugin/checkpoint.h"
+#endif
 
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -143,6 +146,21 @@ inline void pipelines(Worker& w) {
     pipe.train_step(s.x, s.y, mse);
   }
   write_tensors(w.file("pipedream"), values_of(pipe.named_parameters()));
+#ifdef CONVEYOR_HAS_CHECKPOINT
+  // Each rank checkpoints its own stage; a fresh pipeline (other initial
+  // weights) that loads it takes the next step exactly as the original does.
+  save_checkpoint(w.file("pipedream-ckpt"), pipe.pipeline(), {kSteps, {}});
+  torch::manual_seed(9);
+  DistributedPipeline resumed(make_mlp(),
+                              PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
+                              groups);
+  load_checkpoint(w.file("pipedream-ckpt"), resumed.pipeline());
+  const Data next = global_batch(kSteps);
+  pipe.train_step(next.x, next.y, mse);
+  resumed.train_step(next.x, next.y, mse);
+  write_tensors(w.file("pipedream-next"), values_of(pipe.named_parameters()));
+  write_tensors(w.file("pipedream-resumed"), values_of(resumed.named_parameters()));
+#endif
   groups->barrier();
 }
 

@@ -1,5 +1,6 @@
 // The asynchronous methods as schedules: their declarations, lock-step
 // iterations, and the step time and storage the seed study's table gives.
+#include "error_of.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
 #include "schedules/validate.h"
@@ -11,15 +12,7 @@
 namespace conveyor::schedules {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 #define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 

@@ -1,6 +1,7 @@
 // Checkpoints: a resumed run takes bit for bit the steps an uninterrupted one
 // takes, the file reads back as a dict of named tensors, and a checkpoint of
 // another model or stage count is refused before anything changes.
+#include "error_of.h"
 #include "plugin/checkpoint.h"
 #include "plugin/torchscript.h"
 
@@ -107,13 +108,8 @@ TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
 }
 
 template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no std::invalid_argument thrown)";
+std::string error_of(Fn&& fn) {
+  return testing::error_of<std::invalid_argument>(fn);
 }
 
 // Asynchronous schedules: the stages own their optimizers, update after every

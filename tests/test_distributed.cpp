@@ -119,6 +119,28 @@ TEST_F(TwoRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
   expect_equal(merged(out_, "pipedream", 2), in_process_pipedream(2), "pipedream K=2");
 }
 
+#ifdef CONVEYOR_HAS_CHECKPOINT
+TEST_F(TwoRanks, EachRankCheckpointsItsStageAndResumesExactly) {
+  expect_success(exits_);
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = "-rank" + std::to_string(r) + ".pt";
+    const Tensors next = read_tensors(out_ + "/pipedream-next" + rank);
+    const Tensors resumed = read_tensors(out_ + "/pipedream-resumed" + rank);
+    ASSERT_FALSE(next.empty()) << "rank " << r;
+    ASSERT_EQ(next.size(), resumed.size()) << "rank " << r;
+    for (const auto& [name, t] : next) {
+      ASSERT_EQ(resumed.count(name), 1u) << "rank " << r << ": " << name;
+      EXPECT_TRUE(torch::equal(t, resumed.at(name))) << "rank " << r << ": " << name;
+    }
+    std::ifstream in(out_ + "/pipedream-ckpt" + rank, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto stages = torch::pickle_load(bytes).toGenericDict().at("stages").toList();
+    EXPECT_TRUE(stages.get(r).toGenericDict().at("local").toBool()) << "rank " << r;
+    EXPECT_FALSE(stages.get(1 - r).toGenericDict().at("local").toBool()) << "rank " << r;
+  }
+}
+#endif
+
 TEST_F(TwoRanks, AllReduceDataParallelEqualsSingleProcessTraining) {
   expect_success(exits_);
   const Tensors want = single_process_sgd(0.1);

@@ -1,5 +1,6 @@
 // Bad input gets a clear error naming its cause, and the pipeline survives it:
 // no crash, no hang, and the next good step is exact.
+#include "error_of.h"
 #include "plugin/mailbox.h"
 #include "test_models.h"
 
@@ -12,15 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 // Throws on its n-th call (0-based), passes its input through otherwise.
 struct ThrowOnCallImpl : torch::nn::Cloneable<ThrowOnCallImpl> {

@@ -1,4 +1,5 @@
 // Partition policies and their errors: pure decisions, no training.
+#include "error_of.h"
 #include "test_models.h"
 
 namespace conveyor {
@@ -6,15 +7,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(Partition, UniformGivesTheRemainderToEarlyStages) {
   EXPECT_EQ(uniform_boundaries(7, 3), (std::vector<int64_t>{3, 5}));

@@ -1,6 +1,7 @@
 // The ResNet study's pieces: the block-wise ResNet and its stage boundaries,
 // and the image readers (scikit-learn digits through gzip, CIFAR-10 binary).
 
+#include "error_of.h"
 #include "examples/digits_data.h"
 #include "examples/resnet.h"
 #include "plugin/conveyor.h"
@@ -44,15 +45,7 @@ class TempDir {
   fs::path path_;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // `rows` digits lines: pixel i of row r is (r + i) % 17, the label r % 10.
 std::string digits_csv(int rows) {

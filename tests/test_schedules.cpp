@@ -1,5 +1,6 @@
 // Schedules as data: text form, generators, validator and simulator. No
 // LibTorch: this binary builds and runs in seconds.
+#include "error_of.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
 #include "schedules/validate.h"
@@ -15,15 +16,7 @@
 namespace conveyor::schedules {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 // Asynchronous methods need at least K micro-batches.
 int first_m(const std::string& name, int k) { return make_schedule(name, k, k).synchronous() ? 1 : k; }

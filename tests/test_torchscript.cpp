@@ -2,6 +2,7 @@
 // and names, every synchronous schedule gives the unsplit model's gradients,
 // split points cut where asked, and bad input is refused with a clear error.
 // The models come from tests/python/make_fixtures.py (env CONVEYOR_FIXTURES).
+#include "error_of.h"
 #include "plugin/torchscript.h"
 
 #include "script_fixtures.h"
@@ -194,13 +195,8 @@ TEST(ScriptPipeline, AFailingLayerIsNamedWithItsStage) {
 }
 
 template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no std::invalid_argument thrown)";
+std::string error_of(Fn&& fn) {
+  return testing::error_of<std::invalid_argument>(fn);
 }
 
 TEST(ScriptErrors, UnloadableFilesNameThePathAndTheProblem) {
