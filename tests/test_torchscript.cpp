@@ -133,6 +133,51 @@ TEST(ScriptPipeline, SplitPointsPipelineAForwardThatIsNoChain) {
   check_exact("resnet.pt", PipelineOptions().microbatches(2), {"block1", "head"}, "resnet {block1, head}");
 }
 
+// mlp.pt's chain (stem, encoder = layer1, act, layer2, act, head) as flat
+// torch::nn layers with the same weights; boundaries({4}) splits it where the
+// script pipeline's two stages meet (stem + encoder | act + head).
+torch::nn::Sequential nn_twin_of_mlp(const torch::jit::Module& script) {
+  torch::nn::Sequential twin(torch::nn::Linear(8, 16), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                             torch::nn::Linear(16, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  twin->to(torch::kFloat64);
+  const auto from = script.parameters();
+  const auto to = twin->parameters();
+  EXPECT_EQ(from.size(), to.size());
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const at::Tensor& p : from) to.at(i++).copy_(p);
+  return twin;
+}
+
+TEST(ScriptPipeline, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
+  REQUIRE_FIXTURES();
+  const auto sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+  for (const char* schedule : {"pipedream", "ddg", "fr"}) {
+    const auto options = PipelineOptions().stages(2).microbatches(4).schedule(schedule).optimizer(sgd);
+    const torch::jit::Module model = load_script(fixture("mlp.pt"));
+    Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).stages(0).boundaries({4}));
+    const auto pipe = make_script_pipeline(model, options);
+    torch::manual_seed(4);
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor x = torch::randn({8, 8}, torch::kFloat64);
+      const at::Tensor y = torch::randn({8, 3}, torch::kFloat64);
+      pipe->train_step(x, y, testing::mse);
+      twin.train_step(x, y, testing::mse);
+    }
+    const auto got = model_named_parameters(*pipe);
+    const auto want = twin.named_parameters();
+    ASSERT_EQ(got.size(), want.size()) << schedule;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-12)
+          << schedule << ": " << got[i].first << " vs " << want[i].first;
+    }
+    EXPECT_FALSE(torch::equal(got[0].second, load_script(fixture("mlp.pt")).parameters().begin().operator*()))
+        << schedule << ": the weights did not move";
+  }
+}
+
 TEST(ScriptPipeline, ForwardIsInferenceAndMatchesTheModel) {
   REQUIRE_FIXTURES();
   const Case c = make_case("lstm_lm.pt");
