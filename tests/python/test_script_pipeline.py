@@ -7,6 +7,7 @@ Python exceptions that say what went wrong and where.
 """
 import copy
 import os
+import sys
 import warnings
 
 import pytest
@@ -15,43 +16,14 @@ from torch import nn
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
 
+# The models the C++ tests load as fixtures, here scripted in-process.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixtures import LstmOutput, Mlp, NonChain  # noqa: E402
+
 
 @pytest.fixture(scope="module", autouse=True)
 def plugin():
     torch.ops.load_library(os.environ["CONVEYOR_LIB"])
-
-
-class Encoder(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer1 = nn.Linear(16, 16)
-        self.act = nn.Tanh()
-        self.layer2 = nn.Linear(16, 16)
-
-    def forward(self, x):
-        return self.layer2(self.act(self.layer1(x)))
-
-
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Linear(8, 16)
-        self.encoder = Encoder()
-        self.act = nn.ReLU()
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.head(self.act(self.encoder(self.stem(x))))
-
-
-class LstmOutput(nn.Module):
-    def __init__(self, inputs, hidden):
-        super().__init__()
-        self.lstm = nn.LSTM(inputs, hidden, batch_first=True)
-
-    def forward(self, x):
-        out, _ = self.lstm(x)
-        return out
 
 
 class LstmLm(nn.Module):
@@ -63,18 +35,6 @@ class LstmLm(nn.Module):
 
     def forward(self, tokens):
         return self.proj(self.rnn(self.embed(tokens)))
-
-
-class NonChain(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(8, 8)
-        self.b = nn.Linear(8, 8)
-        self.c = nn.Linear(8, 3)
-
-    def forward(self, x):
-        x = self.a(x)
-        return self.c(torch.tanh(x + self.b(x)))
 
 
 class Mse(nn.Module):
