@@ -136,6 +136,7 @@ Dict options_to_dict(const Pipeline& pipe) {
   d.insert("loss_reduction", o.loss_reduction() == LossReduction::kMean ? "mean" : "sum");
   d.insert("channel_capacity", int64_t{o.channel_capacity()});
   d.insert("timeout_ms", static_cast<int64_t>(o.timeout().count()));
+  d.insert("stage_rng", o.stage_rng());
   return d;
 }
 
@@ -246,6 +247,14 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
     s.insert("parameters", params);
     s.insert("buffers", buffers);
     s.insert("updates", pipe.stage(k).updates());
+    if (const StageRandom* random = pipe.stage(k).random()) {
+      Dict r = new_dict();
+      r.insert("cpu", random->state().cpu);
+      r.insert("device", random->state().device.defined() ? c10::IValue(random->state().device) : c10::IValue());
+      s.insert("rng", r);
+    } else {
+      s.insert("rng", c10::IValue());
+    }
     if (torch::optim::Optimizer* own = pipe.stage(k).optimizer()) {
       Dict o = optimizer_state_to_dict(*own, namer(names, stage_optimizer_label(k)));
       o.insert_or_assign("stage", int64_t{k});
@@ -336,6 +345,28 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
     }
   }
   const int64_t completed = d.contains("completed_steps") ? d.at("completed_steps").toInt() : 0;
+  // Each stage's own random streams (PipelineOptions::stage_rng).
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (!pipe.is_local(k)) continue;
+    const Dict s = saved_stages.get(k).toGenericDict();
+    const bool saved_rng = s.contains("rng") && !s.at("rng").isNone();
+    StageRandom* random = pipe.stage(k).random();
+    if ((random != nullptr) != saved_rng) {
+      throw std::invalid_argument(what + (saved_rng ? "holds" : "holds no") + " random streams of stage " +
+                                  std::to_string(k) + ", but this pipeline was built " +
+                                  (random ? "with" : "without") + " PipelineOptions::stage_rng");
+    }
+    if (random) {
+      const Dict r = s.at("rng").toGenericDict();
+      StageRandom::State state{r.at("cpu").toTensor(),
+                               r.at("device").isNone() ? at::Tensor() : r.at("device").toTensor()};
+      if (state.device.defined() != !random->device().is_cpu()) {
+        throw std::invalid_argument(what + "holds random streams of stage " + std::to_string(k) +
+                                    " for another kind of device than " + random->device().str());
+      }
+      restore.push_back([random, state] { random->set_state(state); });
+    }
+  }
 
   // Everything matches: only now is anything changed.
   {

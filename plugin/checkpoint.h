@@ -18,7 +18,9 @@
 //   stages        per stage: {"local", "device", "first_layer", "num_layers",
 //                 "parameters": [names], "buffers": [names], "updates": the
 //                 stage's optimizer steps, "optimizer": the state of the
-//                 stage's own optimizer (PipelineOptions::optimizer) or None}
+//                 stage's own optimizer (PipelineOptions::optimizer) or None,
+//                 "rng": the stage's own random streams {"cpu", "device"}
+//                 (PipelineOptions::stage_rng) or None}
 //                 ("local" false: the stage runs in another process, which
 //                 saves it in its own file; only "local" is there then)
 //   optimizers    a list, one entry per optimizer: {"type", "stage" (-1: over

@@ -101,6 +101,12 @@ struct PipelineOptions {
   // asynchronous schedules). Whatever fails, an asynchronous step is rolled
   // back to the weights and optimizer state it started from.
   TORCH_ARG(bool, divergence_guard) = true;
+  // Each stage draws random numbers (dropout) from its own streams, seeded
+  // from the global CPU generator's seed when the pipeline is built and the
+  // stage's index, so that runs with random layers in several stages repeat
+  // bit for bit and checkpoints restore every stage's streams. Forwards of
+  // different stages then take turns (see plugin/stage_random.h).
+  TORCH_ARG(bool, stage_rng) = false;
 };
 
 }  // namespace conveyor

@@ -4,6 +4,7 @@
 #include "schedules/validate.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
 #include <sstream>
@@ -100,6 +101,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
 
   std::vector<std::shared_ptr<Stage>> stages;
   std::vector<c10::Device> devices;
+  const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
   for (int k = 0; k < num_stages; ++k) {
     const StageSpec& spec = plan_.stages[k];
     devices.push_back(spec.device);
@@ -112,6 +114,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
     auto stage = std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device);
     if (schedule_.weight_stashing) stage->separate_live_weights();
     if (options_.optimizer()) stage->set_optimizer(options_.optimizer()(stage->live()));
+    if (options_.stage_rng()) stage->enable_random(StageRandom::stage_seed(seed, k));
     stages.push_back(std::move(stage));
   }
   RuntimeOptions runtime_options;

@@ -24,7 +24,8 @@
 //   over the last dimension | "mse" | a scripted module called as
 //   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
 //   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
-//   fused op; fused_ops_report() says which).
+//   fused op; fused_ops_report() says which), stage_rng (each stage draws
+//   random numbers from its own streams: PipelineOptions::stage_rng).
 
 #include "ops/swap.h"
 #include "plugin/checkpoint.h"
@@ -48,7 +49,7 @@ using Options = c10::Dict<std::string, c10::IValue>;
 const std::set<std::string> kKnownOptions = {"stages",      "microbatches",   "schedule",         "schedule_text",
                                              "devices",     "split_points",   "balance",          "batch_dim",
                                              "channel_capacity", "timeout_ms", "optimize",        "loss",
-                                             "loss_reduction", "fused_ops"};
+                                             "loss_reduction", "fused_ops", "stage_rng"};
 
 // Python's name for what a value is, for messages.
 std::string python_type(const c10::IValue& v) {
@@ -224,6 +225,7 @@ class PythonPipeline : public torch::CustomClassHolder {
       if (key == "channel_capacity") opts.channel_capacity(static_cast<int>(as_int(key, v)));
       if (key == "timeout_ms") opts.timeout(std::chrono::milliseconds(as_int(key, v)));
       if (key == "optimize") layer_options.optimize = as_bool(key, v);
+      if (key == "stage_rng") opts.stage_rng(as_bool(key, v));
       if (key == "balance") {
         const std::string b = as_string(key, v);
         if (b != "uniform" && b != "parameters") throw bad_option(key, "\"uniform\" or \"parameters\"", v);

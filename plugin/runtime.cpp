@@ -32,6 +32,7 @@ struct StashEntry {
   at::Tensor input;   // the stage's input: a grad-requiring leaf, or (replay) the plain input
   at::Tensor output;  // the stage's output (or the scaled loss on the last stage); undefined when replaying
   std::shared_ptr<WeightVersion> weights;  // the version the forward read (weight stashing)
+  std::optional<StageRandom::State> random;  // where the stage's streams stood (replay with stage_rng)
   int64_t bytes = 0;
 };
 
@@ -369,7 +370,12 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   at::Tensor y;
   {
     c10::AutoGradMode grad_mode(training && !replay);
-    y = stage.forward(x);
+    if (StageRandom* random = stage.random()) {
+      if (replay) entry.random = random->state();
+      random->run([&] { y = stage.forward(x); });
+    } else {
+      y = stage.forward(x);
+    }
   }
   if (!last) {
     waited(st.wait_out, [&] {
@@ -434,7 +440,12 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   if (replay) {
     // Features replay: the forward again, from the kept input, now with grad.
     if (k > 0 && input.defined() && input.is_floating_point()) input = input.detach().requires_grad_(true);
-    at::Tensor y = stage.forward(input);
+    at::Tensor y;
+    if (stage.random() && entry.random) {
+      stage.random()->replay(*entry.random, [&] { y = stage.forward(input); });
+    } else {
+      y = stage.forward(input);
+    }
     root = last ? (*data.loss_fn)(y, data.targets[mb].to(stage.device())).reshape({}) * data.loss_scale[mb] : y;
   }
   if (last) {

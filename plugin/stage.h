@@ -12,6 +12,8 @@
 // must see. Between steps the parameters share the live weights' storage, so
 // the user's model and inference always see the latest values.
 
+#include "plugin/stage_random.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
@@ -83,6 +85,10 @@ class Stage {
   // clears the gradients.
   void step(double lr);
 
+  // --- the stage's own random streams (PipelineOptions::stage_rng) -------
+  void enable_random(uint64_t seed) { random_ = std::make_unique<StageRandom>(seed, device_); }
+  StageRandom* random() const { return random_.get(); }
+
  private:
   int index_;
   int64_t first_layer_;
@@ -95,6 +101,7 @@ class Stage {
   bool separate_ = false;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t updates_ = 0;
+  std::unique_ptr<StageRandom> random_;
 };
 
 }  // namespace conveyor

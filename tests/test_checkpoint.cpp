@@ -112,6 +112,70 @@ std::string error_of(Fn&& fn) {
   return testing::error_of<std::invalid_argument>(fn);
 }
 
+// Dropout in both stages: reproducible only with each stage's own streams.
+torch::nn::Sequential two_dropout_mlp() {
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(0.3), torch::nn::Tanh(),
+                          torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+TEST(Checkpoint, StageRngResumesBitIdenticalWithDropoutInEveryStage) {
+  const auto make_pipe = [] {
+    return std::make_unique<Pipeline>(two_dropout_mlp(), options().boundaries({3}).stage_rng(true));
+  };
+  check_resume(make_pipe, sgd, "stage_rng sgd");
+  check_resume(make_pipe, adam, "stage_rng adam");
+}
+
+// Keeps the pattern of zeros its input had, micro-batch by micro-batch.
+struct ZeroPatternImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    patterns.push_back(x.detach() == 0);
+    return x;
+  }
+  std::vector<at::Tensor> patterns;
+};
+TORCH_MODULE(ZeroPattern);
+
+// With its own streams, stage 1's dropout masks do not depend on whether
+// stage 0 draws random numbers at all.
+std::vector<at::Tensor> stage1_masks(double stage0_dropout) {
+  ZeroPattern seen;
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(stage0_dropout), torch::nn::Tanh(),
+                          torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), seen, torch::nn::Linear(16, 3));
+  m->to(torch::kFloat64);
+  torch::manual_seed(11);
+  Pipeline pipe(m, options().boundaries({3}).stage_rng(true));
+  const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
+  const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
+  pipe.train_step(x, y, testing::mse);
+  return seen->patterns;
+}
+
+TEST(Checkpoint, StageRngGivesEachStageItsOwnStream) {
+  const auto with = stage1_masks(0.5);
+  const auto without = stage1_masks(0.0);
+  ASSERT_EQ(with.size(), 4u);
+  ASSERT_EQ(without.size(), 4u);
+  int64_t zeros = 0;
+  for (size_t mb = 0; mb < with.size(); ++mb) {
+    EXPECT_TRUE(torch::equal(with[mb], without[mb])) << "micro-batch " << mb;
+    zeros += with[mb].sum().item<int64_t>();
+  }
+  EXPECT_GT(zeros, 0);  // the dropout did drop
+}
+
+TEST(Checkpoint, StageRngMustBeOnBothSides) {
+  const std::string path = temp_path("rng.ckpt");
+  Pipeline with(testing::make_mlp(), options(2).stage_rng(true));
+  save_checkpoint(path, with);
+  Pipeline without(testing::make_mlp(), options(2));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, without); }),
+              AllOf(HasSubstr("holds random streams of stage 0"), HasSubstr("without PipelineOptions::stage_rng")));
+  std::filesystem::remove(path);
+}
+
 // Asynchronous schedules: the stages own their optimizers, update after every
 // micro-batch and read a learning rate that decays with their update count;
 // all of that must come back.
@@ -123,7 +187,7 @@ void train_own(Pipeline& pipe, int steps) {
   }
 }
 
-void check_async_resume(const std::string& schedule, const MakeOptimizer& make_opt) {
+void check_async_resume(const std::string& schedule, const MakeOptimizer& make_opt, bool stage_rng = false) {
   const std::string path = temp_path("async.ckpt");
   const auto make_pipe = [&] {
     return std::make_unique<Pipeline>(
@@ -134,7 +198,8 @@ void check_async_resume(const std::string& schedule, const MakeOptimizer& make_o
                            .schedule(schedule)
                            .optimizer(make_opt)
                            .lr_schedule([](int64_t update) { return 0.05 / (1.0 + 0.1 * static_cast<double>(update)); })
-                           .lr_schedule_unit(UpdateUnit::kMicrobatch));
+                           .lr_schedule_unit(UpdateUnit::kMicrobatch)
+                           .stage_rng(stage_rng));
   };
   torch::manual_seed(42);
   auto straight = make_pipe();
@@ -161,6 +226,7 @@ TEST(Checkpoint, AsynchronousSchedulesResumeBitIdenticalWithTheStagesOwnOptimize
   check_async_resume("pipedream", sgd);  // weight stashing: the optimizers hold separate live weights
   check_async_resume("ddg", adam);
   check_async_resume("fr", sgd);
+  check_async_resume("fr", sgd, /*stage_rng=*/true);  // features replay replays a forward's draws
 }
 
 TEST(Checkpoint, StageOptimizersMustBeOnBothSides) {
