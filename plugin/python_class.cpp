@@ -25,7 +25,10 @@
 //   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
 //   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
 //   fused op; fused_ops_report() says which), stage_rng (each stage draws
-//   random numbers from its own streams: PipelineOptions::stage_rng).
+//   random numbers from its own streams: PipelineOptions::stage_rng),
+//   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
+//   which train_step steps; the asynchronous schedules need it) with lr
+//   (required), momentum (sgd) and weight_decay.
 
 #include "ops/swap.h"
 #include "plugin/checkpoint.h"
@@ -35,6 +38,9 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <set>
@@ -49,7 +55,7 @@ using Options = c10::Dict<std::string, c10::IValue>;
 const std::set<std::string> kKnownOptions = {"stages",      "microbatches",   "schedule",         "schedule_text",
                                              "devices",     "split_points",   "balance",          "batch_dim",
                                              "channel_capacity", "timeout_ms", "optimize",        "loss",
-                                             "loss_reduction", "fused_ops", "stage_rng"};
+                                             "loss_reduction", "fused_ops", "stage_rng", "optimizer", "lr", "momentum", "weight_decay"};
 
 // Python's name for what a value is, for messages.
 std::string python_type(const c10::IValue& v) {
@@ -96,6 +102,19 @@ int64_t as_int(const std::string& key, const c10::IValue& v) {
   throw bad_option(key, "an int", v);
 }
 
+double as_double(const std::string& key, const c10::IValue& v) {
+  if (v.isDouble() || v.isInt()) return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+  if (v.isString()) {
+    try {
+      size_t used = 0;
+      const double x = std::stod(v.toStringRef(), &used);
+      if (used == v.toStringRef().size()) return x;
+    } catch (const std::exception&) {
+    }
+  }
+  throw bad_option(key, "a float", v);
+}
+
 bool as_bool(const std::string& key, const c10::IValue& v) {
   if (v.isBool()) return v.toBool();
   if (v.isString() && (v.toStringRef() == "true" || v.toStringRef() == "false")) return v.toStringRef() == "true";
@@ -119,6 +138,48 @@ std::vector<std::string> as_strings(const std::string& key, const c10::IValue& v
   if (!v.isList()) throw bad_option(key, "a list of str or a comma-separated str", v);
   for (const c10::IValue& item : v.toListRef()) out.push_back(as_string(key, item));
   return out;
+}
+
+// The optimizer factory the options "optimizer", "lr", "momentum" and
+// "weight_decay" describe (null without "optimizer").
+OptimizerFactory optimizer_from(const Options& options) {
+  const auto get = [&](const char* key, double fallback) {
+    return options.contains(key) ? as_double(key, options.at(key)) : fallback;
+  };
+  if (!options.contains("optimizer")) {
+    for (const char* key : {"lr", "momentum", "weight_decay"}) {
+      if (options.contains(key)) {
+        throw std::invalid_argument(std::string("conveyor.Pipeline: option '") + key +
+                                    "' sets the pipeline's own optimizer: give 'optimizer' too (or step a torch.optim "
+                                    "optimizer over parameters() yourself)");
+      }
+    }
+    return nullptr;
+  }
+  const std::string name = as_string("optimizer", options.at("optimizer"));
+  if (!options.contains("lr")) throw std::invalid_argument("conveyor.Pipeline: option 'optimizer' needs 'lr'");
+  const double lr = get("lr", 0), momentum = get("momentum", 0);
+  const double weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0.0);  // torch.optim's defaults
+  if (name == "sgd") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(
+          p, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+    };
+  }
+  if (options.contains("momentum")) {
+    throw std::invalid_argument("conveyor.Pipeline: option 'momentum' is for optimizer 'sgd', not '" + name + "'");
+  }
+  if (name == "adam") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr).weight_decay(weight_decay));
+    };
+  }
+  if (name == "adamw") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+    };
+  }
+  throw bad_option("optimizer", "\"sgd\", \"adam\" or \"adamw\"", options.at("optimizer"));
 }
 
 at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
@@ -239,6 +300,7 @@ class PythonPipeline : public torch::CustomClassHolder {
       if (key == "loss") set_loss(v);
       if (key == "fused_ops") fused_ops = as_bool(key, v);
     }
+    opts.optimizer(optimizer_from(options));
     if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
     pipe_ = make_script_pipeline(model_, opts, split_points, layer_options);
   }

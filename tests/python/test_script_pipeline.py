@@ -117,6 +117,60 @@ def test_fused_ops_run_the_lstms_fused_with_the_same_gradients(stages):
     assert {p.data_ptr() for p in pipe.parameters()} == {q.data_ptr() for q in scripted.parameters()}
 
 
+def test_the_pipelines_own_optimizer_steps_in_train_step_like_torch_optim():
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted, {"stages": 2, "microbatches": 3, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9})
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        x, y = batch()
+        pipe.train_step(x, y)
+        opt.zero_grad()
+        nn.functional.mse_loss(eager(x), y).backward()
+        opt.step()
+    got = pipe.named_parameters()
+    for name, p in eager.named_parameters():
+        assert (got[name] - p).abs().max().item() <= 1e-10, name
+        assert got[name].grad is None, name  # train_step cleared them after its step
+
+
+def test_asynchronous_schedules_from_python_update_after_every_microbatch():
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted, {"stages": 1, "microbatches": 4, "schedule": "pipedream", "optimizer": "sgd", "lr": 0.1})
+    x, y = batch()
+    pipe.train_step(x, y)
+    # One stage: PipeDream is plain SGD with one update per micro-batch.
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    for xm, ym in zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4)):
+        opt.zero_grad()
+        nn.functional.mse_loss(eager(xm), ym).backward()
+        opt.step()
+    got = pipe.named_parameters()
+    for name, p in eager.named_parameters():
+        assert (got[name] - p).abs().max().item() <= 1e-10, name
+
+    _, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted, {"stages": 3, "microbatches": 4, "schedule": "ddg", "optimizer": "adam", "lr": 0.01})
+    losses = [pipe.train_step(x, y) for _ in range(20)]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_optimizer_options_are_checked():
+    _, scripted = eager_and_scripted(Mlp)
+    with pytest.raises(ValueError, match="'lr' sets the pipeline's own optimizer: give 'optimizer' too"):
+        torch.classes.conveyor.Pipeline(scripted, {"lr": 0.1})
+    with pytest.raises(ValueError, match="option 'optimizer' needs 'lr'"):
+        torch.classes.conveyor.Pipeline(scripted, {"optimizer": "sgd"})
+    with pytest.raises(ValueError, match="'momentum' is for optimizer 'sgd', not 'adam'"):
+        torch.classes.conveyor.Pipeline(scripted, {"optimizer": "adam", "lr": 0.1, "momentum": 0.9})
+    with pytest.raises(ValueError, match="option 'optimizer' must be \"sgd\", \"adam\" or \"adamw\", got str 'lbfgs'"):
+        torch.classes.conveyor.Pipeline(scripted, {"optimizer": "lbfgs", "lr": 0.1})
+    with pytest.raises(ValueError, match="needs its own"):
+        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2, "schedule": "pipedream"})
+
+
 def test_split_points_pipeline_a_forward_that_is_no_chain():
     eager, scripted = eager_and_scripted(NonChain)
     with pytest.raises(ValueError, match=r"not a plain chain.*aten::add.*split points that work here: b, c"):
