@@ -6,7 +6,7 @@
 // summed) over the simulated makespan, with no transfer cost. On a machine with fewer cores than stages, the measured column shows
 // contention; the projection shows the schedule.
 //
-//   bench_pipeline [--model lstm|mlp] [--batch 32] [--steps 5] [--threads 1]
+//   bench_pipeline [--model lstm|mlp] [--batch 32] [--steps 5] [--threads 1] [--stage-rng]
 
 #include "plugin/conveyor.h"
 
@@ -26,6 +26,7 @@ struct Args {
   int64_t batch = 32;
   int steps = 5;
   int threads = 1;
+  bool stage_rng = false;
 };
 
 torch::nn::Sequential make_model(const std::string& kind) {
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
                    "  --model lstm|mlp   the LSTM language model of the demo (default) or an 8-layer MLP\n"
                    "  --batch N          samples per step (default 32)\n"
                    "  --steps N          measured steps per configuration, after one warm-up (default 5)\n"
-                   "  --threads N        intra-op threads (default 1: one core per stage)\n";
+                   "  --threads N        intra-op threads (default 1: one core per stage)\n"
+                   "  --stage-rng        each stage its own random streams (its forwards take turns)\n";
       return 0;
     } else if (a == "--model") {
       args.model = value();
@@ -93,6 +95,8 @@ int main(int argc, char** argv) {
       args.batch = std::stoll(value());
     } else if (a == "--steps") {
       args.steps = std::stoi(value());
+    } else if (a == "--stage-rng") {
+      args.stage_rng = true;
     } else if (a == "--threads") {
       args.threads = std::stoi(value());
     } else {
@@ -110,8 +114,9 @@ int main(int argc, char** argv) {
                 : torch::mse_loss(out, t);
   };
 
-  std::printf("model %s, batch %lld, %u hardware threads, %d intra-op thread(s); times in ms per step\n",
-              args.model.c_str(), static_cast<long long>(args.batch), std::thread::hardware_concurrency(), args.threads);
+  std::printf("model %s, batch %lld, %u hardware threads, %d intra-op thread(s)%s; times in ms per step\n",
+              args.model.c_str(), static_cast<long long>(args.batch), std::thread::hardware_concurrency(), args.threads,
+              args.stage_rng ? ", stage_rng" : "");
   std::printf("%-10s %2s %2s | %9s %8s | %9s %8s | %13s\n", "schedule", "K", "M", "measured", "bubble", "simulated",
               "bubble", "K-device x");
   for (int k : {1, 2, 4}) {
@@ -119,7 +124,7 @@ int main(int argc, char** argv) {
       for (int m : {1, 4, 8}) {
         if (k == 1 && std::string(schedule) != "gpipe") continue;
         auto model = make_model(args.model);
-        conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(k).microbatches(m).schedule(schedule));
+        conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(k).microbatches(m).schedule(schedule).stage_rng(args.stage_rng));
         pipe.train_step(x, y, loss);  // warm-up
         double wall = 0, bubble = 0;
         conveyor::StepResult last;
