@@ -3,9 +3,11 @@
 The model is an ordinary torch.nn.Module, scripted with torch.jit.script and
 handed to torch.classes.conveyor.Pipeline, which cuts it into stages and runs
 each training step under a pipeline schedule (micro-batches flowing through
-the stages in threads). The optimizer is plain torch.optim.Adam over
-pipe.parameters(): those are the model's own tensors, so it updates the
-pipeline directly.
+the stages in threads). With a synchronous schedule the optimizer is plain
+torch.optim.Adam over pipe.parameters(): those are the model's own tensors,
+so it updates the pipeline directly. The asynchronous schedules (pipedream,
+ddg, fr) update every stage after every micro-batch, so there the pipeline
+owns the optimizer ({"optimizer": "adam", "lr": ...}) and train_step steps it.
 
 The task is synthetic: classify points of three interleaved spirals, so the
 example needs nothing but torch. The loss printed every few steps falls.
@@ -13,6 +15,7 @@ example needs nothing but torch. The loss printed every few steps falls.
   python examples/train_from_python.py                      # 2 stages, 1F1B
   python examples/train_from_python.py --stages 4 --schedule gpipe
   python examples/train_from_python.py --split-points body.1,head --checkpoint /tmp/spirals.ckpt
+  python examples/train_from_python.py --schedule pipedream --stages 3 --microbatches 8
 
 The plugin is build/libconveyor.so unless --lib or $CONVEYOR_LIB says otherwise.
 """
@@ -66,13 +69,16 @@ def main():
                         help="path of libconveyor.so (default: $CONVEYOR_LIB or build/libconveyor.so)")
     parser.add_argument("--stages", type=int, default=2, help="pipeline stages (ignored with --split-points)")
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per step")
-    parser.add_argument("--schedule", default="1f1b", help="pipeline schedule: sequential, gpipe or 1f1b")
+    parser.add_argument("--schedule", default="1f1b",
+                        help="pipeline schedule: sequential, gpipe, 1f1b, or asynchronous pipedream, ddg, fr")
     parser.add_argument("--split-points", default="",
                         help="comma-separated submodules that begin a stage, e.g. body.2,head")
     parser.add_argument("--steps", type=int, default=60, help="training steps")
     parser.add_argument("--batch", type=int, default=256, help="samples per step")
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.add_argument("--checkpoint", default="", help="write a checkpoint here at the end and read it back")
+    parser.add_argument("--require-accuracy", type=float, default=0.0,
+                        help="exit with status 1 if the final test accuracy is below this")
     args = parser.parse_args()
 
     if not os.path.exists(args.lib):
@@ -87,16 +93,22 @@ def main():
         options["split_points"] = args.split_points
     else:
         options["stages"] = args.stages
+    asynchronous = args.schedule in ("pipedream", "ddg", "fr")
+    if asynchronous:
+        options.update({"optimizer": "adam", "lr": args.lr})
     pipe = torch.classes.conveyor.Pipeline(model, options)
     print(f"{pipe.num_stages()} stages: {pipe.plan()}")
 
-    opt = torch.optim.Adam(pipe.parameters(), lr=args.lr)
+    opt = None if asynchronous else torch.optim.Adam(pipe.parameters(), lr=args.lr)
+    accuracy = 0.0
     test_x, test_y = spirals(1024, seed=1)
     for step in range(1, args.steps + 1):
         x, y = spirals(args.batch, seed=100 + step)
-        opt.zero_grad()
+        if opt:
+            opt.zero_grad()
         loss = pipe.train_step(x, y)
-        opt.step()
+        if opt:
+            opt.step()
         if step == 1 or step % 10 == 0 or step == args.steps:
             accuracy = (pipe.forward(test_x).argmax(dim=1) == test_y).float().mean().item()
             print(f"step {step:4d}  loss {loss:.4f}  test accuracy {accuracy:.3f}")
@@ -107,6 +119,8 @@ def main():
         print(f"checkpoint {args.checkpoint}: step {saved['step']}, {len(saved['model'])} tensors "
               f"({', '.join(list(saved['model'])[:3])}, ...)")
         assert pipe.load_checkpoint(args.checkpoint) == args.steps
+    if accuracy < args.require_accuracy:
+        sys.exit(f"test accuracy {accuracy:.3f} is below the required {args.require_accuracy}")
 
 
 if __name__ == "__main__":
