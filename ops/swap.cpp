@@ -3,7 +3,6 @@
 #include "plugin/adapters.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
-#include <torch/csrc/jit/ir/constants.h>
 
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>

@@ -319,8 +319,8 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                                                namer(names, optimizer_label(i)),
                                                "conveyor: " + optimizer_label(i) + ": "));
   }
-  // Each stage's own optimizer and progress (format 2; a version 1 file has
-  // neither, and fits only a pipeline without its own optimizers).
+  // Each stage's own optimizer, progress and random streams (format 2; a
+  // version 1 file has none, and fits only a pipeline without them).
   const List saved_stages = d.at("stages").toList();
   std::vector<int64_t> updates(pipe.num_stages(), 0);
   for (int k = 0; k < pipe.num_stages(); ++k) {
@@ -343,12 +343,7 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                                                  namer(names, stage_optimizer_label(k)),
                                                  "conveyor: " + stage_optimizer_label(k) + ": "));
     }
-  }
-  const int64_t completed = d.contains("completed_steps") ? d.at("completed_steps").toInt() : 0;
-  // Each stage's own random streams (PipelineOptions::stage_rng).
-  for (int k = 0; k < pipe.num_stages(); ++k) {
-    if (!pipe.is_local(k)) continue;
-    const Dict s = saved_stages.get(k).toGenericDict();
+    // Its own random streams (PipelineOptions::stage_rng).
     const bool saved_rng = s.contains("rng") && !s.at("rng").isNone();
     StageRandom* random = pipe.stage(k).random();
     if ((random != nullptr) != saved_rng) {
@@ -367,7 +362,7 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
       restore.push_back([random, state] { random->set_state(state); });
     }
   }
-
+  const int64_t completed = d.contains("completed_steps") ? d.at("completed_steps").toInt() : 0;
   // Everything matches: only now is anything changed.
   {
     torch::NoGradGuard no_grad;

@@ -43,6 +43,7 @@
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -89,28 +90,33 @@ std::invalid_argument bad_option(const std::string& key, const std::string& expe
   return std::invalid_argument(os.str());
 }
 
+// A whole string read as a number by `parse` (std::stoll, std::stod), or nullopt.
+template <typename T, typename Parse>
+std::optional<T> parse_whole(const std::string& text, Parse parse) {
+  try {
+    size_t used = 0;
+    const T x = parse(text, &used);
+    if (used == text.size()) return x;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 int64_t as_int(const std::string& key, const c10::IValue& v) {
   if (v.isInt()) return v.toInt();
+  const auto stoll = [](const std::string& t, size_t* used) { return std::stoll(t, used); };
   if (v.isString()) {
-    try {
-      size_t used = 0;
-      const int64_t n = std::stoll(v.toStringRef(), &used);
-      if (used == v.toStringRef().size()) return n;
-    } catch (const std::exception&) {
-    }
+    if (const auto n = parse_whole<int64_t>(v.toStringRef(), stoll)) return *n;
   }
   throw bad_option(key, "an int", v);
 }
 
 double as_double(const std::string& key, const c10::IValue& v) {
-  if (v.isDouble() || v.isInt()) return v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  const auto stod = [](const std::string& t, size_t* used) { return std::stod(t, used); };
   if (v.isString()) {
-    try {
-      size_t used = 0;
-      const double x = std::stod(v.toStringRef(), &used);
-      if (used == v.toStringRef().size()) return x;
-    } catch (const std::exception&) {
-    }
+    if (const auto x = parse_whole<double>(v.toStringRef(), stod)) return *x;
   }
   throw bad_option(key, "a float", v);
 }

@@ -441,7 +441,7 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
     // Features replay: the forward again, from the kept input, now with grad.
     if (k > 0 && input.defined() && input.is_floating_point()) input = input.detach().requires_grad_(true);
     at::Tensor y;
-    if (stage.random() && entry.random) {
+    if (entry.random) {  // set only with the stage's own streams
       stage.random()->replay(*entry.random, [&] { y = stage.forward(input); });
     } else {
       y = stage.forward(input);

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <exception>
 #include <mutex>
 
 namespace conveyor {
@@ -69,29 +70,23 @@ StageRandom::State StageRandom::swap_in(const State& state) {
   return replaced;
 }
 
-void StageRandom::run(const std::function<void()>& fn) {
-  const std::lock_guard<std::mutex> lock(turn());
-  const State global = swap_in(state_);
-  try {
-    fn();
-  } catch (...) {
-    state_ = swap_in(global);
-    throw;
-  }
-  state_ = swap_in(global);
-}
-
-void StageRandom::replay(const State& from, const std::function<void()>& fn) {
+void StageRandom::run_from(const State& from, State* after, const std::function<void()>& fn) {
   const std::lock_guard<std::mutex> lock(turn());
   const State global = swap_in(from);
+  std::exception_ptr failure;
   try {
     fn();
   } catch (...) {
-    swap_in(global);
-    throw;
+    failure = std::current_exception();  // the draws a failed forward made still count
   }
-  swap_in(global);
+  State went = swap_in(global);
+  if (after != nullptr) *after = std::move(went);
+  if (failure) std::rethrow_exception(failure);
 }
+
+void StageRandom::run(const std::function<void()>& fn) { run_from(state_, &state_, fn); }
+
+void StageRandom::replay(const State& from, const std::function<void()>& fn) { run_from(from, nullptr, fn); }
 
 void StageRandom::set_state(const State& state) {
   TORCH_CHECK(state.cpu.defined(), "conveyor: a stage's random state needs its CPU part");

@@ -51,6 +51,9 @@ class StageRandom {
 
  private:
   State swap_in(const State& state);  // returns the global states it replaced
+  // Runs fn in this stage's turn with `from` installed; *after (if given)
+  // receives where the streams went, also when fn throws.
+  void run_from(const State& from, State* after, const std::function<void()>& fn);
   c10::Device device_;
   State state_;
 };

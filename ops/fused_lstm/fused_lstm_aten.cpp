@@ -28,9 +28,11 @@ std::optional<std::string> aten_lstm_unsupported(bool bidirectional, int64_t num
 namespace {
 
 bool has_fused_kernel(const c10::Device& device) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("conveyor::fused_lstm", "");
-  if (device.is_cpu()) return true;
-  return device.is_cuda() && op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  // Whether this build registered CUDA kernels: fixed once the library has loaded.
+  static const bool cuda = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("conveyor::fused_lstm", "")
+                               .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  return device.is_cpu() || (device.is_cuda() && cuda);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
