@@ -2,10 +2,13 @@
 // The TorchScript fixtures that tests/python/make_fixtures.py writes before
 // the tests run (ctest passes their folder in CONVEYOR_FIXTURES).
 
+#include "plugin/torchscript.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 namespace conveyor::testing {
@@ -14,6 +17,22 @@ namespace conveyor::testing {
 inline std::string fixture(const std::string& name) {
   const char* dir = std::getenv("CONVEYOR_FIXTURES");
   return dir ? (std::filesystem::path(dir) / name).string() : std::string();
+}
+
+// Every pipeline gradient equals the reference's, matched by the model's names.
+inline void expect_same_grads(const Pipeline& pipe, const torch::jit::Module& ref, double tol,
+                              const std::string& where) {
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& p : ref.named_parameters()) expected[p.name] = p.value;
+  const auto got = model_named_parameters(pipe);
+  ASSERT_EQ(got.size(), expected.size()) << where;
+  for (const auto& [name, p] : got) {
+    ASSERT_EQ(expected.count(name), 1u) << where << ": the model has no parameter " << name;
+    const at::Tensor& r = expected[name];
+    ASSERT_TRUE(p.grad().defined()) << where << ": no gradient for " << name;
+    ASSERT_TRUE(r.grad().defined()) << where << ": no reference gradient for " << name;
+    EXPECT_LE((p.grad() - r.grad()).abs().max().item<double>(), tol) << where << ": gradient of " << name;
+  }
 }
 
 }  // namespace conveyor::testing

@@ -19,6 +19,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
+using testing::expect_same_grads;
 using testing::fixture;
 
 struct Case {
@@ -45,21 +46,6 @@ std::pair<torch::jit::Module, double> reference_grads(const Case& c) {
   const at::Tensor loss = c.loss(ref.forward({c.input}).toTensor(), c.target);
   loss.backward();
   return {ref, loss.item<double>()};
-}
-
-// Every pipeline gradient equals the reference's, matched by the model's names.
-void expect_same_grads(const Pipeline& pipe, const torch::jit::Module& ref, double tol, const std::string& where) {
-  std::map<std::string, at::Tensor> expected;
-  for (const auto& p : ref.named_parameters()) expected[p.name] = p.value;
-  const auto got = model_named_parameters(pipe);
-  ASSERT_EQ(got.size(), expected.size()) << where;
-  for (const auto& [name, p] : got) {
-    ASSERT_EQ(expected.count(name), 1u) << where << ": the model has no parameter " << name;
-    const at::Tensor& r = expected[name];
-    ASSERT_TRUE(p.grad().defined()) << where << ": no gradient for " << name;
-    ASSERT_TRUE(r.grad().defined()) << where << ": no reference gradient for " << name;
-    EXPECT_LE((p.grad() - r.grad()).abs().max().item<double>(), tol) << where << ": gradient of " << name;
-  }
 }
 
 void check_exact(const std::string& file, const PipelineOptions& options, const std::vector<std::string>& split_points,

@@ -87,6 +87,12 @@ def test_lstm_language_model_with_cross_entropy_and_string_options():
     assert_same_grads(pipe, eager)
 
 
+def assert_same_weights(pipe, eager, tol=1e-10):
+    got = pipe.named_parameters()
+    for name, p in eager.named_parameters():
+        assert (got[name] - p).abs().max().item() <= tol, name
+
+
 def has_fused_lstm():
     try:
         torch.ops.conveyor.lstm
@@ -128,10 +134,8 @@ def test_the_pipelines_own_optimizer_steps_in_train_step_like_torch_optim():
         opt.zero_grad()
         nn.functional.mse_loss(eager(x), y).backward()
         opt.step()
-    got = pipe.named_parameters()
-    for name, p in eager.named_parameters():
-        assert (got[name] - p).abs().max().item() <= 1e-10, name
-        assert got[name].grad is None, name  # train_step cleared them after its step
+    assert_same_weights(pipe, eager)
+    assert all(p.grad is None for p in pipe.parameters())  # train_step cleared them after its step
 
 
 def test_asynchronous_schedules_from_python_update_after_every_microbatch():
@@ -146,9 +150,7 @@ def test_asynchronous_schedules_from_python_update_after_every_microbatch():
         opt.zero_grad()
         nn.functional.mse_loss(eager(xm), ym).backward()
         opt.step()
-    got = pipe.named_parameters()
-    for name, p in eager.named_parameters():
-        assert (got[name] - p).abs().max().item() <= 1e-10, name
+    assert_same_weights(pipe, eager)
 
     _, scripted = eager_and_scripted(Mlp)
     pipe = torch.classes.conveyor.Pipeline(
