@@ -5,7 +5,7 @@
 // same work. Run with --help.
 
 #include "plugin/conveyor.h"
-#include "plugin/distributed.h"
+#include "plugin/distributed/distributed_pipeline.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -199,7 +199,7 @@ void evaluate(const Args& a, torch::nn::Sequential model) {
 }
 
 void save(const std::string& path, const torch::nn::Sequential& model) {
-  conveyor::save_atomically(path, [&](std::ostream& out) { torch::save(model, out); });
+  conveyor::write_atomically(path, [&](std::ostream& out) { torch::save(model, out); });
   std::cout << "saved " << path << "\n";
 }
 

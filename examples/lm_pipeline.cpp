@@ -3,6 +3,8 @@
 // baseline, and fails (exit 1) if it does not beat that baseline.
 // Run with --help for what it does, where its data comes from and its flags.
 
+#include "examples/flags.h"
+#include "examples/lm_model.h"
 #include "examples/progress.h"
 #include "examples/text_corpus.h"
 #include "plugin/conveyor.h"
@@ -10,7 +12,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -88,9 +89,7 @@ when it does not or training fails, 2 for invalid flags or missing data.
 Example: lm_pipeline --stages 2 --microbatches 8 --schedule gpipe --steps 200
 )";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using ex::UsageError;
 
 struct Config {
   int64_t stages = 2, microbatches = 4, steps = 400, threads = 0;
@@ -99,71 +98,20 @@ struct Config {
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
-  int64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) {
-    throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                     "], got '" + text + "'");
-  }
-  return value;
-}
-
-double parse_real(const std::string& flag, const std::string& text, double min, double max_exclusive) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < min ||
-      value >= max_exclusive) {
-    std::ostringstream os;
-    os << flag << " expects a number in [" << min << ", " << max_exclusive << "), got '" << text << "'";
-    throw UsageError(os.str());
-  }
-  return value;
-}
-
 // Returns false when --help was asked for.
 bool parse_args(int argc, char** argv, Config& c) {
   constexpr int64_t kBig = 1'000'000'000;
-  struct IntFlag { int64_t* value; int64_t min, max; };
-  struct RealFlag { double* value; double min, max_exclusive; };
-  const std::map<std::string, IntFlag> ints = {
-      {"--stages", {&c.stages, 1, 7}},       {"--microbatches", {&c.microbatches, 1, kBig}},
-      {"--steps", {&c.steps, 1, kBig}},      {"--threads", {&c.threads, 1, 1024}},
-      {"--batch", {&c.batch, 1, kBig}},      {"--bptt", {&c.bptt, 1, kBig}},
-      {"--embed", {&c.embed, 1, kBig}},      {"--hidden", {&c.hidden, 1, kBig}},
-      {"--vocab", {&c.vocab, 2, kBig}},      {"--eval-every", {&c.eval_every, 0, kBig}},
-      {"--seed", {&c.seed, 0, INT64_MAX}}};
-  const std::map<std::string, RealFlag> reals = {
-      {"--dropout", {&c.dropout, 0.0, 1.0}}, {"--lr", {&c.lr, 1e-12, 1e3}}, {"--clip", {&c.clip, 0.0, 1e9}}};
-  const std::map<std::string, std::string*> texts = {
-      {"--schedule", &c.schedule}, {"--device", &c.device}, {"--data", &c.data}, {"--trace", &c.trace}};
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i], value;
-    if (flag == "--help" || flag == "-h") return false;
-    const size_t eq = flag.find('=');
-    const bool inline_value = flag.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) {
-      value = flag.substr(eq + 1);
-      flag.resize(eq);
-    }
-    const auto int_flag = ints.find(flag);
-    const auto real_flag = reals.find(flag);
-    const auto text_flag = texts.find(flag);
-    if (int_flag == ints.end() && real_flag == reals.end() && text_flag == texts.end()) {
-      throw UsageError("unknown argument '" + flag + "'");
-    }
-    if (!inline_value) {
-      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
-      value = argv[++i];
-    }
-    if (int_flag != ints.end()) {
-      *int_flag->second.value = parse_int(flag, value, int_flag->second.min, int_flag->second.max);
-    } else if (real_flag != reals.end()) {
-      *real_flag->second.value = parse_real(flag, value, real_flag->second.min, real_flag->second.max_exclusive);
-    } else {
-      *text_flag->second = value;
-    }
-  }
+  ex::Flags flags;
+  flags.integer("--stages", &c.stages, 1, 7).integer("--microbatches", &c.microbatches, 1, kBig);
+  flags.integer("--steps", &c.steps, 1, kBig).integer("--threads", &c.threads, 1, 1024);
+  flags.integer("--batch", &c.batch, 1, kBig).integer("--bptt", &c.bptt, 1, kBig);
+  flags.integer("--embed", &c.embed, 1, kBig).integer("--hidden", &c.hidden, 1, kBig);
+  flags.integer("--vocab", &c.vocab, 2, kBig).integer("--eval-every", &c.eval_every, 0, kBig);
+  flags.integer("--seed", &c.seed, 0, INT64_MAX);
+  flags.real("--dropout", &c.dropout, 0.0, 1.0, /*max_included=*/false).real("--lr", &c.lr, 1e-12, 1e3, false);
+  flags.real("--clip", &c.clip, 0.0, 1e9, false);
+  flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
+  if (!flags.parse(argc, argv)) return false;
   const auto& names = conveyor::schedules::schedule_names();
   if (std::find(names.begin(), names.end(), c.schedule) == names.end()) {
     std::string all;
@@ -191,58 +139,7 @@ std::vector<std::string> stage_devices(const Config& c) {
   return devices;
 }
 
-std::string fixed(double value, int digits) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", digits, value);
-  return text;
-}
-
-struct LanguageModel {
-  torch::nn::Sequential layers;
-  std::vector<std::string> names;  // one per layer, for the plan
-  std::vector<double> costs;       // rough multiply-adds per word, forward and backward, for the split
-  torch::nn::Linear decoder{nullptr};
-};
-
-LanguageModel make_model(const Config& c, int64_t vocab) {
-  using namespace torch::nn;
-  LanguageModel m;
-  auto add = [&](AnyModule layer, std::string name, double cost) {
-    m.layers->push_back(std::move(layer));
-    m.names.push_back(std::move(name));
-    m.costs.push_back(cost);
-  };
-  auto dims = [](int64_t in, int64_t out) { return "(" + std::to_string(in) + "->" + std::to_string(out) + ")"; };
-  auto lstm = [&](int64_t in) {
-    return AnyModule(conveyor::FirstOutput<LSTM>(LSTMOptions(in, c.hidden).batch_first(true)));
-  };
-  const std::string drop = "dropout(" + fixed(c.dropout, 2) + ")";
-  const double h = static_cast<double>(c.hidden), e = static_cast<double>(c.embed), v = static_cast<double>(vocab);
-  m.decoder = Linear(c.hidden, vocab);
-  add(AnyModule(Embedding(vocab, c.embed)), "embedding" + dims(vocab, c.embed), e);
-  add(AnyModule(Dropout(c.dropout)), drop, e);
-  add(lstm(c.embed), "lstm" + dims(c.embed, c.hidden), 3 * 4 * h * (e + h));
-  add(AnyModule(Dropout(c.dropout)), drop, h);
-  add(lstm(c.hidden), "lstm" + dims(c.hidden, c.hidden), 3 * 4 * h * (h + h));
-  add(AnyModule(Dropout(c.dropout)), drop, h);
-  add(AnyModule(m.decoder), "linear" + dims(c.hidden, vocab), 3 * h * v + 4 * v);  // + the loss's softmax
-  return m;
-}
-
-// Starts the decoder's bias at the log unigram frequencies of the train split
-// (add-one smoothed), so that the first steps need not learn how often each
-// word occurs and go straight to learning from context.
-void init_decoder_bias(torch::nn::Linear& decoder, const std::vector<int64_t>& train, int64_t vocab) {
-  std::vector<float> log_freq(vocab, 1.0f);
-  for (int64_t id : train) log_freq[id] += 1.0f;
-  for (float& f : log_freq) f = std::log(f / static_cast<float>(train.size() + vocab));
-  torch::NoGradGuard no_grad;
-  decoder->bias.copy_(torch::tensor(log_freq));
-}
-
-at::Tensor lm_loss(const at::Tensor& output, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
-}
+using ex::fixed;
 
 std::pair<at::Tensor, at::Tensor> window_tensors(const ex::TokenGrid& grid, int64_t index, int64_t bptt) {
   auto w = grid.window(index, bptt);
@@ -259,7 +156,7 @@ double evaluate(conveyor::Pipeline& pipe, const ex::TokenGrid& grid, int64_t bpt
   for (int64_t i = 0; i < grid.num_windows(bptt); ++i) {
     auto [input, target] = window_tensors(grid, i, bptt);
     const at::Tensor output = pipe.forward(input);
-    total += lm_loss(output, target.to(output.device())).item<double>() * static_cast<double>(target.numel());
+    total += ex::lm_loss(output, target.to(output.device())).item<double>() * static_cast<double>(target.numel());
     words += target.numel();
   }
   pipe.train();
@@ -325,7 +222,7 @@ Data load_data(const Config& c) {
 // Synchronous schedules: the caller clips and steps one Adam over every
 // weight. Asynchronous ones update after every micro-batch, so the pipeline
 // steps its own Adam per stage (without clipping).
-conveyor::Pipeline make_pipeline(const Config& c, const LanguageModel& model, const std::vector<std::string>& devices,
+conveyor::Pipeline make_pipeline(const Config& c, const ex::LanguageModel& model, const std::vector<std::string>& devices,
                                  bool& synchronous) {
   try {
     const int stages = static_cast<int>(c.stages), microbatches = static_cast<int>(c.microbatches);
@@ -347,7 +244,7 @@ conveyor::Pipeline make_pipeline(const Config& c, const LanguageModel& model, co
   }
 }
 
-void print_plan(const Config& c, const conveyor::Pipeline& pipe, const LanguageModel& model, int64_t windows,
+void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::LanguageModel& model, int64_t windows,
                 bool synchronous) {
   int64_t num_params = 0;
   for (const auto& p : pipe.parameters()) num_params += p.numel();
@@ -374,8 +271,9 @@ int run(const Config& c) {
 
   const auto devices = stage_devices(c);  // fails fast on a missing GPU
   const Data data = load_data(c);
-  LanguageModel model = make_model(c, data.corpus.vocab.size());
-  init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
+  ex::LanguageModel model =
+      ex::make_language_model(static_cast<int64_t>(data.corpus.vocab.size()), c.embed, c.hidden, c.dropout);
+  ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
   conveyor::Pipeline pipe = make_pipeline(c, model, devices, synchronous);
   const int64_t windows = data.train.num_windows(c.bptt);
@@ -394,7 +292,7 @@ int run(const Config& c) {
     const auto t0 = clock::now();
     auto [input, target] = window_tensors(data.train, (step - 1) % windows, c.bptt);
     if (synchronous) optimizer.zero_grad();
-    last = pipe.train_step(input, target, lm_loss);
+    last = pipe.train_step(input, target, ex::lm_loss);
     if (synchronous) {
       clip_global_norm(params, c.clip);
       optimizer.step();

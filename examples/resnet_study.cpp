@@ -5,6 +5,8 @@
 // Run with --help for the data, the flags and what is compared.
 
 #include "examples/digits_data.h"
+#include "examples/flags.h"
+#include "examples/resnet_tables.h"
 #include "examples/resnet.h"
 #include "plugin/conveyor.h"
 
@@ -94,9 +96,8 @@ Exit status: 0 when every run ended (diverged or not), 1 on a failure, 2 for
 invalid flags or missing data.
 )";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using ex::fixed;
+using ex::UsageError;
 
 struct Config {
   std::vector<int64_t> stages = {2, 4, 11};
@@ -109,31 +110,13 @@ struct Config {
 };
 
 double parse_number(const std::string& flag, const std::string& text, double min, double max) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v) || v < min || v > max) {
-    std::ostringstream os;
-    os << flag << " expects a number in [" << min << ", " << max << "], got '" << text << "'";
-    throw UsageError(os.str());
-  }
-  return v;
+  return ex::parse_real(flag, text, min, max);
 }
 
 int64_t parse_count(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
   const double v = parse_number(flag, text, static_cast<double>(min), static_cast<double>(max));
   if (v != std::floor(v)) throw UsageError(flag + " expects an integer, got '" + text + "'");
   return static_cast<int64_t>(v);
-}
-
-std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (item.empty()) throw UsageError(flag + " has an empty item in '" + text + "'");
-    items.push_back(item);
-  }
-  if (items.empty()) throw UsageError(flag + " needs at least one value");
-  return items;
 }
 
 // Returns false when --help was asked for.
@@ -163,9 +146,9 @@ bool parse_args(int argc, char** argv, Config& c) {
       *it->second.value = parse_count(flag, value, it->second.min, it->second.max);
     } else if (flag == "--stages") {
       c.stages.clear();
-      for (const auto& s : split_list(flag, value)) c.stages.push_back(parse_count(flag, s, 1, 1000));
+      for (const auto& s : ex::split_list(flag, value)) c.stages.push_back(parse_count(flag, s, 1, 1000));
     } else if (flag == "--methods") {
-      c.methods = split_list(flag, value);
+      c.methods = ex::split_list(flag, value);
       for (const auto& m : c.methods) {
         if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
           throw UsageError("--methods: unknown method '" + m + "' (sequential, gpipe, 1f1b, ddg, fr, pipedream)");
@@ -173,7 +156,7 @@ bool parse_args(int argc, char** argv, Config& c) {
       }
     } else if (flag == "--lrs") {
       c.lrs.clear();
-      for (const auto& s : split_list(flag, value)) c.lrs.push_back(parse_number(flag, s, 1e-9, 1e3));
+      for (const auto& s : ex::split_list(flag, value)) c.lrs.push_back(parse_number(flag, s, 1e-9, 1e3));
     } else if (flag == "--warmup" || flag == "--diverge-loss") {
       (flag == "--warmup" ? c.warmup_epochs : c.diverge_loss) = parse_number(flag, value, 0, 1e9);
     } else if (flag == "--digits" || flag == "--cifar") {
@@ -189,23 +172,8 @@ bool parse_args(int argc, char** argv, Config& c) {
   return true;
 }
 
-std::string fixed(double value, int digits) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", digits, value);
-  return text;
-}
-
-std::string shortest(double value) {
-  std::ostringstream os;
-  os << value;
-  return os.str();
-}
-
-// Left-aligned in a column of `width`, with at least one space after it.
-std::string pad(std::string s, size_t width) {
-  s.resize(std::max(s.size() + 1, width), ' ');
-  return s;
-}
+using ex::pad;
+using ex::shortest;
 
 ex::ImageData load_data(const Config& c) {
   try {
@@ -223,18 +191,6 @@ ex::ImageData load_data(const Config& c) {
     throw UsageError(e.what());
   }
 }
-
-struct Run {
-  std::string method;
-  int64_t stages = 0;
-  double lr = 0;
-  double best_accuracy = 0;  // percent
-  int64_t best_epoch = 0;    // 0: no epoch completed
-  double last_loss = 0, seconds_per_epoch = 0;
-  int64_t diverged_epoch = 0;  // 0: did not diverge
-  std::string why;             // what the divergence was
-  bool diverged() const { return diverged_epoch > 0; }
-};
 
 double test_accuracy(conveyor::Pipeline& pipe, const ex::ImageSet& test, int64_t microbatches) {
   pipe.eval();
@@ -256,7 +212,7 @@ double learning_rate(double peak, int64_t n, int64_t warmup, int64_t total) {
   return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * std::min(1.0, progress)));
 }
 
-Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetConfig& net, const std::string& method,
+ex::Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetConfig& net, const std::string& method,
               int64_t stages, double lr) {
   const bool async = !conveyor::schedules::make_schedule(method, 1, 1).synchronous();
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
@@ -286,7 +242,7 @@ Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetConfig
     return torch::nn::functional::cross_entropy(out, target);
   };
   const double diverge_loss = c.diverge_loss > 0 ? c.diverge_loss : 2 * std::log(static_cast<double>(data.classes));
-  Run run;
+  ex::Run run;
   run.method = method;
   run.stages = stages;
   run.lr = lr;
@@ -325,67 +281,6 @@ Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetConfig
   return run;
 }
 
-std::string describe(const Run& r) {
-  const std::string best =
-      "best test accuracy " + fixed(r.best_accuracy, 2) + "% (epoch " + std::to_string(r.best_epoch) + ")";
-  if (r.diverged()) {
-    return "DIVERGED in epoch " + std::to_string(r.diverged_epoch) + ": " + r.why +
-           (r.best_epoch > 0 ? "; before that " + best : "");
-  }
-  return best + ", last epoch's train loss " + fixed(r.last_loss, 4) + ", " + fixed(r.seconds_per_epoch, 2) +
-         " s/epoch";
-}
-
-// A table with a column per method; cell(method, row) fills row `row`.
-template <typename Cell>
-void print_table(const std::string& title, const std::string& corner, const std::vector<std::string>& rows,
-                 const std::vector<std::string>& methods, Cell cell) {
-  std::cout << "\n" << title << "\n" << pad(corner, 8);
-  for (const auto& m : methods) std::cout << pad(m, 18);
-  for (size_t r = 0; r < rows.size(); ++r) {
-    std::cout << "\n" << pad(rows[r], 8);
-    for (const auto& m : methods) std::cout << pad(cell(m, r), 18);
-  }
-  std::cout << "\n";
-}
-
-void print_tables(const Config& c, const std::vector<Run>& runs) {
-  std::vector<std::string> stage_rows, lr_rows;
-  for (int64_t k : c.stages) stage_rows.push_back(std::to_string(k));
-  for (double lr : c.lrs) lr_rows.push_back(shortest(lr));
-  // A method's runs with c.stages[r] stages, or (by_lr) with learning rate c.lrs[r].
-  auto select = [&](const std::string& m, size_t r, bool by_lr) {
-    std::vector<const Run*> out;
-    for (const auto& run : runs) {
-      if (run.method == m && (by_lr ? run.lr == c.lrs[r] : run.stages == c.stages[r])) out.push_back(&run);
-    }
-    return out;
-  };
-  print_table("Best test top-1 accuracy (%) over the learning rates, diverged runs left out [lr of the best]:",
-              "stages", stage_rows, c.methods, [&](const std::string& m, size_t r) {
-                const Run* best = nullptr;
-                for (const Run* run : select(m, r, false)) {
-                  if (!run->diverged() && (!best || run->best_accuracy > best->best_accuracy)) best = run;
-                }
-                return best ? fixed(best->best_accuracy, 2) + " [" + shortest(best->lr) + "]" : "diverged";
-              });
-  print_table("Diverged runs / runs, per learning rate (over the numbers of stages):", "lr", lr_rows, c.methods,
-              [&](const std::string& m, size_t r) {
-                const auto sel = select(m, r, true);
-                const auto n = std::count_if(sel.begin(), sel.end(), [](const Run* run) { return run->diverged(); });
-                return std::to_string(n) + "/" + std::to_string(sel.size());
-              });
-  print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows,
-              c.methods, [&](const std::string& m, size_t r) {
-                double sum = 0;
-                int n = 0;
-                for (const Run* run : select(m, r, false)) {
-                  if (run->best_epoch > 0) sum += run->seconds_per_epoch, ++n;
-                }
-                return n ? fixed(sum / n, 2) : std::string("-");
-              });
-}
-
 // Checks the configuration against the data and the network, and says what will run.
 void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetConfig& net) {
   std::vector<ex::ResNetElement> elements;
@@ -406,7 +301,7 @@ void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetCon
                      std::to_string(data.train.size()) + " train images");
   }
   for (const auto& m : c.methods) {
-    const bool async = m == "ddg" || m == "fr" || m == "pipedream";
+    const bool async = !conveyor::schedules::make_schedule(m, 1, 1).synchronous();
     for (int64_t k : c.stages) {
       if (async && k > c.microbatches) {
         throw UsageError(m + " with " + std::to_string(k) + " stages needs --microbatches of at least " +
@@ -448,17 +343,17 @@ int run(const Config& c) {
   const ex::ImageData data = load_data(c);
   const ex::ResNetConfig net{c.depth, c.width, data.channels, data.image_size, data.classes};
   print_setup(c, data, net);
-  std::vector<Run> runs;
+  std::vector<ex::Run> runs;
   for (const auto& method : c.methods) {
     for (int64_t k : c.stages) {
       for (double lr : c.lrs) {
         runs.push_back(train_one(c, data, net, method, k, lr));
         std::cout << pad(method, 11) << pad("stages " + std::to_string(k), 10) << pad("lr " + shortest(lr), 9)
-                  << describe(runs.back()) << "\n" << std::flush;
+                  << ex::describe(runs.back()) << "\n" << std::flush;
       }
     }
   }
-  print_tables(c, runs);
+  ex::print_tables(c.stages, c.lrs, c.methods, runs);
   std::cout << "\ntotal time " << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1)
             << " s\n";
   return 0;

@@ -1,6 +1,6 @@
 #include "ops/swap.h"
 
-#include "plugin/adapters.h"
+#include "ops/adapters.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
 

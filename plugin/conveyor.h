@@ -1,8 +1,10 @@
 #pragma once
 // Conveyor: pipeline model parallelism for LibTorch. Include this one header.
 
-#include "plugin/adapters.h"
+#include "ops/adapters.h"
+#include "plugin/atomic_file.h"
 #include "plugin/errors.h"
+#include "plugin/model_names.h"
 #include "plugin/options.h"
 #include "plugin/partition.h"
 #include "plugin/pipeline.h"

@@ -1,9 +1,14 @@
 #pragma once
-// The one exception type the runtime throws for a failure inside a step: it
-// names where the failure happened so the caller does not have to guess which
-// of K threads raised it.
+// The exceptions a pipeline throws. Bad configuration or input found before a
+// step starts is a std::invalid_argument. A failure inside a step is a
+// PipelineError, which names where it happened so the caller does not have to
+// guess which of K threads raised it; DivergenceError is the PipelineError of
+// a non-finite loss or gradient. TimeoutError and AbortedError are what
+// blocking waits throw inside a step (a wait that ran out, a wait woken
+// because another stage failed); the runtime reports them as PipelineErrors.
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -28,16 +33,16 @@ class PipelineError : public std::runtime_error {
 // its optimizers' state) are those of the last good step.
 class DivergenceError : public PipelineError {
  public:
-  DivergenceError(int64_t step, std::string method, int stage, int microbatch, std::string action,
+  DivergenceError(int64_t step, std::string schedule, int stage, int microbatch, std::string action,
                   const std::string& message)
-      : PipelineError(stage, microbatch, std::move(action), message), step_(step), method_(std::move(method)) {}
+      : PipelineError(stage, microbatch, std::move(action), message), step_(step), schedule_(std::move(schedule)) {}
 
   int64_t step() const { return step_; }  // 1-based count of train steps, this one included
-  const std::string& method() const { return method_; }  // the schedule's name
+  const std::string& schedule() const { return schedule_; }  // the schedule's name, e.g. "pipedream"
 
  private:
   int64_t step_;
-  std::string method_;
+  std::string schedule_;
 };
 
 // Thrown by blocking waits that pass PipelineOptions::timeout.
@@ -52,5 +57,9 @@ class AbortedError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// An exception's message without LibTorch's C++ backtrace (c10::Error's
+// what() carries one), for messages that quote what a layer or peer said.
+std::string message_of(const std::exception& e);
 
 }  // namespace conveyor

@@ -53,7 +53,7 @@ class Pipeline {
   explicit Pipeline(torch::nn::Sequential model, PipelineOptions options = {});
 
   // One stage of a pipeline whose other stages run in other processes (see
-  // plugin/distributed.h): plans the whole model as above but builds and runs
+  // plugin/distributed/distributed_pipeline.h): plans the whole model as above but builds and runs
   // only stage `local_stage`, reaching its neighbours through `transport`.
   // Only that stage's layers are moved and trained; parameters() are its
   // weights; train_step's loss is NaN and forward() undefined unless it is the

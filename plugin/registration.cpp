@@ -1,6 +1,6 @@
 // The plugin's operator library, `conveyor`. Schedules are exposed as text so
-// that Python (torch.ops.conveyor.*) and C++ share one format; the fused ops
-// add their own definitions with TORCH_LIBRARY_FRAGMENT.
+// that Python (torch.ops.conveyor.*) and C++ share one format; each op folder
+// of ops/ declares its own schemas with TORCH_LIBRARY_FRAGMENT.
 
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
@@ -45,8 +45,6 @@ TORCH_LIBRARY(conveyor, m) {
   // (makespan, bubble fraction, peak in-flight micro-batches per stage).
   m.def("simulate(str text, float[] forward_costs, float[] backward_costs, float transfer=0.) -> (float, float, int[])",
         &simulate_schedule);
-  // NaN and infinite elements across the tensors, as an int64 scalar on their device.
-  m.def("count_nonfinite(Tensor[] tensors) -> Tensor");
 }
 
 }  // namespace conveyor

@@ -1,20 +1,20 @@
 #include "plugin/runtime.h"
 
 #include "ops/nonfinite/nonfinite.h"
+#include "plugin/action_timer.h"
 #include "plugin/errors.h"
+#include "plugin/step_rollback.h"
+#include "plugin/weight_versions.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/serialize/archive.h>
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -27,28 +27,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// What a stage keeps for one in-flight micro-batch.
-struct StashEntry {
-  at::Tensor input;   // the stage's input: a grad-requiring leaf, or (replay) the plain input
-  at::Tensor output;  // the stage's output (or the scaled loss on the last stage); undefined when replaying
-  std::shared_ptr<WeightVersion> weights;  // the version the forward read (weight stashing)
-  std::optional<StageRandom::State> random;  // where the stage's streams stood (replay with stage_rng)
-  int64_t bytes = 0;
-};
-
-int64_t tensor_bytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()) : 0;
-}
-
 std::string describe(const Action& a) {
   std::ostringstream os;
   os << a.str() << " (" << schedules::kind_name(a.kind) << " of micro-batch " << a.microbatch << ")";
   return os.str();
-}
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
-  return e.what();
 }
 
 bool is_divergence(const std::exception_ptr& error) {
@@ -73,48 +55,46 @@ auto waited(double& seconds, Fn&& fn) {
   return fn();
 }
 
-std::string save_optimizer(const torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+// Runs the stage's layers, under its own random streams when it has them;
+// `start` (if given) receives where the streams stood, for a replay.
+at::Tensor run_layers(const Stage& stage, const at::Tensor& x, std::optional<StageRandom::State>* start) {
+  StageRandom* random = stage.random();
+  if (!random) return stage.forward(x);
+  if (start) *start = random->state();
+  at::Tensor y;
+  random->run([&] { y = stage.forward(x); });
+  return y;
 }
 
-void load_optimizer(torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  optimizer.load(archive);
+// What a forward leaves for its backward, as the schedule declares: the
+// graph (the grad-requiring input, if any, and the root to differentiate),
+// or only the input, from which the backward replays the forward.
+void keep_for_backward(StashEntry& entry, bool inputs_only, const at::Tensor& input, bool input_is_leaf,
+                       const at::Tensor& output, const at::Tensor& root) {
+  entry.inputs_only = inputs_only;
+  if (inputs_only) {
+    entry.input = input;
+    entry.bytes = tensor_bytes(input);
+  } else {
+    entry.input = input_is_leaf ? input : at::Tensor();
+    entry.root = root;
+    entry.bytes = tensor_bytes(entry.input) + tensor_bytes(output);
+  }
 }
 
 }  // namespace
 
 struct Runtime::StepContext {
   struct PerStage {
-    std::map<int, StashEntry> stash;
-    int64_t live_bytes = 0, peak_bytes = 0;
-    int live = 0, peak = 0, activations = 0, peak_activations = 0, inputs = 0, peak_inputs = 0;
+    ActivationStash stash;
+    WeightVersions versions;
     double busy_seconds = 0;
     // Seconds the current action spent blocked in the transport before and
     // after its compute: not busy time.
     double wait_in = 0, wait_out = 0;
     std::vector<TraceEvent> trace;
     at::Tensor loss_sum;
-    // Weight stashing: the version each forward reads, the versions some
-    // forward still needs, and every version made (to count the live ones).
-    std::vector<int> forward_version;
-    std::map<int, int> readers_left;
-    std::map<int, std::shared_ptr<WeightVersion>> versions;
-    std::vector<std::weak_ptr<WeightVersion>> made;
-    int peak_versions = 0;
     int updates = 0;
-
-    int live_versions() const {
-      int n = 0;
-      for (const auto& w : made) n += w.expired() ? 0 : 1;
-      return n;
-    }
   };
   explicit StepContext(int k) : stages(k) {}
   std::vector<PerStage> stages;
@@ -158,13 +138,9 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   ctx.outputs = outputs;
   if (outputs) outputs->assign(data.inputs.size(), at::Tensor());
 
-  // An asynchronous step updates as it goes: keep what a rollback needs.
-  std::map<int, std::pair<std::shared_ptr<WeightVersion>, std::string>> last_good;
+  StepRollback rollback;  // an asynchronous step updates as it goes
   if (training && !schedule.synchronous()) {
-    for (int k : local_) {
-      last_good[k] = {stages_[k]->snapshot(),
-                      stages_[k]->optimizer() ? save_optimizer(*stages_[k]->optimizer()) : std::string()};
-    }
+    for (int k : local_) rollback.keep(*stages_[k]);
   }
 
   const std::vector<std::exception_ptr> errors = workers_.run([&](int i) {
@@ -183,20 +159,22 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
       throw;
     }
   });
-  const double wall = std::chrono::duration<double>(Clock::now() - ctx.start).count();
-  for (int k : local_) stages_[k]->read_live_weights();
   std::exception_ptr error = ctx.first_error;
   for (const auto& e : errors) {
     if (!error && e) error = e;  // an abort with no first error cannot happen; be loud if it does
   }
-  if (error) {
-    // An asynchronous step has updated part-way: go back to the last good
-    // step, whatever failed, so that nothing half-done survives.
-    for (auto& [k, saved] : last_good) {
-      stages_[k]->restore_live(*saved.first);
-      if (!saved.second.empty()) load_optimizer(*stages_[k]->optimizer(), saved.second);
+  if (!error) {
+    try {
+      transport_->finish_step();  // this side's messages delivered, or no weights change
+    } catch (...) {
+      error = std::current_exception();
     }
-    if (!last_good.empty() || is_divergence(error)) {
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - ctx.start).count();
+  for (int k : local_) stages_[k]->read_live_weights();
+  if (error) {
+    rollback.restore();
+    if (!rollback.empty() || is_divergence(error)) {
       for (int k : local_) stages_[k]->clear_gradients();
     }
     std::rethrow_exception(error);
@@ -220,11 +198,11 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   for (int k = 0; k < num; ++k) {
     auto& st = ctx.stages[k];
     result.busy_seconds.push_back(st.busy_seconds);
-    result.peak_inflight.push_back(st.peak);
-    result.peak_stash_bytes.push_back(st.peak_bytes);
-    result.peak_stashed_activations.push_back(st.peak_activations);
-    result.peak_stashed_inputs.push_back(st.peak_inputs);
-    result.peak_weight_versions.push_back(st.peak_versions);
+    result.peak_inflight.push_back(st.stash.peak_inflight());
+    result.peak_stash_bytes.push_back(st.stash.peak_bytes());
+    result.peak_stashed_activations.push_back(st.stash.peak_activations());
+    result.peak_stashed_inputs.push_back(st.stash.peak_inputs());
+    result.peak_weight_versions.push_back(st.versions.peak());
     result.updates.push_back(st.updates);
     result.trace.push_back(std::move(st.trace));
     busy_total += st.busy_seconds;
@@ -243,26 +221,8 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
   c10::AutoGradMode grad_mode(training);
   auto& st = ctx.stages[k];
   Stage& stage = *stages_[k];
-
-  if (training && schedule.weight_stashing) {
-    st.forward_version = schedules::forward_versions(schedule)[k];
-    for (int v : st.forward_version) ++st.readers_left[v];
-    if (st.readers_left.count(0)) {
-      st.versions[0] = stage.snapshot();
-      st.made.push_back(st.versions[0]);
-    }
-  }
-
-  // On an accelerator, action times come from events on the stage's stream
-  // (the host only queues work); on the CPU the host clock is the truth.
-  const bool device_timing = streams_[k].has_value() && options_.trace;
-  const double base_us = std::chrono::duration<double, std::micro>(Clock::now() - ctx.start).count();
-  std::optional<c10::Event> origin;
-  std::vector<std::pair<c10::Event, c10::Event>> events;
-  if (device_timing) {
-    origin.emplace(streams_[k]->device_type(), c10::EventFlag::BACKEND_DEFAULT);
-    origin->record(*streams_[k]);
-  }
+  if (training && schedule.weight_stashing) st.versions.begin(schedules::forward_versions(schedule)[k], stage);
+  ActionTimer timer(streams_[k], options_.trace, ctx.start);
 
   const std::vector<size_t> no_barriers;
   const auto& barriers = schedule.barriers.empty() ? no_barriers : schedule.barriers[k];
@@ -279,12 +239,7 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
     st.wait_in = st.wait_out = 0;
-    const auto t0 = Clock::now();
-    if (device_timing) {
-      events.emplace_back(c10::Event(streams_[k]->device_type(), c10::EventFlag::BACKEND_DEFAULT),
-                          c10::Event(streams_[k]->device_type(), c10::EventFlag::BACKEND_DEFAULT));
-      events.back().first.record(*streams_[k]);
-    }
+    timer.begin();
     try {
       if (action.kind == ActionKind::kForward) {
         forward(k, action.microbatch, schedule, data, ctx);
@@ -300,36 +255,18 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
                           "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " +
                               message_of(e));
     }
-    st.peak_versions = std::max(st.peak_versions, st.live_versions());
-    if (device_timing) {
-      events.back().second.record(*streams_[k]);
-    } else {
-      const auto t1 = Clock::now();
-      const double start_us = std::chrono::duration<double, std::micro>(t0 - ctx.start).count() + st.wait_in * 1e6;
-      const double end_us =
-          std::max(start_us, std::chrono::duration<double, std::micro>(t1 - ctx.start).count() - st.wait_out * 1e6);
-      st.busy_seconds += (end_us - start_us) * 1e-6;
-      if (options_.trace) st.trace.push_back(TraceEvent{action, start_us, end_us});
-    }
+    st.versions.note_peak();
+    timer.end(action, st.wait_in, st.wait_out);
   }
   meet_barriers(actions.size());
 
   if (training && schedule.synchronous() && options_.divergence_guard) {
-    std::vector<at::Tensor> grads;
-    for (const auto& w : stage.live()) {
-      if (w.grad().defined()) grads.push_back(w.grad());
-    }
-    check_finite(k, -1, "gradient", grads, schedule, "");
+    check_finite(k, -1, "gradient", stage.gradients(), schedule, "");
   }
   if (streams_[k]) streams_[k]->synchronize();
-  if (device_timing) {
-    for (size_t i = 0; i < events.size(); ++i) {
-      const double s = base_us + 1000.0 * origin->elapsedTime(events[i].first);
-      const double e = base_us + 1000.0 * origin->elapsedTime(events[i].second);
-      st.busy_seconds += (e - s) * 1e-6;
-      st.trace.push_back(TraceEvent{actions[i], s, e});
-    }
-  }
+  timer.finish();
+  st.busy_seconds = timer.busy_seconds();
+  st.trace = std::move(timer.trace());
 }
 
 void Runtime::check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,
@@ -350,32 +287,24 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   Stage& stage = *stages_[k];
   auto& st = ctx.stages[k];
   const bool training = data.loss_fn != nullptr;
-  const bool replay = training && schedule.stash == schedules::Stash::kInputs;
   const bool last = k + 1 == num_stages();
+  // With an inputs-only stash the forward builds no graph: its backward will.
+  const bool inputs_only = training && schedule.stash == schedules::Stash::kInputs;
+  const bool build_graph = training && !inputs_only;
   at::Tensor x = k == 0 ? data.inputs[mb].to(stage.device())
                         : waited(st.wait_in, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
-  const bool input_needs_grad = training && !replay && k > 0 && x.defined() && x.is_floating_point();
-  if (input_needs_grad) x = x.detach().requires_grad_(true);
+  const bool input_is_leaf = build_graph && k > 0 && x.defined() && x.is_floating_point();
+  if (input_is_leaf) x = x.detach().requires_grad_(true);
 
   StashEntry entry;
   if (training && schedule.weight_stashing) {
-    const int v = st.forward_version.at(mb);
-    const auto it = st.versions.find(v);
-    TORCH_CHECK(it != st.versions.end(), "weight version ", v, " is not available (this stage has made ", st.updates,
-                " updates)");
-    entry.weights = it->second;
-    if (--st.readers_left[v] == 0) st.versions.erase(it);
+    entry.weights = st.versions.for_forward(mb, st.updates);
     stage.read_weights(*entry.weights);
   }
   at::Tensor y;
   {
-    c10::AutoGradMode grad_mode(training && !replay);
-    if (StageRandom* random = stage.random()) {
-      if (replay) entry.random = random->state();
-      random->run([&] { y = stage.forward(x); });
-    } else {
-      y = stage.forward(x);
-    }
+    c10::AutoGradMode grad_mode(build_graph);
+    y = run_layers(stage, x, inputs_only ? &entry.random : nullptr);
   }
   if (!last) {
     waited(st.wait_out, [&] {
@@ -388,67 +317,53 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
     return;
   }
 
-  entry.input = (input_needs_grad || replay) ? x : at::Tensor();
-  entry.output = replay ? at::Tensor() : y;
+  at::Tensor root = y;
   if (last) {
-    at::Tensor loss;
-    {
-      c10::AutoGradMode grad_mode(!replay);
-      loss = (*data.loss_fn)(y, data.targets[mb].to(stage.device()));
-    }
-    TORCH_CHECK(loss.defined() && loss.numel() == 1, "the loss function must return a single-element tensor, got ",
-                loss.defined() ? loss.sizes() : at::IntArrayRef{}, " for micro-batch ", mb);
-    loss = loss.reshape({});
+    c10::AutoGradMode grad_mode(build_graph);
+    const at::Tensor loss = loss_of(mb, y, data);
     if (options_.divergence_guard) {
       check_finite(k, mb, "loss", {loss.detach()}, schedule, Action{k, ActionKind::kForward, mb}.str());
     }
     const at::Tensor value = loss.detach() * data.report_weight[mb];
     st.loss_sum = st.loss_sum.defined() ? st.loss_sum + value : value;
-    if (!replay) entry.output = loss * data.loss_scale[mb];
+    if (build_graph) root = loss * data.loss_scale[mb];
   }
-  entry.bytes = tensor_bytes(entry.input) + (replay ? 0 : tensor_bytes(y));
-  st.live_bytes += entry.bytes;
-  st.peak_bytes = std::max(st.peak_bytes, st.live_bytes);
-  st.peak = std::max(st.peak, ++st.live);
-  if (replay) {
-    st.peak_inputs = std::max(st.peak_inputs, ++st.inputs);
+  keep_for_backward(entry, inputs_only, x, input_is_leaf, y, root);
+  st.stash.put(mb, std::move(entry));
+}
+
+at::Tensor Runtime::loss_of(int mb, const at::Tensor& output, const StepData& data) const {
+  const at::Tensor loss = (*data.loss_fn)(output, data.targets[mb].to(output.device()));
+  TORCH_CHECK(loss.defined() && loss.numel() == 1, "the loss function must return a single-element tensor, got ",
+              loss.defined() ? loss.sizes() : at::IntArrayRef{}, " for micro-batch ", mb);
+  return loss.reshape({});
+}
+
+at::Tensor Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData& data) {
+  const Stage& stage = *stages_[k];
+  if (k > 0 && entry.input.defined() && entry.input.is_floating_point()) {
+    entry.input = entry.input.detach().requires_grad_(true);
+  }
+  at::Tensor y;
+  if (entry.random) {  // set only with the stage's own streams
+    stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.input); });
   } else {
-    st.peak_activations = std::max(st.peak_activations, ++st.activations);
+    y = stage.forward(entry.input);
   }
-  st.stash.insert_or_assign(mb, std::move(entry));
+  return k + 1 == num_stages() ? loss_of(mb, y, data) * data.loss_scale[mb] : y;
 }
 
 void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& data, StepContext& ctx) {
   Stage& stage = *stages_[k];
   auto& st = ctx.stages[k];
-  auto it = st.stash.find(mb);
-  TORCH_CHECK(it != st.stash.end(), "no stashed forward for micro-batch ", mb);
-  StashEntry entry = std::move(it->second);
-  st.stash.erase(it);
-  const bool replay = schedule.stash == schedules::Stash::kInputs;
-  st.live_bytes -= entry.bytes;
-  --st.live;
-  --(replay ? st.inputs : st.activations);
-
-  const bool last = k + 1 == num_stages();
+  StashEntry entry = st.stash.take(mb);
   if (entry.weights) {
     stage.read_weights(*entry.weights);
   } else {
     stage.read_live_weights();
   }
-  at::Tensor input = entry.input, root = entry.output;
-  if (replay) {
-    // Features replay: the forward again, from the kept input, now with grad.
-    if (k > 0 && input.defined() && input.is_floating_point()) input = input.detach().requires_grad_(true);
-    at::Tensor y;
-    if (entry.random) {  // set only with the stage's own streams
-      stage.random()->replay(*entry.random, [&] { y = stage.forward(input); });
-    } else {
-      y = stage.forward(input);
-    }
-    root = last ? (*data.loss_fn)(y, data.targets[mb].to(stage.device())).reshape({}) * data.loss_scale[mb] : y;
-  }
-  if (last) {
+  const at::Tensor root = entry.inputs_only ? replay_forward(k, mb, entry, data) : entry.root;
+  if (k + 1 == num_stages()) {
     torch::autograd::backward({root});
   } else {
     const at::Tensor grad =
@@ -457,35 +372,28 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
     if (grad.defined() && root.requires_grad()) torch::autograd::backward({root}, {grad});
   }
   if (k > 0) {
+    const at::Tensor& input = entry.input;
     const bool has_grad = input.defined() && input.requires_grad();
     waited(st.wait_out, [&] {
       transport_->send(Channel::kGradient, k, k - 1, mb, has_grad ? input.grad() : at::Tensor());
       return 0;
     });
   }
-  if (schedule.step_per_microbatch) update(k, mb, schedule, ctx);
+  if (schedule.step_per_microbatch) optimizer_step(k, mb, schedule, ctx);
 }
 
-// The optimizer step after a backward (asynchronous schedules).
-void Runtime::update(int k, int mb, const Schedule& schedule, StepContext& ctx) {
+void Runtime::optimizer_step(int k, int mb, const Schedule& schedule, StepContext& ctx) {
   Stage& stage = *stages_[k];
   auto& st = ctx.stages[k];
   stage.collect_gradients();
   if (options_.divergence_guard) {
-    std::vector<at::Tensor> grads;
-    for (const auto& w : stage.live()) {
-      if (w.grad().defined()) grads.push_back(w.grad());
-    }
-    check_finite(k, mb, "gradient", grads, schedule, Action{k, ActionKind::kBackward, mb}.str());
+    check_finite(k, mb, "gradient", stage.gradients(), schedule, Action{k, ActionKind::kBackward, mb}.str());
   }
   TORCH_CHECK(stage.optimizer(), "schedule '", schedule.name,
               "' steps the optimizer after every micro-batch, but the pipeline has none (PipelineOptions::optimizer)");
   stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);
   ++st.updates;
-  if (schedule.weight_stashing && st.readers_left.count(st.updates) && st.readers_left[st.updates] > 0) {
-    st.versions[st.updates] = stage.snapshot();
-    st.made.push_back(st.versions[st.updates]);
-  }
+  st.versions.after_update(st.updates, stage);
 }
 
 }  // namespace conveyor

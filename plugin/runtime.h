@@ -5,9 +5,10 @@
 // graph or only the input, read the live or a stashed weight version, step
 // the stage's optimizer after a backward, meet lock-step barriers).
 
+#include "plugin/activation_stash.h"
 #include "plugin/stage.h"
 #include "plugin/step_result.h"
-#include "plugin/transport.h"
+#include "plugin/transport/transport.h"
 #include "plugin/workers.h"
 #include "schedules/schedule.h"
 
@@ -64,7 +65,12 @@ class Runtime {
   void run_stage(int k, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
   void forward(int k, int mb, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
   void backward(int k, int mb, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
-  void update(int k, int mb, const schedules::Schedule& schedule, StepContext& ctx);
+  // The optimizer step after a backward (schedules that step per micro-batch).
+  void optimizer_step(int k, int mb, const schedules::Schedule& schedule, StepContext& ctx);
+  // The last stage's loss of micro-batch mb (a scalar; checked).
+  at::Tensor loss_of(int mb, const at::Tensor& output, const StepData& data) const;
+  // An inputs-only stash entry's backward root: its forward again, with grad.
+  at::Tensor replay_forward(int k, int mb, StashEntry& entry, const StepData& data);
   void check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,
                     const schedules::Schedule& schedule, const std::string& action) const;
 

@@ -1,5 +1,7 @@
 #include "plugin/stage.h"
 
+#include "plugin/errors.h"
+
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
@@ -40,11 +42,7 @@ at::Tensor Stage::forward(const at::Tensor& input) const {
       os << "layer " << name << " (";
       layer.ptr()->pretty_print(os);
       os << "): ";
-      if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-        os << c10_error->what_without_backtrace();
-      } else {
-        os << e.what();
-      }
+      os << message_of(e);
       throw std::runtime_error(os.str());
     }
   }
@@ -84,6 +82,14 @@ void Stage::collect_gradients() {
     target = target.defined() ? target + g : g;
     params_[i].mutable_grad() = at::Tensor();
   }
+}
+
+std::vector<at::Tensor> Stage::gradients() const {
+  std::vector<at::Tensor> grads;
+  for (const auto& w : live_) {
+    if (w.grad().defined()) grads.push_back(w.grad());
+  }
+  return grads;
 }
 
 void Stage::clear_gradients() {

@@ -68,6 +68,8 @@ class Stage {
   // After a backward: moves the layers' gradients onto the live weights,
   // accumulating (a no-op when they are the same tensors).
   void collect_gradients();
+  // The live weights' gradients that are defined (after collect_gradients()).
+  std::vector<at::Tensor> gradients() const;
   // Drops every gradient, the layers' and the live weights'.
   void clear_gradients();
   // Overwrites the live weights' values (a rollback); the layers follow.
@@ -79,7 +81,7 @@ class Stage {
   torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
   // Number of optimizer steps this stage has taken, over the pipeline's life.
   int64_t updates() const { return updates_; }
-  // Sets that count, when a checkpoint is loaded (see plugin/checkpoint.h).
+  // Sets that count, when a checkpoint is loaded (see plugin/checkpoint/checkpoint.h).
   void restore_updates(int64_t updates) { updates_ = updates; }
   // One optimizer step with learning rate `lr` (negative: leave it), then
   // clears the gradients.

@@ -1,5 +1,7 @@
 #include "plugin/step_result.h"
 
+#include "plugin/atomic_file.h"
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -39,16 +41,7 @@ std::string StepResult::chrome_trace_json() const {
 }
 
 void StepResult::write_chrome_trace(const std::string& path) const {
-  // Written beside the target, then renamed: a reader never sees half a file.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << chrome_trace_json();
-    if (!out.flush()) throw std::runtime_error("conveyor: cannot write trace file " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("conveyor: cannot rename " + tmp + " to " + path);
-  }
+  write_atomically(path, [this](std::ostream& out) { out << chrome_trace_json(); });
 }
 
 }  // namespace conveyor

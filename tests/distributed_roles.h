@@ -3,11 +3,9 @@
 // role computes and writes, and the data, model and file format the tests'
 // single-process references share with them.
 
-#include "plugin/distributed.h"
+#include "plugin/distributed/distributed_pipeline.h"
 #include "test_models.h"
-#ifdef CONVEYOR_HAS_CHECKPOINT
-#include "plugin/checkpoint.h"
-#endif
+#include "plugin/checkpoint/checkpoint.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -146,7 +144,6 @@ inline void pipelines(Worker& w) {
     pipe.train_step(s.x, s.y, mse);
   }
   write_tensors(w.file("pipedream"), values_of(pipe.named_parameters()));
-#ifdef CONVEYOR_HAS_CHECKPOINT
   // Each rank checkpoints its own stage; a fresh pipeline (other initial
   // weights) that loads it takes the next step exactly as the original does.
   save_checkpoint(w.file("pipedream-ckpt"), pipe.pipeline(), {kSteps, {}});
@@ -160,7 +157,6 @@ inline void pipelines(Worker& w) {
   resumed.train_step(next.x, next.y, mse);
   write_tensors(w.file("pipedream-next"), values_of(pipe.named_parameters()));
   write_tensors(w.file("pipedream-resumed"), values_of(resumed.named_parameters()));
-#endif
   groups->barrier();
 }
 

@@ -2,7 +2,7 @@
 // The TorchScript fixtures that tests/python/make_fixtures.py writes before
 // the tests run (ctest passes their folder in CONVEYOR_FIXTURES).
 
-#include "plugin/torchscript.h"
+#include "plugin/script/torchscript.h"
 
 #include <gtest/gtest.h>
 

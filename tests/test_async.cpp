@@ -148,7 +148,7 @@ TEST(AsyncDivergence, EveryMethodStopsAndKeepsTheLastGoodStep) {
       FAIL() << name << ": expected a DivergenceError";
     } catch (const DivergenceError& e) {
       EXPECT_EQ(e.step(), 3) << name;
-      EXPECT_EQ(e.method(), name);
+      EXPECT_EQ(e.schedule(), name);
       EXPECT_EQ(e.stage(), k_stages - 1) << name;
       EXPECT_EQ(e.microbatch(), 3) << name;
       EXPECT_THAT(e.what(), HasSubstr(std::string("training diverged at step 3 of schedule '") + name +

@@ -2,8 +2,8 @@
 // takes, the file reads back as a dict of named tensors, and a checkpoint of
 // another model or stage count is refused before anything changes.
 #include "error_of.h"
-#include "plugin/checkpoint.h"
-#include "plugin/torchscript.h"
+#include "plugin/checkpoint/checkpoint.h"
+#include "plugin/script/torchscript.h"
 
 #include "script_fixtures.h"
 #include "test_models.h"

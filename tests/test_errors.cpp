@@ -1,7 +1,7 @@
 // Bad input gets a clear error naming its cause, and the pipeline survives it:
 // no crash, no hang, and the next good step is exact.
 #include "error_of.h"
-#include "plugin/mailbox.h"
+#include "plugin/transport/mailbox.h"
 #include "test_models.h"
 
 #include <chrono>

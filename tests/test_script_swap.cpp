@@ -4,7 +4,7 @@
 // original module keeps its code; a pipeline of the swapped model keeps the
 // unsplit model's gradients.
 #include "ops/swap.h"
-#include "plugin/torchscript.h"
+#include "plugin/script/torchscript.h"
 
 #include "script_fixtures.h"
 #include "test_models.h"

@@ -3,7 +3,7 @@
 // split points cut where asked, and bad input is refused with a clear error.
 // The models come from tests/python/make_fixtures.py (env CONVEYOR_FIXTURES).
 #include "error_of.h"
-#include "plugin/torchscript.h"
+#include "plugin/script/torchscript.h"
 
 #include "script_fixtures.h"
 #include "test_models.h"

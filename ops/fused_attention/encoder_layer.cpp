@@ -1,6 +1,6 @@
 #include "ops/fused_attention/encoder_layer.h"
 
-#include "ops/fused_attention/fused_multihead_attention.h"
+#include "ops/fused_attention/fused_attention_module.h"
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/activation.h>

@@ -16,7 +16,7 @@
 // replace_module("self_attn", m) when m is one of the two known attention
 // types (the layer picks the new child up on its next forward).
 
-#include "plugin/adapters.h"
+#include "ops/adapters.h"
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/common.h>

@@ -1,17 +1,17 @@
-# The fused attention op; included by the top-level CMakeLists after
-# add_library(conveyor ...).
+# The fused attention op, its modules and its swapper; included by
+# ops/sources.cmake.
 target_sources(conveyor PRIVATE
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/attention_checks.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/attention_cpu.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/attention_op.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/fused_multihead_attention.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/encoder_layer.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/swap_attention.cpp
-  ${PROJECT_SOURCE_DIR}/ops/fused_attention/swap_registration.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_checks.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_cpu.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_ops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_autograd.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_module.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_swap.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/encoder_layer.cpp)
 if(CONVEYOR_WITH_CUDA)
   target_sources(conveyor PRIVATE
-    ${PROJECT_SOURCE_DIR}/ops/fused_attention/cuda/attention_cuda.cpp
-    ${PROJECT_SOURCE_DIR}/ops/fused_attention/cuda/flash_forward.cu
-    ${PROJECT_SOURCE_DIR}/ops/fused_attention/cuda/flash_backward.cu
-    ${PROJECT_SOURCE_DIR}/ops/fused_attention/cuda/simple_attention.cu)
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/fused_attention_cuda.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/flash_forward.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/flash_backward.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/simple_attention.cu)
 endif()

@@ -16,6 +16,11 @@ at::Tensor count_nonfinite(at::TensorList tensors) {
 
 bool all_finite(at::TensorList tensors) { return count_nonfinite(tensors).item<int64_t>() == 0; }
 
+TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+  // NaN and infinite elements across the tensors, as an int64 scalar on their device.
+  m.def("count_nonfinite(Tensor[] tensors) -> Tensor");
+}
+
 namespace {
 
 at::Tensor count_nonfinite_cpu(at::TensorList tensors) {

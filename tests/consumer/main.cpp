@@ -1,6 +1,7 @@
 // Trains a 2-stage pipeline for a few steps through the installed package and
 // checks that the loss falls: proof that headers, library and ops all resolve.
 #include <conveyor/conveyor.h>
+#include <conveyor/plugin/checkpoint/checkpoint.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -20,6 +21,10 @@ int main() {
     (step == 0 ? first : last) = r.loss;
   }
   const auto ops = c10::Dispatcher::singleton().findOp({"conveyor::schedule", ""});
-  std::cout << "consumer: loss " << first << " -> " << last << ", conveyor::schedule registered: " << ops.has_value() << "\n";
-  return (last < 0.5 * first && ops.has_value()) ? 0 : 1;
+  // A header from one of the plugin's rooms: a checkpoint round trip.
+  conveyor::save_checkpoint("consumer.ckpt", pipe, {30, {&opt}});
+  const int64_t resumed = conveyor::load_checkpoint("consumer.ckpt", pipe, {&opt});
+  std::cout << "consumer: loss " << first << " -> " << last << ", conveyor::schedule registered: " << ops.has_value()
+            << ", checkpoint resumes at step " << resumed << "\n";
+  return (last < 0.5 * first && ops.has_value() && resumed == 30) ? 0 : 1;
 }

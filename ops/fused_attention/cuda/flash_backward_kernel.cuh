@@ -14,7 +14,7 @@
 // log-sum-exp, never stored; hidden keys (and every key of a fully masked row)
 // get probability 0 and so contribute nothing.
 
-#include "ops/fused_attention/cuda/attention_params.h"
+#include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
 #include "ops/fused_attention/cuda/warp_mma.cuh"
 

@@ -12,7 +12,7 @@
 // K_{j+1} is fetched with cp.async while P and P V_j are computed; V_j while
 // S is computed.
 
-#include "ops/fused_attention/cuda/attention_params.h"
+#include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/warp_mma.cuh"
 
 #include <cmath>

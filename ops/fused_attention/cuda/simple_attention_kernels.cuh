@@ -7,7 +7,7 @@
 // key blocks (dK, dV) and one over query blocks (dQ), each recomputing the
 // probabilities from the saved log-sum-exp; no atomics, deterministic.
 
-#include "ops/fused_attention/cuda/attention_params.h"
+#include "ops/fused_attention/cuda/attention_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

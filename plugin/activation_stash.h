@@ -1,0 +1,54 @@
+#pragma once
+// ActivationStash: what a stage keeps for its in-flight micro-batches between
+// a forward and its backward, within one step, and the peaks a StepResult
+// reports. What goes into an entry is the schedule's declaration
+// (schedules::Stash): the forward's graph, or only its input (the backward
+// replays the forward, as features replay does).
+
+#include "plugin/stage.h"
+#include "plugin/stage_random.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+
+namespace conveyor {
+
+struct StashEntry {
+  // The stage's input: the grad-requiring leaf of the graph, or, when only
+  // inputs are kept, the plain input the backward replays the forward from.
+  at::Tensor input;
+  // What the backward differentiates: the stage's output, or the scaled loss
+  // on the last stage. Undefined when only the input is kept.
+  at::Tensor root;
+  bool inputs_only = false;
+  std::shared_ptr<WeightVersion> weights;    // the version the forward read (weight stashing)
+  std::optional<StageRandom::State> random;  // where the stage's streams stood (a replay with stage_rng)
+  int64_t bytes = 0;                         // the input and output tensors held for this micro-batch
+};
+
+class ActivationStash {
+ public:
+  void put(int mb, StashEntry entry);
+  // Takes micro-batch mb's entry out; throws when its forward stashed none.
+  StashEntry take(int mb);
+
+  int peak_inflight() const { return peak_inflight_; }
+  int peak_activations() const { return peak_activations_; }
+  int peak_inputs() const { return peak_inputs_; }
+  int64_t peak_bytes() const { return peak_bytes_; }
+
+ private:
+  std::map<int, StashEntry> entries_;
+  int activations_ = 0, inputs_ = 0;
+  int64_t bytes_ = 0;
+  int peak_inflight_ = 0, peak_activations_ = 0, peak_inputs_ = 0;
+  int64_t peak_bytes_ = 0;
+};
+
+int64_t tensor_bytes(const at::Tensor& t);  // 0 for an undefined tensor
+
+}  // namespace conveyor

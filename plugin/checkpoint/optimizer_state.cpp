@@ -1,0 +1,166 @@
+#include "plugin/checkpoint/optimizer_state.h"
+
+#include <torch/optim.h>
+
+#include <memory>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+using Dict = c10::impl::GenericDict;
+using List = c10::impl::GenericList;
+
+Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+List new_list() { return List(c10::AnyType::get()); }
+
+at::Tensor to_cpu(const at::Tensor& t) { return t.detach().to(at::kCPU); }
+
+std::string optimizer_type(const torch::optim::Optimizer& opt) {
+  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return "SGD";
+  if (dynamic_cast<const torch::optim::Adam*>(&opt)) return "Adam";
+  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return "AdamW";
+  if (dynamic_cast<const torch::optim::Adagrad*>(&opt)) return "Adagrad";
+  if (dynamic_cast<const torch::optim::RMSprop*>(&opt)) return "RMSprop";
+  throw std::invalid_argument("conveyor: checkpoints hold the state of SGD, Adam, AdamW, Adagrad and RMSprop "
+                              "optimizers only; this optimizer is none of them");
+}
+
+// One parameter's state as {field: tensor or int}; undefined tensors are left out.
+Dict param_state_to_dict(const std::string& type, torch::optim::OptimizerParamState& s) {
+  Dict d = new_dict();
+  const auto put = [&](const char* name, const at::Tensor& t) {
+    if (t.defined()) d.insert(name, to_cpu(t));
+  };
+  if (type == "SGD") {
+    put("momentum_buffer", static_cast<torch::optim::SGDParamState&>(s).momentum_buffer());
+  } else if (type == "Adam" || type == "AdamW") {
+    // AdamParamState and AdamWParamState have the same fields.
+    const auto fill = [&](auto& st) {
+      d.insert("step", st.step());
+      put("exp_avg", st.exp_avg());
+      put("exp_avg_sq", st.exp_avg_sq());
+      put("max_exp_avg_sq", st.max_exp_avg_sq());
+    };
+    if (type == "Adam") fill(static_cast<torch::optim::AdamParamState&>(s));
+    else fill(static_cast<torch::optim::AdamWParamState&>(s));
+  } else if (type == "Adagrad") {
+    auto& st = static_cast<torch::optim::AdagradParamState&>(s);
+    d.insert("step", st.step());
+    put("sum", st.sum());
+  } else if (type == "RMSprop") {
+    auto& st = static_cast<torch::optim::RMSpropParamState&>(s);
+    d.insert("step", st.step());
+    put("square_avg", st.square_avg());
+    put("momentum_buffer", st.momentum_buffer());
+    put("grad_avg", st.grad_avg());
+  }
+  return d;
+}
+
+std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(const std::string& type, const Dict& d,
+                                                                         const at::Tensor& param) {
+  const auto tensor = [&](const char* name) {
+    return d.contains(name) ? d.at(name).toTensor().to(param.device()) : at::Tensor();
+  };
+  const auto step = [&]() { return d.contains("step") ? d.at("step").toInt() : int64_t{0}; };
+  if (type == "SGD") {
+    auto st = std::make_unique<torch::optim::SGDParamState>();
+    st->momentum_buffer(tensor("momentum_buffer"));
+    return st;
+  }
+  if (type == "Adam" || type == "AdamW") {
+    const auto fill = [&](auto st) -> std::unique_ptr<torch::optim::OptimizerParamState> {
+      st->step(step());
+      st->exp_avg(tensor("exp_avg"));
+      st->exp_avg_sq(tensor("exp_avg_sq"));
+      st->max_exp_avg_sq(tensor("max_exp_avg_sq"));
+      return st;
+    };
+    if (type == "Adam") return fill(std::make_unique<torch::optim::AdamParamState>());
+    return fill(std::make_unique<torch::optim::AdamWParamState>());
+  }
+  if (type == "Adagrad") {
+    auto st = std::make_unique<torch::optim::AdagradParamState>();
+    st->step(step());
+    st->sum(tensor("sum"));
+    return st;
+  }
+  auto st = std::make_unique<torch::optim::RMSpropParamState>();
+  st->step(step());
+  st->square_avg(tensor("square_avg"));
+  st->momentum_buffer(tensor("momentum_buffer"));
+  st->grad_avg(tensor("grad_avg"));
+  return st;
+}
+
+}  // namespace
+
+Dict optimizer_state_to_dict(torch::optim::Optimizer& opt, const ParameterNamer& name_of) {
+  const std::string type = optimizer_type(opt);
+  Dict d = new_dict();
+  d.insert("type", type);
+  d.insert("stage", int64_t{-1});
+  List groups = new_list();
+  Dict state = new_dict();
+  for (auto& group : opt.param_groups()) {
+    Dict g = new_dict();
+    g.insert("lr", group.options().get_lr());
+    List params = new_list();
+    for (const auto& p : group.params()) {
+      const std::string name = name_of(p);
+      params.push_back(name);
+      const auto it = opt.state().find(p.unsafeGetTensorImpl());
+      if (it != opt.state().end()) state.insert(name, param_state_to_dict(type, *it->second));
+    }
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  d.insert("param_groups", groups);
+  d.insert("state", state);
+  return d;
+}
+
+std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, const Dict& saved,
+                                               const ParameterNamer& name_of, const std::string& what) {
+  const std::string type = optimizer_type(opt);
+  const std::string saved_type = saved.at("type").toStringRef();
+  if (type != saved_type) {
+    throw std::invalid_argument(what + "the saved state is of " + saved_type + ", this optimizer is " + type);
+  }
+  const List groups = saved.at("param_groups").toList();
+  if (groups.size() != opt.param_groups().size()) {
+    throw std::invalid_argument(what + "the saved state has " + std::to_string(groups.size()) + " parameter groups, " +
+                                "this optimizer " + std::to_string(opt.param_groups().size()));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const List saved_params = groups.get(g).toGenericDict().at("params").toList();
+    const auto& params = opt.param_groups()[g].params();
+    bool same = saved_params.size() == params.size();
+    for (size_t i = 0; same && i < params.size(); ++i) same = saved_params.get(i).toStringRef() == name_of(params[i]);
+    if (!same) {
+      throw std::invalid_argument(what + "parameter group " + std::to_string(g) +
+                                  " holds other parameters than the saved one");
+    }
+  }
+  return [&opt, saved, groups, type]() {
+    const Dict state = saved.at("state").toGenericDict();
+    opt.state().clear();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      auto& group = opt.param_groups()[g];
+      const Dict saved_group = groups.get(g).toGenericDict();
+      group.options().set_lr(saved_group.at("lr").toDouble());
+      const List names_in_group = saved_group.at("params").toList();
+      for (size_t i = 0; i < group.params().size(); ++i) {
+        const std::string name = names_in_group.get(i).toStringRef();
+        if (!state.contains(name)) continue;
+        const at::Tensor& p = group.params()[i];
+        opt.state()[p.unsafeGetTensorImpl()] = param_state_from_dict(type, state.at(name).toGenericDict(), p);
+      }
+    }
+  };
+}
+
+
+}  // namespace conveyor

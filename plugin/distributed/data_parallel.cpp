@@ -1,0 +1,63 @@
+#include "plugin/distributed/data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/parallel/data_parallel.h>
+
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors = module.parameters();
+  for (const auto& b : module.buffers()) tensors.push_back(b);
+  return tensors;
+}
+
+}  // namespace
+
+AllReduceDataParallel::AllReduceDataParallel(torch::nn::Sequential model,
+                                             std::unique_ptr<torch::optim::Optimizer> optimizer,
+                                             std::shared_ptr<ProcessGroups> groups)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)), groups_(std::move(groups)) {
+  if (!groups_ || !optimizer_) throw std::invalid_argument("conveyor: AllReduceDataParallel needs groups and an optimizer");
+  if (groups_->layout().stages != 1) {
+    throw std::invalid_argument("conveyor: AllReduceDataParallel replicates the whole model: use a layout of one stage, "
+                                "not " + std::to_string(groups_->layout().stages));
+  }
+  broadcast(*groups_, *groups_->world(), weights_and_buffers(*model_), 0, "broadcasting the initial weights from rank 0");
+}
+
+double AllReduceDataParallel::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
+  optimizer_->zero_grad(true);
+  const at::Tensor loss = loss_fn(model_->forward(input), target);
+  loss.backward();
+  // The gradients and the loss in one collective.
+  std::vector<at::Tensor> tensors;
+  for (const auto& w : model_->parameters()) {
+    if (!w.requires_grad()) continue;
+    if (!w.grad().defined()) w.mutable_grad() = at::zeros_like(w);
+    tensors.push_back(w.grad());
+  }
+  at::Tensor global_loss = loss.detach().reshape({1}).to(tensors.empty() ? at::kDouble : tensors[0].scalar_type());
+  tensors.push_back(global_loss);
+  all_reduce(*groups_, *groups_->world(), tensors, true,
+             "averaging the gradients across " + std::to_string(groups_->layout().world_size()) + " ranks");
+  optimizer_->step();
+  return global_loss.item<double>();
+}
+
+double data_parallel_step(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer, const at::Tensor& input,
+                          const at::Tensor& target, const LossFn& loss_fn, const std::vector<c10::Device>& devices) {
+  TORCH_CHECK(!devices.empty(), "conveyor: data_parallel_step needs at least one device");
+  optimizer.zero_grad(true);
+  const at::Tensor out = torch::nn::parallel::data_parallel(model, input, devices, devices[0]);
+  const at::Tensor loss = loss_fn(out, target.to(out.device()));
+  loss.backward();
+  optimizer.step();
+  return loss.item<double>();
+}
+
+}  // namespace conveyor

@@ -1,0 +1,221 @@
+#include "plugin/distributed/distributed_pipeline.h"
+
+#include "plugin/partition.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+// Tags of gather_model() on the pipeline group, above any micro-batch's.
+constexpr int kGatherTag = 1 << 30;
+
+// The stage's weights' gradients, averaged (or summed) across its replicas. A
+// weight with no gradient on this replica contributes zeros and receives the
+// reduced gradient, as if it had one.
+void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weights, bool average) {
+  if (groups.layout().replicas == 1) return;
+  std::vector<at::Tensor> grads;
+  bool on_device = false;
+  for (const auto& w : weights) {
+    if (!w.requires_grad()) continue;
+    if (!w.grad().defined()) w.mutable_grad() = at::zeros_like(w);
+    grads.push_back(w.grad());
+    on_device = on_device || w.device().is_cuda();
+  }
+  const auto& group = on_device && groups.replicas_device() ? groups.replicas_device() : groups.replicas();
+  const int k = groups.stage();
+  all_reduce(groups, *group, grads, average,
+             std::string(average ? "averaging" : "summing") + " the gradients of stage " + std::to_string(k) +
+                 " across its " + std::to_string(groups.layout().replicas) + " replicas (" +
+                 ranks_text(groups.layout().replica_ranks(k)) + ")");
+}
+
+// The optimizer of a replicated stage: before each step, the gradients are
+// reduced across the replicas and the learning rate scaled; the wrapped
+// optimizer (the user's) does the rest. Its param groups are the ones a
+// learning-rate schedule sets.
+class ReplicatedOptimizer final : public torch::optim::Optimizer {
+ public:
+  ReplicatedOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::shared_ptr<ProcessGroups> groups,
+                      bool average, double lr_scale)
+      : Optimizer(inner->param_groups(), inner->defaults().clone()),
+        inner_(std::move(inner)),
+        groups_(std::move(groups)),
+        average_(average),
+        lr_scale_(lr_scale) {}
+
+  at::Tensor step(LossClosure closure) override {
+    TORCH_CHECK(!closure, "conveyor: a replicated stage's optimizer does not take a loss closure");
+    std::vector<at::Tensor> weights;
+    for (const auto& group : param_groups()) weights.insert(weights.end(), group.params().begin(), group.params().end());
+    reduce_gradients(*groups_, weights, average_);
+    for (size_t i = 0; i < param_groups().size(); ++i) {
+      inner_->param_groups()[i].options().set_lr(param_groups()[i].options().get_lr() * lr_scale_);
+    }
+    return inner_->step();
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
+
+ private:
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+  std::shared_ptr<ProcessGroups> groups_;
+  bool average_;
+  double lr_scale_;
+};
+
+std::string local_device(const PipelineOptions& options, int stage, int local_rank) {
+  const auto& names = options.devices();
+  if (names.empty()) return "cpu";
+  std::string name = names.size() == 1 ? names[0] : names.at(static_cast<size_t>(stage));
+  if (name == "cuda") name += ":" + std::to_string(local_rank);
+  return name;
+}
+
+std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors = module.parameters();
+  for (const auto& b : module.buffers()) tensors.push_back(b);
+  return tensors;
+}
+
+}  // namespace
+
+at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim) {
+  TORCH_CHECK(batch.defined(), "conveyor: shard() of an undefined batch");
+  TORCH_CHECK(replicas >= 1 && replica >= 0 && replica < replicas, "conveyor: shard(): replica ", replica,
+              " is not one of ", replicas);
+  TORCH_CHECK(dim >= 0 && dim < batch.dim(), "conveyor: shard(): the batch has shape ", batch.sizes(),
+              ", which has no dimension ", dim);
+  const int64_t n = batch.size(dim);
+  TORCH_CHECK(n % replicas == 0, "conveyor: shard(): a global batch of ", n, " samples (dimension ", dim,
+              " of shape ", batch.sizes(), ") does not split evenly among ", replicas,
+              " replicas; use a multiple of ", replicas);
+  const int64_t each = n / replicas;
+  return batch.narrow(dim, replica * each, each);
+}
+
+DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOptions options,
+                                         std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed)
+    : model_(model), groups_(std::move(groups)), distributed_(std::move(distributed)) {
+  if (!groups_) throw std::invalid_argument("conveyor: DistributedPipeline needs process groups");
+  const HybridLayout& layout = groups_->layout();
+  if (options.stages() == 0) options.stages(layout.stages);
+  if (options.stages() != layout.stages) {
+    throw std::invalid_argument("conveyor: the options ask for " + std::to_string(options.stages()) +
+                                " stages, but the process groups hold replicas of a " + std::to_string(layout.stages) +
+                                "-stage pipeline");
+  }
+  const int k = groups_->stage();
+  const std::string device = local_device(options, k, distributed_.local_rank());
+  options.devices({device});  // the other stages' devices belong to other processes
+  average_ = options.loss_reduction() == LossReduction::kMean;
+  const double lr_scale = distributed_.scale_learning_rate() ? layout.replicas : 1.0;
+  if (options.optimizer() && (layout.replicas > 1 || lr_scale != 1.0)) {
+    options.optimizer([inner = options.optimizer(), groups = groups_, average = average_,
+                       lr_scale](std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
+      return std::make_unique<ReplicatedOptimizer>(inner(std::move(weights)), groups, average, lr_scale);
+    });
+  }
+
+  C10dTransportOptions transport_options;
+  transport_options.stage = k;
+  transport_options.device = stage_devices({device}, 1).at(0);
+  transport_options.ranks = layout.pipeline_ranks(groups_->replica());
+  transport_options.timeout = options.timeout();
+  transport_options.activation_shapes = distributed_.activation_shapes();
+  const c10::intrusive_ptr<c10d::Backend> device_group =
+      transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
+  auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);
+  pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport));
+
+  // Identical initial weights: replica 0's, stage by stage.
+  const Stage& stage = pipeline_->stage(k);
+  std::vector<at::Tensor> tensors = stage.live();
+  for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
+  const bool on_device = transport_options.device.is_cuda() && groups_->replicas_device();
+  broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
+            "broadcasting the initial weights of stage " + std::to_string(k) + " from replica 0");
+}
+
+double DistributedPipeline::learning_rate(double base) const {
+  return distributed_.scale_learning_rate() ? base * groups_->layout().replicas : base;
+}
+
+StepResult DistributedPipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
+  StepResult result;
+  try {
+    result = pipeline_->train_step(input, target, loss_fn);
+  } catch (...) {
+    // Whatever failed, the peers are mid-step: this job cannot go on.
+    groups_->mark_failed();
+    throw;
+  }
+  const HybridLayout& layout = groups_->layout();
+  if (!pipeline_->options().optimizer()) reduce_gradients(*groups_, parameters(), average_);
+  // The global loss: each replica's comes from its last stage.
+  const bool last = groups_->stage() == layout.stages - 1;
+  at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);
+  all_reduce(*groups_, *groups_->world(), {loss}, false,
+             "reducing the loss of step " + std::to_string(pipeline_->completed_steps()));
+  result.loss = loss.item<double>() / (average_ ? layout.replicas : 1);
+  return result;
+}
+
+at::Tensor DistributedPipeline::forward(const at::Tensor& input) {
+  try {
+    return pipeline_->forward(input);
+  } catch (...) {
+    groups_->mark_failed();
+    throw;
+  }
+}
+
+std::vector<at::Tensor> DistributedPipeline::stage_tensors(int stage) const {
+  const StageSpec& spec = pipeline_->plan().stages.at(stage);
+  std::vector<at::Tensor> tensors;
+  for (int64_t i = spec.begin; i < spec.end; ++i) {
+    const auto layer = weights_and_buffers(*model_->ptr(static_cast<size_t>(i)));
+    tensors.insert(tensors.end(), layer.begin(), layer.end());
+  }
+  return tensors;
+}
+
+void DistributedPipeline::gather_model() {
+  const int stages = groups_->layout().stages;
+  if (groups_->replica() != 0 || stages == 1) return;
+  c10d::Backend& group = *groups_->pipeline();
+  const int k = groups_->stage();
+  if (k > 0) {
+    std::vector<at::Tensor> tensors = stage_tensors(k);
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    std::vector<std::vector<at::Tensor>> buffers;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      buffers.push_back({tensors[i].detach().to(c10::kCPU).contiguous()});
+      sends.push_back(group.send(buffers.back(), 0, kGatherTag + static_cast<int>(i)));
+    }
+    for (const auto& work : sends) wait(*groups_, work, "sending the weights of stage " + std::to_string(k) + " to rank 0");
+    return;
+  }
+  c10::NoGradGuard no_grad;
+  for (int s = 1; s < stages; ++s) {
+    const std::vector<at::Tensor> tensors = stage_tensors(s);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::vector<at::Tensor> buffer{at::empty_like(tensors[i], at::TensorOptions().device(c10::kCPU)).contiguous()};
+      wait(*groups_, group.recv(buffer, s, kGatherTag + static_cast<int>(i)),
+           "receiving the weights of stage " + std::to_string(s) + " from " +
+               groups_->describe(groups_->layout().rank_of(0, s)));
+      tensors[i].detach().copy_(buffer[0]);
+    }
+  }
+}
+
+}  // namespace conveyor

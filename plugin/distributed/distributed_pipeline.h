@@ -1,0 +1,131 @@
+#pragma once
+// Distributed training: a pipeline with one stage per process, and D
+// data-parallel replicas of it (hybrid parallelism); the data-parallel
+// baselines it is measured against are in data_parallel.h. Launch with torchrun; see plugin/distributed/process_groups.h for the
+// layout (rank r = stage r % K of replica r / K) and the rendezvous.
+//
+//   auto env = conveyor::LaunchEnvironment::from_environment();
+//   auto groups = std::make_shared<conveyor::ProcessGroups>(
+//       conveyor::connect_store(env, std::chrono::minutes(5)), env.rank,
+//       conveyor::HybridLayout::for_world(env.world_size, /*stages=*/2), conveyor::ProcessGroups::Options{});
+//   conveyor::DistributedPipeline pipe(make_model(), conveyor::PipelineOptions().stages(2).microbatches(8)
+//       .optimizer(sgd), groups);
+//   for (...) {
+//     auto [x, y] = next_global_batch();
+//     auto r = pipe.train_step(conveyor::shard(x, groups->replica(), groups->layout().replicas),
+//                              conveyor::shard(y, groups->replica(), groups->layout().replicas), loss_fn);
+//     if (pipe.is_logging_rank()) std::cout << r.loss << "\n";
+//   }
+//
+// What data parallelism across replicas needs, and where it is done:
+//  - identical initial weights: the constructor broadcasts every stage's
+//    weights and buffers from replica 0 to the other replicas;
+//  - synchronized updates: each stage's gradients are averaged across its D
+//    replicas (summed for LossReduction::kSum) before every optimizer step;
+//  - each replica reads its own shard of the global batch: shard();
+//  - the learning rate for the global batch: DistributedOptions::scale_learning_rate;
+//  - logging, checkpointing and evaluation on one rank: is_logging_rank(),
+//    the global loss on every rank in StepResult::loss, gather_model() and
+//    write_atomically() (plugin/atomic_file.h).
+//
+// Overlap: a rank reduces its stage's gradients as soon as its own last
+// backward is done, while the stages before it (other processes) are still
+// running theirs. Asynchronous schedules reduce at every update.
+//
+// Failures stop the job: an error on any rank (a dead or stalled peer, a
+// divergence) makes the others fail within their timeouts, each naming the
+// peer and the action it waited in; the process groups are then abandoned,
+// never waited on, and the process should exit (torchrun may restart the job).
+
+
+#include "plugin/options.h"
+#include "plugin/pipeline.h"
+#include "plugin/distributed/process_groups.h"
+#include "plugin/distributed/data_parallel.h"
+#include "plugin/transport/c10d.h"
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct DistributedOptions {
+  // Multiply the learning rate by the number of replicas D: the linear scaling
+  // rule for a global batch D times the per-replica one. Applies to the
+  // pipeline's own optimizer (PipelineOptions::optimizer, lr_schedule
+  // included); a caller's own optimizer uses learning_rate(base). Off by default.
+  TORCH_ARG(bool, scale_learning_rate) = false;
+  // What stage k sends to stage k + 1, checked on arrival: entry k is the
+  // activation's shape, -1 for a dimension that may vary. Empty: not checked.
+  TORCH_ARG(std::vector<std::vector<int64_t>>, activation_shapes) = {};
+  // This process's index on its node (LaunchEnvironment::local_rank): a stage
+  // device "cuda" (PipelineOptions::devices) becomes cuda:<local_rank>, so
+  // each process drives its own GPU.
+  TORCH_ARG(int, local_rank) = 0;
+};
+
+// Replica `replica`'s shard of a global batch: the replica-th of `replicas`
+// equal, contiguous slices along `dim`. Averaging the replicas' gradients of a
+// mean loss equals the global batch's gradient only if the slices are equal,
+// so the batch must divide evenly: an error names the dimension otherwise.
+at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim = 0);
+
+class DistributedPipeline {
+ public:
+  // Every rank passes the same model and options (the model whole: each rank
+  // builds and trains only its stage; its weights are broadcast from replica 0).
+  // options.stages() must be the layout's K (or 0). options.timeout() bounds
+  // each wait for a neighbouring stage (an activation, a gradient), the
+  // groups' timeout each collective (gradients, loss, weights). Throws
+  // std::invalid_argument for a bad configuration.
+  DistributedPipeline(torch::nn::Sequential model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups,
+                      DistributedOptions distributed = {});
+
+  // One step on this replica's batch (see shard()). Stage 0 reads `input`,
+  // the last stage `target`; every rank of the replica passes both. With the
+  // pipeline's own optimizer the step updates the weights; otherwise the
+  // gradients are left averaged across replicas for the caller's optimizer.
+  // StepResult::loss is the global batch's loss, on every rank.
+  StepResult train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
+
+  // Inference through this replica's pipeline: the output on the last stage,
+  // an undefined tensor on the others.
+  at::Tensor forward(const at::Tensor& input);
+
+  // This rank's stage's live weights (what an optimizer steps).
+  std::vector<at::Tensor> parameters() const { return pipeline_->parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return pipeline_->named_parameters(); }
+
+  // Global rank 0 logs, checkpoints and evaluates.
+  bool is_logging_rank() const { return groups_->rank() == 0; }
+  // `base` times D with scale_learning_rate, else `base`.
+  double learning_rate(double base) const;
+
+  // Collective over replica 0 (the other replicas return at once): copies
+  // every stage's weights and buffers into the logging rank's model, which
+  // then holds the whole trained model (to save or evaluate on one rank).
+  void gather_model();
+  // The model this rank was given (on the logging rank, after gather_model(),
+  // the whole trained model).
+  torch::nn::Sequential model() const { return model_; }
+
+  Pipeline& pipeline() { return *pipeline_; }
+  ProcessGroups& groups() { return *groups_; }
+
+ private:
+  std::vector<at::Tensor> stage_tensors(int stage) const;  // weights then buffers of a stage's layers in model_
+
+  torch::nn::Sequential model_;
+  std::shared_ptr<ProcessGroups> groups_;
+  DistributedOptions distributed_;
+  bool average_ = true;  // LossReduction::kMean: average gradients across replicas
+  std::unique_ptr<Pipeline> pipeline_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,291 @@
+#include "plugin/distributed/process_groups.h"
+
+#include "plugin/distributed/gloo_group.h"
+#include "plugin/errors.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL) && defined(CONVEYOR_WITH_CUDA)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : nullptr;
+}
+
+int parse_int(const char* name, const char* text, int min, int max) {
+  int value = 0;
+  const char* end = text + std::char_traits<char>::length(text);
+  const auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end || value < min || value > max) {
+    throw std::invalid_argument(std::string("conveyor: ") + name + "='" + text + "' is not an integer in [" +
+                                std::to_string(min) + ", " + std::to_string(max) + "]");
+  }
+  return value;
+}
+
+}  // namespace
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "ranks [";
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
+  const auto start = Clock::now();
+  const auto timeout = groups.options().timeout;
+  try {
+    if (work->wait(timeout)) return;
+  } catch (const std::exception& e) {
+    groups.mark_failed();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    std::ostringstream os;
+    os << groups.describe(groups.rank()) << ": ";
+    if (waited >= timeout) {
+      os << "timed out after " << timeout.count() << " ms " << what;
+    } else {
+      os << "failed after " << waited.count() << " ms " << what << " (did a peer exit?)";
+    }
+    os << " [" << message_of(e) << "]";
+    throw std::runtime_error(os.str());
+  }
+  groups.mark_failed();
+  throw std::runtime_error(groups.describe(groups.rank()) + ": aborted " + what);
+}
+
+namespace {
+
+// Tensors grouped by dtype and device, each group in the given order.
+std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& tensors) {
+  std::map<std::pair<int, std::string>, size_t> index;
+  std::vector<std::vector<at::Tensor>> buckets;
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.defined(), "conveyor: cannot reduce an undefined tensor");
+    const auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
+    auto it = index.find(key);
+    if (it == index.end()) {
+      it = index.emplace(key, buckets.size()).first;
+      buckets.emplace_back();
+    }
+    buckets[it->second].push_back(t);
+  }
+  return buckets;
+}
+
+at::Tensor flatten(const std::vector<at::Tensor>& bucket) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : bucket) flat.push_back(t.detach().reshape({-1}));
+  return at::cat(flat);
+}
+
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& bucket) {
+  c10::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& t : bucket) {
+    t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
+  }
+}
+
+}  // namespace
+
+LaunchEnvironment LaunchEnvironment::from_environment() {
+  LaunchEnvironment e;
+  const char* rank = env("RANK");
+  const char* world = env("WORLD_SIZE");
+  const char* addr = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  if (!rank && !world && !addr && !port) return e;  // a single process
+  const std::pair<const char*, const char*> required[] = {
+      {"RANK", rank}, {"WORLD_SIZE", world}, {"MASTER_ADDR", addr}, {"MASTER_PORT", port}};
+  for (const auto& [name, value] : required) {
+    if (!value) {
+      throw std::invalid_argument(std::string("conveyor: ") + name +
+                                  " is not set, but other torchrun variables are (RANK, WORLD_SIZE, MASTER_ADDR, "
+                                  "MASTER_PORT are all needed; launch with torchrun)");
+    }
+  }
+  e.world_size = parse_int("WORLD_SIZE", world, 1, 1 << 20);
+  e.rank = parse_int("RANK", rank, 0, e.world_size - 1);
+  const char* local = env("LOCAL_RANK");
+  e.local_rank = local ? parse_int("LOCAL_RANK", local, 0, e.world_size - 1) : e.rank;
+  e.master_addr = addr;
+  e.master_port = parse_int("MASTER_PORT", port, 1, 65535);
+  const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  e.agent_store = agent && std::string(agent) == "True";
+  const char* restarts = env("TORCHELASTIC_RESTART_COUNT");
+  e.restart_count = restarts ? parse_int("TORCHELASTIC_RESTART_COUNT", restarts, 0, 1 << 30) : 0;
+  return e;
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnvironment& env, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(env.master_port);
+  options.isServer = env.rank == 0 && !env.agent_store;
+  options.numWorkers = static_cast<std::size_t>(env.world_size);
+  options.waitWorkers = true;
+  options.timeout = timeout;
+  try {
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    if (!env.agent_store) return store;
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("conveyor: rank " + std::to_string(env.rank) + " could not " +
+                             (options.isServer ? "serve" : "reach") + " the store at " + env.master_addr + ":" +
+                             std::to_string(env.master_port) + " within " + std::to_string(timeout.count()) +
+                             " ms (are all " + std::to_string(env.world_size) + " ranks started?) [" + message_of(e) +
+                             "]");
+  }
+}
+
+HybridLayout HybridLayout::for_world(int world_size, int stages) {
+  if (stages < 1 || world_size < 1 || world_size % stages != 0) {
+    throw std::invalid_argument("conveyor: a world of " + std::to_string(world_size) + " processes cannot hold " +
+                                "replicas of a " + std::to_string(stages) + "-stage pipeline: the number of " +
+                                "stages must divide WORLD_SIZE (world = replicas x stages)");
+  }
+  return HybridLayout{world_size / stages, stages};
+}
+
+std::vector<int> HybridLayout::pipeline_ranks(int replica) const {
+  std::vector<int> ranks;
+  for (int k = 0; k < stages; ++k) ranks.push_back(rank_of(replica, k));
+  return ranks;
+}
+
+std::vector<int> HybridLayout::replica_ranks(int stage) const {
+  std::vector<int> ranks;
+  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, stage));
+  return ranks;
+}
+
+ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, HybridLayout layout, Options options)
+    : rank_(rank), layout_(layout), options_(std::move(options)), store_(std::move(store)) {
+  TORCH_CHECK(layout_.replicas >= 1 && layout_.stages >= 1, "conveyor: a layout needs at least one replica and stage");
+  TORCH_CHECK(rank_ >= 0 && rank_ < layout_.world_size(), "conveyor: rank ", rank_, " is outside the world of ",
+              layout_.world_size(), " = ", layout_.replicas, " replicas x ", layout_.stages, " stages");
+  TORCH_CHECK(options_.timeout.count() > 0 && options_.connect_timeout.count() > 0,
+              "conveyor: the process-group timeouts must be positive");
+  const auto make = [&](const std::string& name, const std::vector<int>& ranks, bool accelerator) {
+    const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(options_.name + "/" + name, store_);
+    try {
+      if (accelerator) {
+#if defined(USE_C10D_NCCL) && defined(CONVEYOR_WITH_CUDA)
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = options_.timeout;
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<c10d::ProcessGroupNCCL>(
+            prefixed, group_rank, static_cast<int>(ranks.size()), nccl_options));
+#else
+        throw std::invalid_argument("this LibTorch (or this build of conveyor) has no NCCL");
+#endif
+      }
+      return make_gloo_group(prefixed, group_rank, static_cast<int>(ranks.size()), options_.connect_timeout,
+                             options_.timeout);
+    } catch (const std::exception& e) {
+      failed_ = true;
+      throw std::runtime_error(describe(rank_) + ": could not connect the " + name + " group (" + ranks_text(ranks) +
+                               ") within " + std::to_string(options_.connect_timeout.count()) + " ms [" +
+                               message_of(e) + "]");
+    }
+  };
+  std::vector<int> everyone(layout_.world_size());
+  for (int r = 0; r < layout_.world_size(); ++r) everyone[r] = r;
+  // Every rank makes its groups in the same order, so no connect waits on
+  // a group that a peer makes later.
+  world_ = make("world", everyone, false);
+  const std::string pipeline_name = "pipeline" + std::to_string(replica());
+  const std::string replicas_name = "replicas" + std::to_string(stage());
+  pipeline_ = make(pipeline_name, layout_.pipeline_ranks(replica()), false);
+  replicas_ = make(replicas_name, layout_.replica_ranks(stage()), false);
+  if (options_.accelerator_groups) {
+    pipeline_device_ = make(pipeline_name + "-device", layout_.pipeline_ranks(replica()), true);
+    replicas_device_ = make(replicas_name + "-device", layout_.replica_ranks(stage()), true);
+  }
+}
+
+ProcessGroups::~ProcessGroups() {
+  if (!failed_) return;
+  // A group whose peer died may wait for it in its destructor: abandon it.
+  for (auto* group : {&world_, &pipeline_, &replicas_, &pipeline_device_, &replicas_device_}) {
+    if (*group) (void)group->release();
+  }
+}
+
+std::string ProcessGroups::describe(int rank) const {
+  return "rank " + std::to_string(rank) + " (replica " + std::to_string(layout_.replica_of(rank)) + ", stage " +
+         std::to_string(layout_.stage_of(rank)) + ")";
+}
+
+void ProcessGroups::barrier() {
+  TORCH_CHECK(!failed_, "conveyor: ", describe(rank_), ": the process groups failed earlier");
+  c10d::BarrierOptions options;
+  options.timeout = options_.timeout;
+  wait(*this, world_->barrier(options), "at the barrier of all " + std::to_string(layout_.world_size()) + " ranks");
+}
+
+void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,
+                const std::string& what) {
+  if (group.getSize() == 1 || tensors.empty()) return;
+  TORCH_CHECK(!groups.failed(), "conveyor: ", groups.describe(groups.rank()), ": the process groups failed earlier");
+  for (const auto& bucket : buckets_of(tensors)) {
+    std::vector<at::Tensor> flat{flatten(bucket)};
+    c10d::AllreduceOptions options;
+    options.timeout = groups.options().timeout;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = group.allreduce(flat, options);
+    } catch (const std::exception& e) {
+      groups.mark_failed();
+      throw std::runtime_error(groups.describe(groups.rank()) + ": could not start " + what + " [" + message_of(e) +
+                               "]");
+    }
+    wait(groups, work, what);
+    if (average) flat[0].div_(group.getSize());
+    unflatten(flat[0], bucket);
+  }
+}
+
+void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, int root,
+               const std::string& what) {
+  if (group.getSize() == 1 || tensors.empty()) return;
+  TORCH_CHECK(!groups.failed(), "conveyor: ", groups.describe(groups.rank()), ": the process groups failed earlier");
+  for (const auto& bucket : buckets_of(tensors)) {
+    std::vector<at::Tensor> flat{flatten(bucket)};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    options.timeout = groups.options().timeout;
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = group.broadcast(flat, options);
+    } catch (const std::exception& e) {
+      groups.mark_failed();
+      throw std::runtime_error(groups.describe(groups.rank()) + ": could not start " + what + " [" + message_of(e) +
+                               "]");
+    }
+    wait(groups, work, what);
+    if (group.getRank() != root) unflatten(flat[0], bucket);
+  }
+}
+
+}  // namespace conveyor

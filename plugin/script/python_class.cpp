@@ -1,0 +1,358 @@
+// torch.classes.conveyor.Pipeline: a pipeline over a TorchScript model, driven
+// from Python.
+//
+//   torch.ops.load_library("libconveyor.so")
+//   pipe = torch.classes.conveyor.Pipeline(torch.jit.script(model),
+//                                          {"stages": 2, "microbatches": 4, "loss": "cross_entropy"})
+//   opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)
+//   for x, y in batches:
+//       opt.zero_grad()
+//       loss = pipe.train_step(x, y)
+//       opt.step()
+//
+// The model argument is either the ScriptModule itself (torch.jit.script or
+// torch.jit.trace; it arrives as the same TorchScript object, so the
+// pipeline trains the caller's module in place) or the path of a file saved
+// with torch.jit.save. parameters() returns the model's own tensors, so a
+// torch.optim optimizer over them updates the pipeline.
+//
+// Options (a dict; values may also be given as strings):
+//   stages, microbatches, schedule, schedule_text, devices (list or
+//   comma-separated), split_points (list or comma-separated), balance
+//   ("uniform" | "parameters"), batch_dim, channel_capacity, timeout_ms,
+//   optimize (let the TorchScript executor optimize), loss ("cross_entropy"
+//   over the last dimension | "mse" | a scripted module called as
+//   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
+//   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
+//   fused op; fused_ops_report() says which), stage_rng (each stage draws
+//   random numbers from its own streams: PipelineOptions::stage_rng),
+//   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
+//   which train_step steps; the asynchronous schedules need it) with lr
+//   (required), momentum (sgd) and weight_decay.
+
+#include "ops/swap.h"
+#include "plugin/checkpoint/checkpoint.h"
+#include "plugin/script/torchscript.h"
+
+#include <c10/util/Exception.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <chrono>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+namespace {
+
+using Options = c10::Dict<std::string, c10::IValue>;
+
+const std::set<std::string> kKnownOptions = {"stages",      "microbatches",   "schedule",         "schedule_text",
+                                             "devices",     "split_points",   "balance",          "batch_dim",
+                                             "channel_capacity", "timeout_ms", "optimize",        "loss",
+                                             "loss_reduction", "fused_ops", "stage_rng", "optimizer", "lr", "momentum", "weight_decay"};
+
+// Python's name for what a value is, for messages.
+std::string python_type(const c10::IValue& v) {
+  if (v.isString()) return "str";
+  if (v.isBool()) return "bool";
+  if (v.isInt()) return "int";
+  if (v.isDouble()) return "float";
+  if (v.isTensor()) return "Tensor";
+  if (v.isNone()) return "None";
+  if (v.isList()) return "list";
+  if (v.isGenericDict()) return "dict";
+  if (v.isTuple()) return "tuple";
+  if (v.isObject()) return v.toObjectRef().type()->is_module() ? "ScriptModule" : "object";
+  return v.tagKind();
+}
+
+// Bad arguments reach Python as ValueError, failures in a step as RuntimeError.
+template <typename Fn>
+auto python_errors(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::invalid_argument& e) {
+    C10_THROW_ERROR(ValueError, e.what());
+  }
+}
+
+std::invalid_argument bad_option(const std::string& key, const std::string& expected, const c10::IValue& got) {
+  std::ostringstream os;
+  os << "conveyor.Pipeline: option '" << key << "' must be " << expected << ", got " << python_type(got);
+  if (got.isString()) os << " '" << got.toStringRef() << "'";
+  return std::invalid_argument(os.str());
+}
+
+// A whole string read as a number by `parse` (std::stoll, std::stod), or nullopt.
+template <typename T, typename Parse>
+std::optional<T> parse_whole(const std::string& text, Parse parse) {
+  try {
+    size_t used = 0;
+    const T x = parse(text, &used);
+    if (used == text.size()) return x;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+int64_t as_int(const std::string& key, const c10::IValue& v) {
+  if (v.isInt()) return v.toInt();
+  const auto stoll = [](const std::string& t, size_t* used) { return std::stoll(t, used); };
+  if (v.isString()) {
+    if (const auto n = parse_whole<int64_t>(v.toStringRef(), stoll)) return *n;
+  }
+  throw bad_option(key, "an int", v);
+}
+
+double as_double(const std::string& key, const c10::IValue& v) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  const auto stod = [](const std::string& t, size_t* used) { return std::stod(t, used); };
+  if (v.isString()) {
+    if (const auto x = parse_whole<double>(v.toStringRef(), stod)) return *x;
+  }
+  throw bad_option(key, "a float", v);
+}
+
+bool as_bool(const std::string& key, const c10::IValue& v) {
+  if (v.isBool()) return v.toBool();
+  if (v.isString() && (v.toStringRef() == "true" || v.toStringRef() == "false")) return v.toStringRef() == "true";
+  throw bad_option(key, "a bool", v);
+}
+
+std::string as_string(const std::string& key, const c10::IValue& v) {
+  if (!v.isString()) throw bad_option(key, "a str", v);
+  return v.toStringRef();
+}
+
+std::vector<std::string> as_strings(const std::string& key, const c10::IValue& v) {
+  std::vector<std::string> out;
+  if (v.isString()) {
+    std::istringstream in(v.toStringRef());
+    for (std::string item; std::getline(in, item, ',');) {
+      if (!item.empty()) out.push_back(item);
+    }
+    return out;
+  }
+  if (!v.isList()) throw bad_option(key, "a list of str or a comma-separated str", v);
+  for (const c10::IValue& item : v.toListRef()) out.push_back(as_string(key, item));
+  return out;
+}
+
+// The optimizer factory the options "optimizer", "lr", "momentum" and
+// "weight_decay" describe (null without "optimizer").
+OptimizerFactory optimizer_from(const Options& options) {
+  const auto get = [&](const char* key, double fallback) {
+    return options.contains(key) ? as_double(key, options.at(key)) : fallback;
+  };
+  if (!options.contains("optimizer")) {
+    for (const char* key : {"lr", "momentum", "weight_decay"}) {
+      if (options.contains(key)) {
+        throw std::invalid_argument(std::string("conveyor.Pipeline: option '") + key +
+                                    "' sets the pipeline's own optimizer: give 'optimizer' too (or step a torch.optim "
+                                    "optimizer over parameters() yourself)");
+      }
+    }
+    return nullptr;
+  }
+  const std::string name = as_string("optimizer", options.at("optimizer"));
+  if (!options.contains("lr")) throw std::invalid_argument("conveyor.Pipeline: option 'optimizer' needs 'lr'");
+  const double lr = get("lr", 0), momentum = get("momentum", 0);
+  const double weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0.0);  // torch.optim's defaults
+  if (name == "sgd") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::SGD>(
+          p, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+    };
+  }
+  if (options.contains("momentum")) {
+    throw std::invalid_argument("conveyor.Pipeline: option 'momentum' is for optimizer 'sgd', not '" + name + "'");
+  }
+  if (name == "adam") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr).weight_decay(weight_decay));
+    };
+  }
+  if (name == "adamw") {
+    return [=](std::vector<at::Tensor> p) {
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+    };
+  }
+  throw bad_option("optimizer", "\"sgd\", \"adam\" or \"adamw\"", options.at("optimizer"));
+}
+
+at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
+}
+
+class PythonPipeline : public torch::CustomClassHolder {
+ public:
+  PythonPipeline(const c10::IValue& model, const Options& options) {
+    python_errors([&] { build(model, options); });
+  }
+
+  // One step: accumulates the batch's gradients into parameters()' .grad
+  // (zero them first, as with loss.backward()) and returns the loss.
+  double train_step(const at::Tensor& input, const at::Tensor& target) {
+    return python_errors([&] { return pipe_->train_step(input, target, loss_).loss; });
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    return python_errors([&] { return pipe_->forward(input); });
+  }
+
+  std::vector<at::Tensor> parameters() const { return pipe_->parameters(); }
+
+  c10::Dict<std::string, at::Tensor> named_parameters() const {
+    c10::Dict<std::string, at::Tensor> out;
+    for (const auto& [name, p] : model_named_parameters(*pipe_)) out.insert(name, p);
+    return out;
+  }
+
+  // Detached views of the parameters and buffers, named as in the model.
+  c10::Dict<std::string, at::Tensor> state_dict() const {
+    c10::Dict<std::string, at::Tensor> out;
+    for (const auto& [name, p] : model_named_parameters(*pipe_)) out.insert(name, p.detach());
+    for (const auto& [name, b] : model_named_buffers(*pipe_)) out.insert(name, b.detach());
+    return out;
+  }
+
+  void load_state_dict(const c10::Dict<std::string, at::Tensor>& state) {
+    auto tensors = model_named_parameters(*pipe_);
+    for (auto& b : model_named_buffers(*pipe_)) tensors.push_back(std::move(b));
+    std::set<std::string> names;
+    for (const auto& [name, t] : tensors) {
+      names.insert(name);
+      TORCH_CHECK_VALUE(state.contains(name), "conveyor.Pipeline.load_state_dict: missing '", name, "'");
+      TORCH_CHECK_VALUE(state.at(name).sizes().equals(t.sizes()), "conveyor.Pipeline.load_state_dict: '", name,
+                        "' has shape ", state.at(name).sizes(), ", the pipeline's has ", t.sizes());
+    }
+    for (const auto& entry : state) {
+      TORCH_CHECK_VALUE(names.count(entry.key()), "conveyor.Pipeline.load_state_dict: unexpected '", entry.key(),
+                        "', which the model does not have");
+    }
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : tensors) t.copy_(state.at(name));
+  }
+
+  void train(bool on) { pipe_->train(on); }
+  int64_t num_stages() const { return pipe_->num_stages(); }
+  std::string schedule() const { return pipe_->schedule().str(); }
+  std::string plan() const { return pipe_->plan().str(); }
+  // What the fused_ops option swapped and left (swap_fused_ops' report).
+  std::string fused_ops_report() const { return fused_ops_report_; }
+
+  // Weights, buffers, step and random generators; a torch.optim optimizer
+  // keeps its own state_dict().
+  void save_checkpoint(const std::string& path, int64_t step) const {
+    python_errors([&] { conveyor::save_checkpoint(path, *pipe_, TrainingState{step, {}}); });
+  }
+  int64_t load_checkpoint(const std::string& path) {
+    return python_errors([&] { return conveyor::load_checkpoint(path, *pipe_); });
+  }
+
+ private:
+  void build(const c10::IValue& model, const Options& options) {
+    if (model.isString()) {
+      model_ = load_script(model.toStringRef());
+    } else if (model.isObject() && model.toObjectRef().type()->is_module()) {
+      model_ = torch::jit::Module(model.toObject());
+    } else {
+      throw std::invalid_argument(std::string("conveyor.Pipeline: the model must be a TorchScript module ") +
+                                  "(torch.jit.script or torch.jit.trace) or the path of one saved with " +
+                                  "torch.jit.save, got " + python_type(model));
+    }
+    PipelineOptions opts;
+    std::vector<std::string> split_points;
+    ScriptLayerOptions layer_options;
+    bool fused_ops = false;
+    loss_ = [](const at::Tensor& out, const at::Tensor& target) { return torch::mse_loss(out, target); };
+    for (const auto& entry : options) {
+      const std::string& key = entry.key();
+      const c10::IValue& v = entry.value();
+      if (!kKnownOptions.count(key)) {
+        std::string known;
+        for (const auto& k : kKnownOptions) known += (known.empty() ? "" : ", ") + k;
+        throw std::invalid_argument("conveyor.Pipeline: unknown option '" + key + "' (known: " + known + ")");
+      }
+      if (key == "stages") opts.stages(static_cast<int>(as_int(key, v)));
+      if (key == "microbatches") opts.microbatches(static_cast<int>(as_int(key, v)));
+      if (key == "schedule") opts.schedule(as_string(key, v));
+      if (key == "schedule_text") opts.schedule_text(as_string(key, v));
+      if (key == "devices") opts.devices(as_strings(key, v));
+      if (key == "split_points") split_points = as_strings(key, v);
+      if (key == "batch_dim") opts.batch_dim(as_int(key, v));
+      if (key == "channel_capacity") opts.channel_capacity(static_cast<int>(as_int(key, v)));
+      if (key == "timeout_ms") opts.timeout(std::chrono::milliseconds(as_int(key, v)));
+      if (key == "optimize") layer_options.optimize = as_bool(key, v);
+      if (key == "stage_rng") opts.stage_rng(as_bool(key, v));
+      if (key == "balance") {
+        const std::string b = as_string(key, v);
+        if (b != "uniform" && b != "parameters") throw bad_option(key, "\"uniform\" or \"parameters\"", v);
+        opts.balance(b == "uniform" ? Balance::kUniform : Balance::kParameters);
+      }
+      if (key == "loss_reduction") {
+        const std::string r = as_string(key, v);
+        if (r != "mean" && r != "sum") throw bad_option(key, "\"mean\" or \"sum\"", v);
+        opts.loss_reduction(r == "mean" ? LossReduction::kMean : LossReduction::kSum);
+      }
+      if (key == "loss") set_loss(v);
+      if (key == "fused_ops") fused_ops = as_bool(key, v);
+    }
+    opts.optimizer(optimizer_from(options));
+    if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
+    pipe_ = make_script_pipeline(model_, opts, split_points, layer_options);
+  }
+
+  void set_loss(const c10::IValue& v) {
+    if (v.isString()) {
+      const std::string name = v.toStringRef();
+      if (name == "mse") return;  // the default
+      if (name == "cross_entropy") {
+        loss_ = cross_entropy;
+        return;
+      }
+    } else if (v.isObject() && v.toObjectRef().type()->is_module()) {
+      torch::jit::Module module(v.toObject());
+      loss_ = [module](const at::Tensor& out, const at::Tensor& target) mutable {
+        return module.forward({out, target}).toTensor();
+      };
+      return;
+    }
+    throw bad_option("loss", "\"cross_entropy\", \"mse\" or a scripted module", v);
+  }
+
+  torch::jit::Module model_;
+  std::string fused_ops_report_ = "fused_ops is off\n";
+  std::unique_ptr<Pipeline> pipe_;
+  LossFn loss_;
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(conveyor, m) {
+  m.class_<PythonPipeline>("Pipeline")
+      .def(torch::init<c10::IValue, Options>())
+      .def("train_step", &PythonPipeline::train_step)
+      .def("forward", &PythonPipeline::forward)
+      .def("parameters", &PythonPipeline::parameters)
+      .def("named_parameters", &PythonPipeline::named_parameters)
+      .def("state_dict", &PythonPipeline::state_dict)
+      .def("load_state_dict", &PythonPipeline::load_state_dict)
+      .def("train", &PythonPipeline::train)
+      .def("num_stages", &PythonPipeline::num_stages)
+      .def("schedule", &PythonPipeline::schedule)
+      .def("plan", &PythonPipeline::plan)
+      .def("fused_ops_report", &PythonPipeline::fused_ops_report)
+      .def("save_checkpoint", &PythonPipeline::save_checkpoint)
+      .def("load_checkpoint", &PythonPipeline::load_checkpoint);
+}
+
+}  // namespace conveyor

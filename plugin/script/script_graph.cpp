@@ -1,0 +1,390 @@
+#include "plugin/script/script_graph.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace conveyor {
+
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Module;
+using torch::jit::Node;
+using torch::jit::Value;
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::istringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+// A node's kind and, where the model kept its source, the line that made it:
+// "aten::add at model.py:12 (\"return x + self.body(x)\")".
+std::string where(const Node* n) {
+  std::ostringstream os;
+  os << n->kind().toQualString();
+  torch::jit::SourceRange range = n->sourceRange();
+  if (auto original = range.findSourceRangeThatGenerated()) range = *original;
+  if (range.source()) {
+    if (auto loc = range.file_line_col()) os << " at " << std::get<0>(*loc) << ":" << std::get<1>(*loc);
+    std::string text = range.text().str();
+    text = text.substr(0, text.find('\n'));
+    if (text.size() > 80) text = text.substr(0, 77) + "...";
+    if (!text.empty()) os << " (\"" << text << "\")";
+  }
+  return os.str();
+}
+
+// The dotted path of a submodule or attribute reached from self by GetAttrs.
+std::optional<std::string> path_of(const Value* v, const Value* self) {
+  if (v == self) return std::string();
+  if (v->node()->kind() != c10::prim::GetAttr) return std::nullopt;
+  const auto parent = path_of(v->node()->input(0), self);
+  if (!parent) return std::nullopt;
+  const std::string& name = v->node()->s(c10::attr::name);
+  return parent->empty() ? name : *parent + "." + name;
+}
+
+// Constants and attribute reads are copied into every segment that uses
+// them, so they never count as values crossing a cut.
+bool movable(const Node* n, const Value* self) {
+  return n->kind() == c10::prim::Constant ||
+         (n->kind() == c10::prim::GetAttr && path_of(n->output(), self).has_value());
+}
+
+std::optional<std::string> called_path(const Node* n, const Value* self) {
+  if (n->kind() != c10::prim::CallMethod || n->s(c10::attr::name) != "forward") return std::nullopt;
+  return path_of(n->input(0), self);
+}
+
+// A private copy of the forward graph and its top-level nodes in order.
+struct ForwardGraph {
+  std::shared_ptr<Graph> graph;
+  Value* self = nullptr;
+  Value* input = nullptr;
+  std::vector<Node*> nodes;
+  std::unordered_map<const Node*, size_t> index;
+  std::set<std::string> inlined;
+
+  void refresh() {
+    nodes.assign(graph->nodes().begin(), graph->nodes().end());
+    index.clear();
+    for (size_t i = 0; i < nodes.size(); ++i) index[nodes[i]] = i;
+  }
+  // Position of the top-level node that contains `n` (the return: past the end).
+  size_t position(const Node* n) const {
+    while (n->owningBlock() != graph->block()) n = n->owningBlock()->owningNode();
+    return n == graph->return_node() ? nodes.size() : index.at(n);
+  }
+  size_t first_work() const {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!movable(nodes[i], self)) return i;
+    }
+    return nodes.size();
+  }
+  // Values made before `cut` and used at or after it.
+  std::vector<Value*> live_at(size_t cut) const {
+    std::vector<Value*> live;
+    const auto crosses = [&](const Value* v) {
+      for (const auto& use : v->uses()) {
+        if (position(use.user) >= cut) return true;
+      }
+      return false;
+    };
+    if (crosses(input)) live.push_back(input);
+    for (size_t i = 0; i < cut && i < nodes.size(); ++i) {
+      if (movable(nodes[i], self)) continue;
+      for (Value* out : nodes[i]->outputs()) {
+        if (crosses(out)) live.push_back(out);
+      }
+    }
+    return live;
+  }
+  std::string describe(const Value* v) const {
+    return "%" + v->debugName() + (v == input ? " (the input)" : " from " + where(v->node()));
+  }
+};
+
+ForwardGraph forward_graph(const Module& model) {
+  if (!model.find_method("forward")) throw std::invalid_argument("conveyor: the TorchScript model has no forward method");
+  ForwardGraph f;
+  f.graph = model.get_method("forward").graph()->copy();
+  const auto inputs = f.graph->inputs();
+  if (inputs.size() != 2) {
+    std::vector<std::string> names;
+    for (size_t i = 1; i < inputs.size(); ++i) names.push_back(inputs[i]->debugName());
+    throw std::invalid_argument("conveyor: the model's forward takes " + std::to_string(inputs.size() - 1) +
+                                " arguments besides self (" + join(names) + "), but a pipeline feeds it one tensor");
+  }
+  f.self = inputs[0];
+  f.input = inputs[1];
+  f.refresh();
+  return f;
+}
+
+// Top-level calls before which exactly one tensor is live: where a cut works.
+std::string possible_split_points(const ForwardGraph& f) {
+  std::vector<std::string> names;
+  for (size_t i = f.first_work() + 1; i < f.nodes.size(); ++i) {
+    const auto path = called_path(f.nodes[i], f.self);
+    const auto live = f.live_at(i);
+    if (path && live.size() == 1 && live[0]->type()->isSubtypeOf(*c10::TensorType::get())) names.push_back(*path);
+  }
+  if (names.empty()) return "no top-level submodule call works as a split point here; name nested submodules instead";
+  return "split points that work here: " + join(names);
+}
+
+[[noreturn]] void refuse_chain(const ForwardGraph& f, const std::string& found) {
+  throw std::invalid_argument(
+      "conveyor: the model's forward is not a plain chain of submodule calls, so it cannot be cut into layers by "
+      "itself: " + found + ". Give split points instead: the names of the submodules whose calls begin new stages, "
+      "with one tensor crossing each cut (" + possible_split_points(f) + ")");
+}
+
+void inline_call(ForwardGraph& f, const Module& model, const std::string& path, const std::string& split_point) {
+  if (f.inlined.count(path)) return;
+  f.refresh();
+  std::vector<Node*> calls;
+  for (Node* n : f.nodes) {
+    if (called_path(n, f.self) == path) calls.push_back(n);
+  }
+  if (calls.size() != 1) {
+    throw std::invalid_argument("conveyor: split point '" + split_point + "' lies inside '" + path + "', which the " +
+                                "forward calls " + std::to_string(calls.size()) + " times at top level; a cut inside " +
+                                "a submodule needs it called exactly once, outside any branch or loop");
+  }
+  Node* call = calls[0];
+  const auto callee = submodule_of(model, path).get_method("forward").graph();
+  torch::jit::WithInsertPoint guard(call);
+  const auto outputs = torch::jit::insertGraph(*f.graph, *callee, call->inputs());
+  call->output()->replaceAllUsesWith(outputs.at(0));
+  call->destroy();
+  f.inlined.insert(path);
+  f.refresh();
+}
+
+void add_module_state(const Module& model, const std::string& path, std::vector<std::string>& state) {
+  const Module m = submodule_of(model, path);
+  const std::string prefix = path.empty() ? "" : path + ".";
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) state.push_back(prefix + p.name);
+  for (const auto& b : m.named_buffers(/*recurse=*/true)) state.push_back(prefix + b.name);
+}
+
+// The parameters and buffers a segment reads and the submodules it runs.
+void collect_state(const Block* block, const Value* self, const Module& model, ScriptSegment& s) {
+  for (const Node* n : block->nodes()) {
+    for (const Block* sub : n->blocks()) collect_state(sub, self, model, s);
+    if (n->kind() != c10::prim::GetAttr) {
+      // A method of the model itself may read anything the model holds.
+      for (const Value* in : n->inputs()) {
+        if (in == self) {
+          add_module_state(model, "", s.state);
+          s.submodules.push_back("");
+        }
+      }
+      continue;
+    }
+    const auto path = path_of(n->output(), self);
+    if (!path) continue;
+    const auto cls = n->output()->type()->cast<c10::ClassType>();
+    if (cls && cls->is_module()) {
+      bool only_attribute_reads = true;
+      for (const auto& use : n->output()->uses()) only_attribute_reads &= use.user->kind() == c10::prim::GetAttr;
+      if (only_attribute_reads) continue;
+      add_module_state(model, *path, s.state);
+      s.submodules.push_back(*path);
+    } else {
+      const Module parent = submodule_of(model, *path_of(n->input(0), self));
+      const auto slot = parent.type()->findAttributeSlot(n->s(c10::attr::name));
+      if (slot && (parent.type()->is_parameter(*slot) || parent.type()->is_buffer(*slot))) s.state.push_back(*path);
+    }
+  }
+}
+
+ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end, Value* in,
+                           Value* out, std::string description) {
+  auto g = std::make_shared<Graph>();
+  Value* self = g->addInput("self")->setType(f.self->type());
+  Value* x = g->addInput("x")->setType(in->type());
+  std::unordered_map<Value*, Value*> env{{f.self, self}, {in, x}};
+  std::function<Value*(Value*)> map = [&](Value* v) -> Value* {
+    if (auto it = env.find(v); it != env.end()) return it->second;
+    Node* n = v->node();
+    TORCH_INTERNAL_ASSERT(movable(n, f.self), "conveyor: ", f.describe(v), " crosses into ", description);
+    Node* copy = g->insertNode(g->createClone(n, map));
+    for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = copy->output(i);
+    return env.at(v);
+  };
+  for (size_t i = begin; i < end; ++i) {
+    Node* n = f.nodes[i];
+    if (movable(n, f.self)) continue;
+    Node* copy = g->insertNode(g->createClone(n, map));
+    for (size_t j = 0; j < n->outputs().size(); ++j) env[n->output(j)] = copy->output(j);
+  }
+  g->registerOutput(map(out));
+
+  ScriptSegment s;
+  s.description = std::move(description);
+  s.function = std::make_shared<torch::jit::GraphFunction>(c10::QualifiedName("conveyor.segment"), g, nullptr);
+  collect_state(g->block(), self, model, s);
+  std::set<std::string> seen;
+  std::vector<std::string> unique;
+  for (auto& name : s.state) {
+    if (seen.insert(name).second) unique.push_back(std::move(name));
+  }
+  s.state = std::move(unique);
+  return s;
+}
+
+}  // namespace
+
+Module submodule_of(const Module& model, const std::string& path) {
+  Module m = model;
+  std::string at = "the model";
+  if (path.empty()) return m;
+  for (const auto& part : split_path(path)) {
+    if (part.empty() || !m.hasattr(part) || !m.attr(part).isModule()) {
+      std::vector<std::string> names;
+      for (const auto& child : m.named_children()) names.push_back(child.name);
+      throw std::invalid_argument(at + " has no submodule '" + part + "' (its submodules: " +
+                                  (names.empty() ? std::string("none") : join(names)) + ")");
+    }
+    m = m.attr(part).toModule();
+    at = "'" + (at == "the model" ? part : at.substr(1, at.size() - 2) + "." + part) + "'";
+  }
+  return m;
+}
+
+std::vector<std::string> chain_of_calls(const Module& model) {
+  const ForwardGraph f = forward_graph(model);
+  Value* expected = f.input;
+  std::string expected_from = "the input";
+  std::set<std::string> seen;
+  std::vector<std::string> paths;
+  const auto check_single_use = [&](const Node* consumer) {
+    for (const auto& use : expected->uses()) {
+      if (use.user != consumer) {
+        refuse_chain(f, expected_from + " is used again, by " +
+                            (use.user == f.graph->return_node() ? std::string("the return") : where(use.user)));
+      }
+    }
+  };
+  for (Node* n : f.nodes) {
+    if (movable(n, f.self)) continue;
+    const auto path = called_path(n, f.self);
+    if (!path) refuse_chain(f, "found " + where(n));
+    if (n->inputs().size() != 2) {
+      refuse_chain(f, "'" + *path + "' is called with " + std::to_string(n->inputs().size() - 1) + " arguments");
+    }
+    if (n->input(1) != expected) {
+      refuse_chain(f, "'" + *path + "' is called on " + f.describe(n->input(1)) + ", not on " + expected_from);
+    }
+    check_single_use(n);
+    if (!seen.insert(*path).second) refuse_chain(f, "'" + *path + "' is called twice");
+    paths.push_back(*path);
+    expected = n->output();
+    expected_from = "the output of '" + *path + "'";
+  }
+  if (paths.empty()) refuse_chain(f, "it calls no submodule");
+  if (f.graph->outputs()[0] != expected) {
+    refuse_chain(f, "it returns " + f.describe(f.graph->outputs()[0]) + ", not " + expected_from);
+  }
+  check_single_use(f.graph->return_node());
+  return paths;
+}
+
+std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<std::string>& split_points) {
+  ForwardGraph f = forward_graph(model);
+  for (size_t i = 0; i < split_points.size(); ++i) {
+    const std::string& sp = split_points[i];
+    try {
+      if (sp.empty()) throw std::invalid_argument("the name is empty");
+      submodule_of(model, sp);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("conveyor: split point " + std::to_string(i) + " ('" + sp +
+                                  "') names no submodule of the model: " + e.what());
+    }
+    const auto parts = split_path(sp);
+    std::string parent;
+    for (size_t d = 0; d + 1 < parts.size(); ++d) {
+      parent += (d ? "." : "") + parts[d];
+      inline_call(f, model, parent, sp);
+    }
+  }
+
+  const size_t first_work = f.first_work();
+  std::vector<size_t> cuts;
+  std::vector<Value*> crossing;
+  for (size_t i = 0; i < split_points.size(); ++i) {
+    const std::string& sp = split_points[i];
+    std::vector<size_t> at;
+    for (size_t j = 0; j < f.nodes.size(); ++j) {
+      if (called_path(f.nodes[j], f.self) == sp) at.push_back(j);
+    }
+    if (at.size() != 1) {
+      throw std::invalid_argument("conveyor: split point '" + sp + "' is called " + std::to_string(at.size()) +
+                                  " times at the top level of the forward being cut; a split point must be called "
+                                  "exactly once, outside any branch or loop");
+    }
+    if (i > 0 && at[0] <= cuts.back()) {
+      throw std::invalid_argument("conveyor: split points out of order: '" + sp + "' is called before '" +
+                                  split_points[i - 1] + "' in the model's forward; list split points in the order "
+                                  "the forward calls them");
+    }
+    if (at[0] <= first_work) {
+      throw std::invalid_argument("conveyor: split point '" + sp + "' is the first thing the forward does, so stage 0 "
+                                  "would be empty; the first stage begins at the input by itself");
+    }
+    const auto live = f.live_at(at[0]);
+    if (live.size() != 1 || !live[0]->type()->isSubtypeOf(*c10::TensorType::get())) {
+      std::vector<std::string> described;
+      for (const Value* v : live) described.push_back(f.describe(v));
+      throw std::invalid_argument("conveyor: split point '" + sp + "': " + std::to_string(live.size()) +
+                                  " values cross the cut before it (" + join(described) + "), but a stage passes "
+                                  "exactly one tensor to the next; " + possible_split_points(f));
+    }
+    cuts.push_back(at[0]);
+    crossing.push_back(live[0]);
+  }
+
+  std::vector<ScriptSegment> segments;
+  std::map<std::string, size_t> stage_of;
+  const size_t n = split_points.size();
+  for (size_t k = 0; k <= n; ++k) {
+    const size_t begin = k == 0 ? 0 : cuts[k - 1];
+    const size_t end = k == n ? f.nodes.size() : cuts[k];
+    Value* in = k == 0 ? f.input : crossing[k - 1];
+    Value* out = k == n ? f.graph->outputs()[0] : crossing[k];
+    const std::string description = k == 0   ? "the forward up to '" + split_points[0] + "'"
+                                    : k == n ? "the forward from '" + split_points[k - 1] + "' on"
+                                             : "the forward from '" + split_points[k - 1] + "' up to '" +
+                                                   split_points[k] + "'";
+    segments.push_back(make_segment(f, model, begin, end, in, out, description));
+    for (const auto& name : segments.back().state) {
+      const auto [it, inserted] = stage_of.emplace(name, k);
+      if (!inserted) {
+        throw std::invalid_argument("conveyor: '" + name + "' is used by stage " + std::to_string(it->second) +
+                                    " and stage " + std::to_string(k) + ", but a tensor can belong to one stage "
+                                    "only (tied weights?); choose split points that keep its uses in one stage");
+      }
+    }
+  }
+  return segments;
+}
+
+}  // namespace conveyor

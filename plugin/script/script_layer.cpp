@@ -1,0 +1,158 @@
+#include "plugin/script/script_layer.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  while (true) {
+    const auto dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot - start));
+    if (dot == std::string::npos) return parts;
+    start = dot + 1;
+  }
+}
+
+// The submodule of `root` at `path` ("" is root itself).
+torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path) {
+  torch::jit::Module m = root;
+  if (path.empty()) return m;
+  for (const auto& part : split_path(path)) {
+    TORCH_CHECK(m.hasattr(part) && m.attr(part).isModule(), "conveyor: the TorchScript model has no submodule '",
+                path, "'");
+    m = m.attr(part).toModule();
+  }
+  return m;
+}
+
+void set_script_training(const torch::jit::Module& m, bool on, bool recursive) {
+  if (recursive) {
+    torch::jit::Module(m).train(on);
+  } else if (m.hasattr("training")) {
+    m._ivalue()->setAttr("training", on);
+  }
+}
+
+}  // namespace
+
+ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module, std::string prefix, ScriptLayerOptions options)
+    : owner_(std::move(module)), prefix_(std::move(prefix)), options_(options) {
+  std::vector<std::string> names;
+  for (const auto& p : owner_.named_parameters(/*recurse=*/true)) names.push_back(p.name);
+  for (const auto& b : owner_.named_buffers(/*recurse=*/true)) names.push_back(b.name);
+  register_state(names);
+  description_ = (prefix_.empty() ? std::string("the model") : prefix_) + ": " + owner_.type()->name()->qualifiedName();
+  torch::nn::Module::train(owner_.is_training());
+}
+
+ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module owner, std::shared_ptr<torch::jit::GraphFunction> segment,
+                                 const std::vector<std::string>& state, std::vector<std::string> submodules,
+                                 std::string description, ScriptLayerOptions options)
+    : owner_(std::move(owner)),
+      segment_(std::move(segment)),
+      state_(state),
+      submodules_(std::move(submodules)),
+      description_(std::move(description)),
+      options_(options) {
+  TORCH_CHECK(segment_ != nullptr, "conveyor: ScriptLayer needs a segment function");
+  register_state(state_);
+  torch::nn::Module::train(owner_.is_training());
+}
+
+void ScriptLayerImpl::register_state(const std::vector<std::string>& names) {
+  for (const auto& name : names) {
+    const auto parts = split_path(name);
+    // Walk (creating as needed) one holder module per path component, so the
+    // registered name reads exactly like the TorchScript one.
+    torch::nn::Module* holder = this;
+    torch::jit::Module script = owner_;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      script = script.attr(parts[i]).toModule();
+      auto children = holder->named_children();
+      std::shared_ptr<torch::nn::Module> child;
+      if (const auto* found = children.find(parts[i])) {
+        child = *found;
+      } else {
+        child = holder->register_module(parts[i], std::make_shared<torch::nn::Module>("conveyor::ScriptState"));
+      }
+      holder = child.get();
+    }
+    const std::string& leaf = parts.back();
+    TORCH_CHECK(script.hasattr(leaf), "conveyor: the TorchScript model has no parameter or buffer '", name, "'");
+    const c10::IValue value = script.attr(leaf);
+    TORCH_CHECK(value.isTensor(), "conveyor: TorchScript attribute '", name, "' is not a tensor");
+    const at::Tensor tensor = value.toTensor();
+    const auto slot = script.type()->findAttributeSlot(leaf);
+    if (slot && script.type()->is_parameter(*slot)) {
+      holder->register_parameter(leaf, tensor, tensor.requires_grad());
+    } else {
+      holder->register_buffer(leaf, tensor);
+    }
+  }
+}
+
+at::Tensor ScriptLayerImpl::forward(const at::Tensor& input) {
+  torch::jit::GraphOptimizerEnabledGuard optimize(options_.optimize);
+  c10::IValue out;
+  if (segment_) {
+    torch::jit::Stack stack{owner_._ivalue(), input};
+    segment_->run(stack);
+    TORCH_CHECK(stack.size() == 1, "conveyor: a TorchScript segment left ", stack.size(), " values, expected 1");
+    out = std::move(stack.back());
+  } else {
+    out = owner_.forward({input});
+  }
+  if (out.isTuple()) {
+    const auto& elements = out.toTupleRef().elements();
+    TORCH_CHECK(!elements.empty(), "conveyor: TorchScript ", description_, " returned an empty tuple");
+    out = elements[0];
+  }
+  TORCH_CHECK(out.isTensor(), "conveyor: TorchScript ", description_, " returned a ", out.tagKind(),
+              ", but a pipeline layer must return a tensor (or a tuple whose element 0 is one)");
+  return out.toTensor();
+}
+
+void ScriptLayerImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  if (!segment_) {
+    set_script_training(owner_, on, /*recursive=*/true);
+    return;
+  }
+  // A segment shares its owner with the other segments: set only what it runs.
+  set_script_training(owner_, on, /*recursive=*/false);
+  for (const auto& path : submodules_) set_script_training(submodule_at(owner_, path), on, /*recursive=*/true);
+}
+
+std::shared_ptr<torch::nn::Module> ScriptLayerImpl::clone(const std::optional<torch::Device>& device) const {
+  std::shared_ptr<ScriptLayerImpl> copy;
+  if (segment_) {
+    // deepcopy keeps the class type, so the segment's graph applies to the copy.
+    copy = std::make_shared<ScriptLayerImpl>(owner_.deepcopy(), segment_, state_, submodules_, description_, options_);
+  } else {
+    copy = std::make_shared<ScriptLayerImpl>(owner_.deepcopy(), prefix_, options_);
+  }
+  copy->prefix_ = prefix_;
+  copy->train(is_training());
+  if (device) copy->to(*device);
+  return copy;
+}
+
+void ScriptLayerImpl::clone_(torch::nn::Module& other, const std::optional<torch::Device>& device) {
+  auto* source = dynamic_cast<ScriptLayerImpl*>(&other);
+  TORCH_CHECK(source != nullptr, "conveyor: cannot make a ScriptLayer a clone of a ", other.name());
+  *this = *std::static_pointer_cast<ScriptLayerImpl>(source->clone(device));
+}
+
+void ScriptLayerImpl::pretty_print(std::ostream& stream) const {
+  stream << "conveyor::ScriptLayer(" << description_ << ")";
+}
+
+}  // namespace conveyor

@@ -1,0 +1,98 @@
+#pragma once
+// ScriptLayer: one layer of a pipeline made from a TorchScript model. It runs
+// TorchScript code (a submodule's forward, or a segment of the model's forward
+// graph) and registers the TorchScript parameters and buffers it uses as its
+// own: the same tensors, not copies. So gradients computed by the TorchScript
+// code land in the .grad of what Pipeline::parameters() returns, an optimizer
+// over those updates the TorchScript model, and Module::to(device), which
+// rebinds each registered tensor's data in place, moves the TorchScript
+// model's tensors with it.
+//
+// The layer passes one tensor on, like every pipeline layer: if the
+// TorchScript code returns a tuple, element 0 is kept and the rest dropped
+// (as FirstOutput does for torch::nn::LSTM in ops/adapters.h).
+//
+// Parameters keep their TorchScript names below the layer
+// ("layer2.weight" inside a layer for "encoder"), each dotted name being a
+// chain of registered submodules, so named_parameters() reads like the
+// original model's. prefix() is where the layer's names start in the model
+// ("encoder"; empty for a segment of the whole model's forward).
+//
+// The TorchScript graph executor runs unoptimized by default: each op then
+// runs as in eager mode, with autograd's own backward formulas, so a step
+// computes the same bits whether the code ran before or not. That makes
+// gradients match an eager or unsplit reference and a resumed run match an
+// uninterrupted one. ScriptLayerOptions::optimize turns the executor's
+// optimizations (autodiff subgraphs, fusion) back on. (An executor keeps the
+// plan it made first: code that already ran optimized elsewhere in the
+// process, outside a ScriptLayer, may stay optimized.)
+
+#include "plugin/model_names.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct ScriptLayerOptions {
+  // Let the TorchScript graph executor optimize (see above).
+  bool optimize = false;
+};
+
+class ScriptLayerImpl : public torch::nn::Module, public ModelPath {
+ public:
+  // The whole of `module`: its forward, all its parameters and buffers.
+  // `prefix` is its path in the model it came from ("encoder.layer2").
+  ScriptLayerImpl(torch::jit::Module module, std::string prefix, ScriptLayerOptions options = {});
+
+  // Part of `owner`'s forward: `segment` takes (owner, x) and returns the
+  // tensor passed on. `state` names the parameters and buffers the segment
+  // reads (dotted, relative to owner) and `submodules` the submodules it
+  // calls (their training flag follows train()). `description` says which
+  // part of the forward this is, for messages.
+  ScriptLayerImpl(torch::jit::Module owner, std::shared_ptr<torch::jit::GraphFunction> segment,
+                  const std::vector<std::string>& state, std::vector<std::string> submodules,
+                  std::string description, ScriptLayerOptions options = {});
+
+  at::Tensor forward(const at::Tensor& input);
+
+  // Sets the training flag of the TorchScript code this layer runs (dropout,
+  // batch norm read it) and of the registered holders.
+  void train(bool on = true) override;
+
+  // A deep copy: new TorchScript tensors, registered the same way.
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+
+  void pretty_print(std::ostream& stream) const override;
+
+  const std::string& prefix() const { return prefix_; }
+  std::string model_path() const override { return prefix_; }
+  const torch::jit::Module& script_module() const { return owner_; }
+
+ private:
+  void clone_(torch::nn::Module& other, const std::optional<torch::Device>& device) override;
+  void register_state(const std::vector<std::string>& names);
+
+  torch::jit::Module owner_;
+  std::shared_ptr<torch::jit::GraphFunction> segment_;  // null: owner_'s forward
+  std::vector<std::string> state_;                      // only for segments
+  std::vector<std::string> submodules_;                 // only for segments
+  std::string prefix_;
+  std::string description_;
+  ScriptLayerOptions options_;
+};
+
+class ScriptLayer : public torch::nn::ModuleHolder<ScriptLayerImpl> {
+ public:
+  using torch::nn::ModuleHolder<ScriptLayerImpl>::ModuleHolder;
+};
+
+}  // namespace conveyor

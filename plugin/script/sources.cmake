@@ -1,0 +1,7 @@
+# TorchScript models in the pipeline (graph cutting, script layers) and
+# torch.classes.conveyor.Pipeline for Python.
+target_sources(conveyor PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/script_graph.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/script_layer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/torchscript.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/python_class.cpp)

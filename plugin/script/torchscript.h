@@ -1,0 +1,69 @@
+#pragma once
+// TorchScript models in a pipeline. A torch::jit::Module becomes a
+// torch::nn::Sequential of ScriptLayers, so the Pipeline, its runtime and
+// every schedule run it unchanged:
+//
+//   auto model = conveyor::load_script("lm.pt");
+//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().stages(2).microbatches(4));
+//   // or, cutting where you choose:
+//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().microbatches(4),
+//                                              {"encoder.layer2", "decoder"});
+//
+// Without split points, the model's forward must be a plain chain of its
+// submodules, each called once on the previous one's output:
+//   def forward(self, x): return self.head(self.body(self.stem(x)))
+// Each call becomes one layer (named as the submodule, "stem", "body", ...)
+// and the partition policy of the options decides the stages.
+//
+// With split points, each names the submodule whose call begins a new stage;
+// what lies between two split points may be any code (residual adds,
+// branches, tensor ops) as long as exactly one tensor crosses each cut. A
+// nested name ("encoder.layer2") cuts inside its parent's forward, which is
+// inlined for that; the parent must be called once. Each stage is then one
+// layer running its segment of the forward graph, and the parameters keep
+// the model's names ("encoder.layer2.weight", under the layer "stage1").
+//
+// A layer holds the parameters and buffers of the code it runs: those of a
+// submodule the forward never calls are in no layer, so not in the pipeline.
+
+#include "plugin/model_names.h"
+#include "plugin/options.h"
+#include "plugin/pipeline.h"
+#include "plugin/script/script_layer.h"
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace conveyor {
+
+// torch::jit::load with errors a person can act on: a missing file, a file
+// that is no zip archive (truncated or corrupt), and a torch.save file that
+// holds no TorchScript each raise std::invalid_argument naming the path and
+// the problem.
+torch::jit::Module load_script(const std::string& path);
+
+// The model as layers (see above). Throws std::invalid_argument naming what
+// stands in the way: the node that breaks the chain (kind and source line),
+// a split point that names no submodule, split points out of order, a cut
+// that more than one value crosses.
+torch::nn::Sequential sequential_from_script(torch::jit::Module model,
+                                             const std::vector<std::string>& split_points = {},
+                                             ScriptLayerOptions layer_options = {});
+
+// The PipelineOptions::boundaries that make each of sequential_from_script's
+// segments for `split_points` one stage (empty without split points).
+std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);
+
+// sequential_from_script + a Pipeline. With split points, options.stages()
+// must be 0 or split_points.size() + 1, and options.boundaries() empty.
+std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
+                                               const std::vector<std::string>& split_points = {},
+                                               ScriptLayerOptions layer_options = {});
+
+}  // namespace conveyor

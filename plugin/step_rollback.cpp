@@ -1,0 +1,32 @@
+#include "plugin/step_rollback.h"
+
+#include <torch/serialize/archive.h>
+
+#include <sstream>
+
+namespace conveyor {
+
+void StepRollback::keep(Stage& stage) {
+  std::string optimizer;
+  if (stage.optimizer()) {
+    torch::serialize::OutputArchive archive;
+    stage.optimizer()->save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    optimizer = out.str();
+  }
+  saved_.push_back(Saved{&stage, stage.snapshot(), std::move(optimizer)});
+}
+
+void StepRollback::restore() {
+  for (const Saved& saved : saved_) {
+    saved.stage->restore_live(*saved.weights);
+    if (saved.optimizer.empty()) continue;
+    torch::serialize::InputArchive archive;
+    std::istringstream in(saved.optimizer);
+    archive.load_from(in);
+    saved.stage->optimizer()->load(archive);
+  }
+}
+
+}  // namespace conveyor

@@ -1,0 +1,97 @@
+#pragma once
+// C10dTransport: stages in separate processes (one stage per process), joined
+// by PyTorch's own distributed engine. A process group whose rank r is stage r
+// of one pipeline carries the messages (ProcessGroupGloo; on CUDA tensors the
+// payload goes over a second group, ProcessGroupNCCL, when there is one).
+//
+// Wire format. Every message is a fixed int64 header followed, when the
+// tensor has elements, by the payload:
+//
+//   [magic, channel, micro-batch, from stage, sequence, defined, dtype, ndim, size_0 .. size_{n-1}]
+//
+// An undefined tensor ("no gradient") is a header with defined = 0. The header
+// travels on tag 4*mb + 2*channel, the payload on that tag + 1, so channels and
+// micro-batches never mix, whatever order a schedule receives them in.
+//
+// Sends never block: a message stays posted until its receiver takes it, and
+// the sender keeps the tensor alive until then (it holds it anyway: the stash
+// keeps every in-flight activation). finish_step() waits for every posted
+// message, so a step returns only once its messages are delivered.
+//
+// Failures are final. A peer that dies, stalls past the timeout or sends
+// something other than what this stage expects fails the transport: the error
+// names this rank and stage, the peer's rank and stage, the channel and the
+// micro-batch (the runtime adds the action), and every later call, reset()
+// included, rethrows it. A process group that saw a failure cannot be reused:
+// the job restarts (torchrun --max-restarts).
+
+#include "plugin/transport/transport.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Backend;
+}
+
+namespace conveyor {
+
+struct C10dTransportOptions {
+  // This process's stage; it is this process's rank in the pipeline group.
+  int stage = 0;
+  // Device of this stage: received tensors are placed on it.
+  c10::Device device = c10::Device(c10::kCPU);
+  // Global rank of every stage of this pipeline, for error messages.
+  std::vector<int> ranks;
+  // Upper bound on every blocking wait (a receive, a barrier, flush()).
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Optional declaration of what stage k sends to stage k + 1: entry k is the
+  // activation's shape, -1 for a dimension that may vary (the batch); an empty
+  // entry (or a missing one) declares nothing. A received activation of another
+  // shape is an error naming both stages.
+  std::vector<std::vector<int64_t>> activation_shapes;
+  // When set, every activation must have this dtype.
+  std::optional<c10::ScalarType> activation_dtype;
+};
+
+class C10dTransport final : public Transport {
+ public:
+  // `group`: a CPU-capable group (Gloo) of the pipeline's stages, rank = stage.
+  // `device_group`: optional group of the same ranks for accelerator payloads
+  // (NCCL); null sends accelerator tensors through host memory on `group`.
+  C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intrusive_ptr<c10d::Backend> device_group,
+                C10dTransportOptions options);
+  ~C10dTransport() override;
+
+  void send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) override;
+  at::Tensor recv(Channel channel, int from, int to, int mb) override;
+  // A barrier of the pipeline group, bounded by the timeout.
+  void barrier(int stage, int index) override;
+  void abort() override;
+  // Waits for the previous step's messages; rethrows an earlier failure.
+  void reset() override;
+  // Waits, at most the timeout, until every message this stage posted has
+  // been received. Throws (and fails the transport) otherwise.
+  void finish_step() override;
+  // The first failure, empty while there has been none.
+  std::string failure() const;
+  bool failed() const { return !failure().empty(); }
+
+  // "rank 3 (stage 1)": how messages name a stage of this pipeline.
+  std::string describe_stage(int stage) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,6 @@
+# How stages hand each other activations and gradients: the interface, the
+# in-process transport (threads, mailboxes) and the c10d one (processes).
+target_sources(conveyor PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/in_process.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/c10d.cpp)

@@ -1,0 +1,61 @@
+#pragma once
+// Transport: how a stage hands an activation (forward) or a gradient
+// (backward) of one micro-batch to its neighbour. The runtime calls send/recv
+// and barrier inside a step, reset() before it and finish_step() after it;
+// in_process.cpp holds the threads' transport (device copies on side
+// streams), c10d.h the processes' one.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+enum class Channel {
+  kActivation,  // stage k -> k+1, produced by a forward
+  kGradient,    // stage k+1 -> k, produced by a backward
+};
+
+const char* channel_name(Channel channel);  // "activation" / "gradient"
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Hands micro-batch `mb`'s tensor from stage `from` to stage `to`. Blocks
+  // while that channel holds `capacity` undelivered messages, at most until the
+  // timeout. An undefined tensor is a valid message ("no gradient").
+  virtual void send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) = 0;
+
+  // Blocks until micro-batch `mb`'s message from `from` arrives, at most until
+  // the timeout. The tensor is on stage `to`'s device, and work queued on the
+  // receiver's current stream after this call sees it complete.
+  virtual at::Tensor recv(Channel channel, int from, int to, int mb) = 0;
+
+  // A lock-step barrier: returns once every stage has called barrier(_, index),
+  // at most until the timeout.
+  virtual void barrier(int stage, int index) = 0;
+
+  // Wakes every blocked send/recv/barrier with AbortedError (another stage failed).
+  virtual void abort() = 0;
+
+  // Drops undelivered messages and clears abort(), before a new step.
+  virtual void reset() = 0;
+
+  // Ends a step that succeeded on this side: returns once what this side sent
+  // has been delivered, at most until the timeout, and throws otherwise. The
+  // runtime calls it after its stages' last actions and before any optimizer
+  // step, so a step whose messages did not arrive changes no weights.
+  // In-process there is nothing to wait for.
+  virtual void finish_step() {}
+};
+
+// Threads of one process; stage k's tensors live on stage_devices[k].
+std::unique_ptr<Transport> make_in_process_transport(
+    std::vector<c10::Device> stage_devices, int capacity, std::chrono::milliseconds timeout);
+
+}  // namespace conveyor
