@@ -127,8 +127,8 @@ std::string machine() {
 int main(int argc, char** argv) {
   std::string exe = CONVEYOR_DISTRIBUTED_TRAIN;
   int repeats = 3;
-  std::vector<std::string> common{"--steps=20", "--batch=256", "--hidden=512", "--layers=6", "--inputs=256",
-                                  "--log-every=1000000", "--timeout-ms=120000"};
+  std::vector<std::string> common{"--steps=20",   "--batch=256",         "--hidden=512",       "--layers=6",
+                                  "--inputs=256", "--log-every=1000000", "--timeout-ms=120000"};
   std::ostringstream command;
   command << argv[0];
   for (int i = 1; i < argc; ++i) {
@@ -153,7 +153,9 @@ int main(int argc, char** argv) {
 
   const std::vector<Setup> setups = {
       {"single process, 1 thread (LibTorch DataParallel, 1 CPU device)", 1, {"--parallel=dataparallel", "--threads=1"}},
-      {"single process, 2 threads (LibTorch DataParallel, 1 CPU device)", 1, {"--parallel=dataparallel", "--threads=2"}},
+      {"single process, 2 threads (LibTorch DataParallel, 1 CPU device)",
+       1,
+       {"--parallel=dataparallel", "--threads=2"}},
       {"pipeline, 2 stages, gpipe, M=4", 2, {"--parallel=pipeline", "--schedule=gpipe", "--microbatches=4"}},
       {"pipeline, 2 stages, 1f1b, M=4", 2, {"--parallel=pipeline", "--schedule=1f1b", "--microbatches=4"}},
       {"pipeline, 2 stages, 1f1b, M=8", 2, {"--parallel=pipeline", "--schedule=1f1b", "--microbatches=8"}},

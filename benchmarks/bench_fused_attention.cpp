@@ -149,8 +149,8 @@ struct Row {
 };
 
 Row measure(const std::string& name, const Attention& attention, const at::Tensor& q, const at::Tensor& k,
-            const at::Tensor& v, const at::Tensor& grad, bool causal, const at::Tensor& reference,
-            const Options& o, bool cuda) {
+            const at::Tensor& v, const at::Tensor& grad, bool causal, const at::Tensor& reference, const Options& o,
+            bool cuda) {
   Row row{name};
   {
     torch::NoGradGuard no_grad;
@@ -192,13 +192,15 @@ int main(int argc, char** argv) {
   const torch::Device device = cuda ? torch::kCUDA : torch::kCPU;
   const auto dtype = cuda ? torch::kBFloat16 : torch::kFloat32;
   if (!have_cuda) {
-    std::printf("CUDA is absent: timing the CPU reference against SDPA on CPU (float32); the CUDA kernels "
-                "are not measured.\n");
+    std::printf(
+        "CUDA is absent: timing the CPU reference against SDPA on CPU (float32); the CUDA kernels "
+        "are not measured.\n");
   }
-  std::printf("device %s, dtype %s, batch %lld, heads %lld, warm-up %d, median of %d runs; max|diff| is against "
-              "SDPA's default output\n",
-              cuda ? "cuda" : "cpu", cuda ? "bfloat16" : "float32", static_cast<long long>(o.batch),
-              static_cast<long long>(o.heads), o.warmup, o.iters);
+  std::printf(
+      "device %s, dtype %s, batch %lld, heads %lld, warm-up %d, median of %d runs; max|diff| is against "
+      "SDPA's default output\n",
+      cuda ? "cuda" : "cpu", cuda ? "bfloat16" : "float32", static_cast<long long>(o.batch),
+      static_cast<long long>(o.heads), o.warmup, o.iters);
   const char* rate = cuda ? "TFLOP/s" : "GFLOP/s";
   std::printf("%6s %4s %-6s | %-14s | %9s %8s | %9s %8s | %9s\n", "seq", "dim", "causal", "kernel", "fwd ms", rate,
               "f+b ms", rate, "max|diff|");

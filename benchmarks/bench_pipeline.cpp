@@ -3,8 +3,8 @@
 // simulator's makespan and bubble fed with the per-stage action times this
 // very run measured, and the simulator's projection for one device per stage:
 // the same work's compute on one device (every stage's measured actions
-// summed) over the simulated makespan, with no transfer cost. On a machine with fewer cores than stages, the measured column shows
-// contention; the projection shows the schedule.
+// summed) over the simulated makespan, with no transfer cost. On a machine with fewer cores than stages, the measured
+// column shows contention; the projection shows the schedule.
 //
 //   bench_pipeline [--model lstm|mlp] [--batch 32] [--steps 5] [--threads 1] [--stage-rng]
 
@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
       for (int m : {1, 4, 8}) {
         if (k == 1 && std::string(schedule) != "gpipe") continue;
         auto model = make_model(args.model);
-        conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(k).microbatches(m).schedule(schedule).stage_rng(args.stage_rng));
+        conveyor::Pipeline pipe(
+            model, conveyor::PipelineOptions().stages(k).microbatches(m).schedule(schedule).stage_rng(args.stage_rng));
         pipe.train_step(x, y, loss);  // warm-up
         double wall = 0, bubble = 0;
         conveyor::StepResult last;
@@ -144,7 +145,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("K-device x: simulated speed-up of one device per stage over the same compute on one device\n"
-              "(measured per-stage action times; no transfer cost).\n");
+  std::printf(
+      "K-device x: simulated speed-up of one device per stage over the same compute on one device\n"
+      "(measured per-stage action times; no transfer cost).\n");
   return 0;
 }

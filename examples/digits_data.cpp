@@ -42,7 +42,8 @@ std::string read_fd(int fd) {
 
 ImageSet take(const at::Tensor& images, const at::Tensor& labels, const std::vector<int64_t>& order, int64_t begin,
               int64_t end) {
-  const at::Tensor index = torch::tensor(std::vector<int64_t>(order.begin() + begin, order.begin() + end), torch::kLong);
+  const at::Tensor index =
+      torch::tensor(std::vector<int64_t>(order.begin() + begin, order.begin() + end), torch::kLong);
   return {images.index_select(0, index).contiguous(), labels.index_select(0, index).contiguous()};
 }
 
@@ -156,7 +157,8 @@ std::string find_digits_in_venv(const std::string& venv) {
 
 ImageData load_digits(const std::string& csv_gz_path, int64_t image_size, int64_t train_count, uint64_t split_seed) {
   constexpr int64_t kPixels = 64;
-  if (image_size < 8) throw std::invalid_argument("digits: image_size must be at least 8, got " + std::to_string(image_size));
+  if (image_size < 8)
+    throw std::invalid_argument("digits: image_size must be at least 8, got " + std::to_string(image_size));
   const std::string text = read_maybe_gzipped(csv_gz_path);
   std::vector<float> pixels;
   std::vector<int64_t> labels;
@@ -181,8 +183,8 @@ ImageData load_digits(const std::string& csv_gz_path, int64_t image_size, int64_
     }
     for (int64_t i = 0; i < kPixels; ++i) {
       if (fields[i] < 0 || fields[i] > 16) {
-        throw std::runtime_error("digits: line " + std::to_string(number) + " has pixel " + std::to_string(i) +
-                                 " = " + std::to_string(fields[i]) + " outside 0..16");
+        throw std::runtime_error("digits: line " + std::to_string(number) + " has pixel " + std::to_string(i) + " = " +
+                                 std::to_string(fields[i]) + " outside 0..16");
       }
       pixels.push_back(static_cast<float>(fields[i] / 16.0));
     }

@@ -120,9 +120,10 @@ Args parse(int argc, char** argv) {
       throw std::invalid_argument("--" + flag + " needs a value");
     }
     const std::map<std::string, int*> ints = {
-        {"stages", &a.stages}, {"replicas", &a.replicas}, {"microbatches", &a.microbatches}, {"steps", &a.steps},
-        {"batch", &a.batch}, {"hidden", &a.hidden}, {"layers", &a.layers}, {"inputs", &a.inputs},
-        {"classes", &a.classes}, {"threads", &a.threads}, {"log-every", &a.log_every}};
+        {"stages", &a.stages},   {"replicas", &a.replicas},  {"microbatches", &a.microbatches},
+        {"steps", &a.steps},     {"batch", &a.batch},        {"hidden", &a.hidden},
+        {"layers", &a.layers},   {"inputs", &a.inputs},      {"classes", &a.classes},
+        {"threads", &a.threads}, {"log-every", &a.log_every}};
     if (const auto it = ints.find(flag); it != ints.end()) {
       *it->second = number<int>(flag, value);
       if (*it->second < (flag == "stages" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
@@ -241,16 +242,20 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   const std::chrono::milliseconds timeout(a.timeout_ms);
   conveyor::ProcessGroups::Options group_options;
   group_options.timeout = timeout;
-  auto groups = std::make_shared<conveyor::ProcessGroups>(conveyor::connect_store(env, std::chrono::minutes(5)),
-                                                          env.rank, conveyor::HybridLayout::for_world(env.world_size, stages),
-                                                          group_options);
+  auto groups = std::make_shared<conveyor::ProcessGroups>(
+      conveyor::connect_store(env, std::chrono::minutes(5)), env.rank,
+      conveyor::HybridLayout::for_world(env.world_size, stages), group_options);
   const double lr = a.lr;
-  auto options = conveyor::PipelineOptions().stages(stages).microbatches(a.microbatches).schedule(a.schedule)
-                     .timeout(timeout).trace(false)
+  auto options = conveyor::PipelineOptions()
+                     .stages(stages)
+                     .microbatches(a.microbatches)
+                     .schedule(a.schedule)
+                     .timeout(timeout)
+                     .trace(false)
                      .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
-  conveyor::DistributedPipeline pipe(make_model(a), options, groups,
-                                     conveyor::DistributedOptions().scale_learning_rate(a.scale_lr)
-                                         .local_rank(env.local_rank));
+  conveyor::DistributedPipeline pipe(
+      make_model(a), options, groups,
+      conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank));
   if (pipe.is_logging_rank()) {
     std::cout << "pipeline: " << stages << " stages x " << a.replicas << " replicas, schedule " << a.schedule << ", "
               << a.microbatches << " micro-batches, learning rate " << pipe.learning_rate(lr) << "\n";
@@ -259,8 +264,8 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   Meter meter;
   for (int step = 0; step < a.steps; ++step) {
     const Batch b = global_batch(a, step);
-    const auto r = pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas),
-                                   cross_entropy);
+    const auto r =
+        pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas), cross_entropy);
     meter.step_done(step, a.batch);
     if (pipe.is_logging_rank()) log_step(a, step, r.loss);
   }
@@ -277,9 +282,9 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
 int run_ddp(const Args& a, const conveyor::LaunchEnvironment& env) {
   conveyor::ProcessGroups::Options group_options;
   group_options.timeout = std::chrono::milliseconds(a.timeout_ms);
-  auto groups = std::make_shared<conveyor::ProcessGroups>(conveyor::connect_store(env, std::chrono::minutes(5)),
-                                                          env.rank, conveyor::HybridLayout::for_world(env.world_size, 1),
-                                                          group_options);
+  auto groups =
+      std::make_shared<conveyor::ProcessGroups>(conveyor::connect_store(env, std::chrono::minutes(5)), env.rank,
+                                                conveyor::HybridLayout::for_world(env.world_size, 1), group_options);
   const int replicas = env.world_size, d = groups->replica();
   const double lr = a.scale_lr ? a.lr * replicas : a.lr;
   auto model = make_model(a);
@@ -304,15 +309,15 @@ int run_ddp(const Args& a, const conveyor::LaunchEnvironment& env) {
 
 int run_data_parallel(const Args& a, const conveyor::LaunchEnvironment& env) {
   if (env.world_size != 1) {
-    throw std::invalid_argument("--parallel=dataparallel is one process driving every device; run it without "
-                                "torchrun (or with --nproc-per-node=1)");
+    throw std::invalid_argument(
+        "--parallel=dataparallel is one process driving every device; run it without "
+        "torchrun (or with --nproc-per-node=1)");
   }
   std::vector<c10::Device> devices;
   for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) devices.emplace_back(torch::kCUDA, i);
   if (devices.empty()) devices.emplace_back(torch::kCPU);
   std::cout << "dataparallel: " << devices.size() << " device(s)"
-            << (devices[0].is_cpu() ? " (the CPU is one device: this is plain single-process training)" : "")
-            << "\n";
+            << (devices[0].is_cpu() ? " (the CPU is one device: this is plain single-process training)" : "") << "\n";
   auto model = make_model(a);
   model->to(devices[0]);
   torch::optim::SGD sgd(model->parameters(), a.lr);

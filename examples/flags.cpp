@@ -12,8 +12,8 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min,
   int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size() || value < min || value > max) {
-    throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
-                     "], got '" + text + "'");
+    throw UsageError(flag + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" +
+                     text + "'");
   }
   return value;
 }

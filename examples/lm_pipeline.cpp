@@ -207,10 +207,10 @@ Data load_data(const Config& c) {
     return fixed(100.0 * static_cast<double>(std::count(ids.begin(), ids.end(), 0)) / static_cast<double>(ids.size()),
                  1);
   };
-  std::cout << "data: " << corpus.source << "\n  words: train " << ex::format_count(corpus.train.size())
-            << ", valid " << ex::format_count(corpus.valid.size()) << ", test " << ex::format_count(corpus.test.size())
-            << " (" << (c.data.empty() ? "fortunes " : "lines ") << corpus.train_entries << " / "
-            << corpus.valid_entries << " / " << corpus.test_entries << ")\n  vocabulary: " << vocab << " of "
+  std::cout << "data: " << corpus.source << "\n  words: train " << ex::format_count(corpus.train.size()) << ", valid "
+            << ex::format_count(corpus.valid.size()) << ", test " << ex::format_count(corpus.test.size()) << " ("
+            << (c.data.empty() ? "fortunes " : "lines ") << corpus.train_entries << " / " << corpus.valid_entries
+            << " / " << corpus.test_entries << ")\n  vocabulary: " << vocab << " of "
             << ex::format_count(corpus.distinct_train_words) << " distinct train words; <unk> is "
             << unk_share(corpus.train) << "% of train, " << unk_share(corpus.valid) << "% of valid\n"
             << "  unigram baseline (train counts, add-one): valid loss " << fixed(d.valid_baseline.cross_entropy, 3)
@@ -222,8 +222,8 @@ Data load_data(const Config& c) {
 // Synchronous schedules: the caller clips and steps one Adam over every
 // weight. Asynchronous ones update after every micro-batch, so the pipeline
 // steps its own Adam per stage (without clipping).
-conveyor::Pipeline make_pipeline(const Config& c, const ex::LanguageModel& model, const std::vector<std::string>& devices,
-                                 bool& synchronous) {
+conveyor::Pipeline make_pipeline(const Config& c, const ex::LanguageModel& model,
+                                 const std::vector<std::string>& devices, bool& synchronous) {
   try {
     const int stages = static_cast<int>(c.stages), microbatches = static_cast<int>(c.microbatches);
     synchronous = conveyor::schedules::make_schedule(c.schedule, stages, microbatches).synchronous();
@@ -257,11 +257,13 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
     std::cout << "\n";
   }
   const std::string schedule = pipe.schedule().str();
-  std::cout << "schedule:\n" << schedule << (schedule.ends_with("\n") ? "" : "\n") << "training: " << c.steps
-            << " steps of " << c.batch << " x " << c.bptt << " words (" << fixed(double(c.steps) / double(windows), 2)
+  std::cout << "schedule:\n"
+            << schedule << (schedule.ends_with("\n") ? "" : "\n") << "training: " << c.steps << " steps of " << c.batch
+            << " x " << c.bptt << " words (" << fixed(double(c.steps) / double(windows), 2)
             << " passes over the train split), " << (synchronous ? "Adam" : "an Adam per stage and micro-batch")
-            << " lr " << c.lr << ", clip " << (synchronous ? fixed(c.clip, 2) : "none") << ", dropout "
-            << c.dropout << "\n" << std::flush;
+            << " lr " << c.lr << ", clip " << (synchronous ? fixed(c.clip, 2) : "none") << ", dropout " << c.dropout
+            << "\n"
+            << std::flush;
 }
 
 int run(const Config& c) {

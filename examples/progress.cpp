@@ -42,20 +42,23 @@ std::string ProgressLine::str(int bar_width) const {
   const int digits = static_cast<int>(std::to_string(total).size());
   os << "step " << std::setw(digits) << step << "/" << total;
   if (bar_width > 0 && total > 0) {
-    const auto filled = static_cast<int>(static_cast<double>(bar_width) * static_cast<double>(step) /
-                                         static_cast<double>(total));
+    const auto filled =
+        static_cast<int>(static_cast<double>(bar_width) * static_cast<double>(step) / static_cast<double>(total));
     os << " [";
     for (int i = 0; i < bar_width; ++i) os << (i < filled ? '=' : i == filled ? '>' : '.');
     os << "]";
   }
-  os << std::fixed << std::setprecision(3) << "  loss " << loss << std::setprecision(1) << "  ppl "
-     << std::exp(loss) << "  " << format_count(tokens_per_second) << " tok/s  " << format_duration(elapsed_seconds)
-     << " elapsed  ETA " << format_duration(eta_seconds);
+  os << std::fixed << std::setprecision(3) << "  loss " << loss << std::setprecision(1) << "  ppl " << std::exp(loss)
+     << "  " << format_count(tokens_per_second) << " tok/s  " << format_duration(elapsed_seconds) << " elapsed  ETA "
+     << format_duration(eta_seconds);
   return os.str();
 }
 
 ProgressBar::ProgressBar(std::ostream& out, int64_t total_steps, bool interactive, int64_t every)
-    : out_(out), total_(total_steps), interactive_(interactive), every_(every),
+    : out_(out),
+      total_(total_steps),
+      interactive_(interactive),
+      every_(every),
       start_(std::chrono::steady_clock::now()) {
   if (total_steps < 1) throw std::invalid_argument("progress: total_steps must be at least 1");
   if (every < 1) throw std::invalid_argument("progress: every must be at least 1");
@@ -71,12 +74,12 @@ void ProgressBar::update(int64_t step, double loss, double tokens_per_second) {
   ProgressLine line;
   line.step = step;
   line.total = total_;
-  line.loss = std::accumulate(recent_losses_.begin(), recent_losses_.end(), 0.0) /
-              static_cast<double>(recent_losses_.size());
+  line.loss =
+      std::accumulate(recent_losses_.begin(), recent_losses_.end(), 0.0) / static_cast<double>(recent_losses_.size());
   line.tokens_per_second = tokens_per_second;
   line.elapsed_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  line.eta_seconds = step > 0 ? line.elapsed_seconds / static_cast<double>(step) * static_cast<double>(total_ - step)
-                              : -1.0;
+  line.eta_seconds =
+      step > 0 ? line.elapsed_seconds / static_cast<double>(step) * static_cast<double>(total_ - step) : -1.0;
   if (interactive_) {
     out_ << "\r" << line.str() << "\033[K" << std::flush;  // ESC[K: clear what a longer line left
     bar_drawn_ = true;

@@ -26,10 +26,10 @@
 namespace conveyor::examples {
 
 struct ResNetConfig {
-  int64_t depth = 20;        // 6n+2: 8, 14, 20, 32, 44, 56, 110
-  int64_t width = 16;        // channels of the first group
-  int64_t in_channels = 3;   // 1 for grey images
-  int64_t image_size = 32;   // height = width of the input, for the cost estimate
+  int64_t depth = 20;       // 6n+2: 8, 14, 20, 32, 44, 56, 110
+  int64_t width = 16;       // channels of the first group
+  int64_t in_channels = 3;  // 1 for grey images
+  int64_t image_size = 32;  // height = width of the input, for the cost estimate
   int64_t num_classes = 10;
 };
 
@@ -40,9 +40,12 @@ inline void check_resnet_config(const ResNetConfig& c) {
                                 std::to_string(c.depth));
   }
   if (c.width < 1) throw std::invalid_argument("ResNet width must be positive, got " + std::to_string(c.width));
-  if (c.in_channels < 1) throw std::invalid_argument("ResNet in_channels must be positive, got " + std::to_string(c.in_channels));
-  if (c.image_size < 4) throw std::invalid_argument("ResNet image_size must be at least 4, got " + std::to_string(c.image_size));
-  if (c.num_classes < 2) throw std::invalid_argument("ResNet num_classes must be at least 2, got " + std::to_string(c.num_classes));
+  if (c.in_channels < 1)
+    throw std::invalid_argument("ResNet in_channels must be positive, got " + std::to_string(c.in_channels));
+  if (c.image_size < 4)
+    throw std::invalid_argument("ResNet image_size must be at least 4, got " + std::to_string(c.image_size));
+  if (c.num_classes < 2)
+    throw std::invalid_argument("ResNet num_classes must be at least 2, got " + std::to_string(c.num_classes));
 }
 
 inline int64_t resnet_blocks_per_group(const ResNetConfig& c) { return (c.depth - 2) / 6; }
@@ -139,8 +142,8 @@ inline std::vector<ResNetElement> resnet_elements(const ResNetConfig& c) {
       in = width;
     }
   }
-  out.push_back({"head(" + std::to_string(in) + "->" + std::to_string(c.num_classes) + ")",
-                 double(in * c.num_classes)});
+  out.push_back(
+      {"head(" + std::to_string(in) + "->" + std::to_string(c.num_classes) + ")", double(in * c.num_classes)});
   return out;
 }
 

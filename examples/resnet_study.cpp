@@ -6,8 +6,8 @@
 
 #include "examples/digits_data.h"
 #include "examples/flags.h"
-#include "examples/resnet_tables.h"
 #include "examples/resnet.h"
+#include "examples/resnet_tables.h"
 #include "plugin/conveyor.h"
 
 #include <torch/torch.h>
@@ -122,14 +122,22 @@ int64_t parse_count(const std::string& flag, const std::string& text, int64_t mi
 // Returns false when --help was asked for.
 bool parse_args(int argc, char** argv, Config& c) {
   constexpr int64_t kBig = 1'000'000'000;
-  struct Count { int64_t* value; int64_t min, max; };
-  const std::map<std::string, Count> counts = {
-      {"--epochs", {&c.epochs, 1, kBig}},          {"--batch", {&c.batch, 1, kBig}},
-      {"--microbatches", {&c.microbatches, 1, 4096}}, {"--sync-microbatches", {&c.sync_microbatches, 1, 4096}},
-      {"--depth", {&c.depth, 8, 1000}},            {"--width", {&c.width, 1, 4096}},
-      {"--size", {&c.size, 8, 1024}},              {"--train-count", {&c.train_count, 1, kBig}},
-      {"--seed", {&c.seed, 0, kBig}},              {"--threads", {&c.threads, 1, 1024}},
-      {"--train-limit", {&c.train_limit, 0, kBig}}, {"--test-limit", {&c.test_limit, 0, kBig}}};
+  struct Count {
+    int64_t* value;
+    int64_t min, max;
+  };
+  const std::map<std::string, Count> counts = {{"--epochs", {&c.epochs, 1, kBig}},
+                                               {"--batch", {&c.batch, 1, kBig}},
+                                               {"--microbatches", {&c.microbatches, 1, 4096}},
+                                               {"--sync-microbatches", {&c.sync_microbatches, 1, 4096}},
+                                               {"--depth", {&c.depth, 8, 1000}},
+                                               {"--width", {&c.width, 1, 4096}},
+                                               {"--size", {&c.size, 8, 1024}},
+                                               {"--train-count", {&c.train_count, 1, kBig}},
+                                               {"--seed", {&c.seed, 0, kBig}},
+                                               {"--threads", {&c.threads, 1, 1024}},
+                                               {"--train-limit", {&c.train_limit, 0, kBig}},
+                                               {"--test-limit", {&c.test_limit, 0, kBig}}};
   const std::vector<std::string> methods = {"sequential", "gpipe", "1f1b", "ddg", "fr", "pipedream"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
@@ -179,7 +187,8 @@ ex::ImageData load_data(const Config& c) {
   try {
     if (!c.cifar.empty()) return ex::load_cifar10(c.cifar, c.train_limit, c.test_limit, static_cast<uint64_t>(c.seed));
     std::string path = c.digits;
-    for (const char* venv : std::initializer_list<const char*>{std::getenv("VIRTUAL_ENV"), CONVEYOR_SOURCE_DIR "/.venv"}) {
+    for (const char* venv :
+         std::initializer_list<const char*>{std::getenv("VIRTUAL_ENV"), CONVEYOR_SOURCE_DIR "/.venv"}) {
       if (path.empty() && venv) path = ex::find_digits_in_venv(venv);
     }
     if (path.empty()) {
@@ -213,7 +222,7 @@ double learning_rate(double peak, int64_t n, int64_t warmup, int64_t total) {
 }
 
 ex::Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetConfig& net, const std::string& method,
-              int64_t stages, double lr) {
+                  int64_t stages, double lr) {
   const bool async = !conveyor::schedules::make_schedule(method, 1, 1).synchronous();
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(c.threads > 0 ? c.threads : std::max<int64_t>(1, cores / stages)));
@@ -257,14 +266,16 @@ ex::Run train_one(const Config& c, const ex::ImageData& data, const ex::ResNetCo
       for (int64_t s = 0; s < per_epoch / per_step; ++s) {
         const at::Tensor take = order.narrow(0, s * per_step * c.batch, per_step * c.batch);
         loss_sum += per_step * pipe.train_step(data.train.images.index_select(0, take),
-                                               data.train.labels.index_select(0, take), loss_fn).loss;
+                                               data.train.labels.index_select(0, take), loss_fn)
+                                   .loss;
       }
     } catch (const conveyor::DivergenceError& e) {
       run.why = "a non-finite loss or gradient on stage " + std::to_string(e.stage());
     }
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (run.why.empty() && loss_sum / static_cast<double>(per_epoch) > diverge_loss) {
-      run.why = "mean train loss " + fixed(loss_sum / static_cast<double>(per_epoch), 2) + " > " + fixed(diverge_loss, 2);
+      run.why =
+          "mean train loss " + fixed(loss_sum / static_cast<double>(per_epoch), 2) + " > " + fixed(diverge_loss, 2);
     }
     if (!run.why.empty()) {
       run.diverged_epoch = epoch;
@@ -317,8 +328,7 @@ void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetCon
   for (const auto& p : ex::make_resnet(net)->parameters()) params += p.numel();
   std::cout << "data: " << data.source << "\n  train " << data.train.size() << ", test " << data.test.size()
             << " images of " << data.channels << "x" << data.image_size << "x" << data.image_size << "\nmodel: ResNet-"
-            << c.depth << ", width " << c.width << ", " << params << " parameters, " << elements.size()
-            << " elements:";
+            << c.depth << ", width " << c.width << ", " << params << " parameters, " << elements.size() << " elements:";
   for (const auto& e : elements) std::cout << " " << e.name;
   std::cout << "\npartitions (the first element of stages 1..K-1):\n";
   for (int64_t k : c.stages) {
@@ -327,15 +337,16 @@ void print_setup(const Config& c, const ex::ImageData& data, const ex::ResNetCon
     std::cout << "\n";
   }
   const int64_t idle = data.train.size() - per_epoch * c.batch;
-  std::cout << "training: " << c.epochs << " epochs of " << per_epoch << " updates, each on a mini-batch of "
-            << c.batch << " images"
+  std::cout << "training: " << c.epochs << " epochs of " << per_epoch << " updates, each on a mini-batch of " << c.batch
+            << " images"
             << (idle ? " (another " + std::to_string(idle) + " train images, a new draw each epoch, sit it out)" : "")
             << "; asynchronous methods: " << c.microbatches << " mini-batches (updates) per pipeline step; "
             << "gpipe/1f1b: " << c.sync_microbatches << " micro-batches per mini-batch\n  SGD momentum 0.9, weight "
             << "decay 5e-4, " << shortest(c.warmup_epochs) << " epoch(s) of linear warm-up, then a cosine to 0; "
             << "divergence: a non-finite loss or gradient, or an epoch's mean train loss above "
             << fixed(c.diverge_loss > 0 ? c.diverge_loss : 2 * std::log(static_cast<double>(data.classes)), 2)
-            << "; seed " << c.seed << "\n\n" << std::flush;
+            << "; seed " << c.seed << "\n\n"
+            << std::flush;
 }
 
 int run(const Config& c) {
@@ -349,13 +360,14 @@ int run(const Config& c) {
       for (double lr : c.lrs) {
         runs.push_back(train_one(c, data, net, method, k, lr));
         std::cout << pad(method, 11) << pad("stages " + std::to_string(k), 10) << pad("lr " + shortest(lr), 9)
-                  << ex::describe(runs.back()) << "\n" << std::flush;
+                  << ex::describe(runs.back()) << "\n"
+                  << std::flush;
       }
     }
   }
   ex::print_tables(c.stages, c.lrs, c.methods, runs);
-  std::cout << "\ntotal time " << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1)
-            << " s\n";
+  std::cout << "\ntotal time "
+            << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1) << " s\n";
   return 0;
 }
 

@@ -71,8 +71,8 @@ void print_tables(const std::vector<int64_t>& stages, const std::vector<double>&
                 const auto n = std::count_if(sel.begin(), sel.end(), [](const Run* run) { return run->diverged(); });
                 return std::to_string(n) + "/" + std::to_string(sel.size());
               });
-  print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows,
-              methods, [&](const std::string& m, size_t r) {
+  print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows, methods,
+              [&](const std::string& m, size_t r) {
                 double sum = 0;
                 int n = 0;
                 for (const Run* run : select(m, r, false)) {

@@ -118,8 +118,8 @@ std::vector<std::string> split_fortunes(std::string_view file_text) {
 
 Vocabulary Vocabulary::build(const std::vector<std::string>& tokens, int64_t max_size) {
   if (max_size < 2) {
-    throw std::invalid_argument("vocabulary size must be at least 2 (" + std::string(kUnk) +
-                                " and one word), got " + std::to_string(max_size));
+    throw std::invalid_argument("vocabulary size must be at least 2 (" + std::string(kUnk) + " and one word), got " +
+                                std::to_string(max_size));
   }
   std::unordered_map<std::string_view, int64_t> counts;
   for (const auto& t : tokens) {
@@ -251,8 +251,8 @@ int64_t TokenGrid::num_windows(int64_t bptt) const {
 TokenGrid::Window TokenGrid::window(int64_t index, int64_t bptt) const {
   const int64_t n = num_windows(bptt);
   if (index < 0 || index >= n) {
-    throw std::out_of_range("window " + std::to_string(index) + " is outside [0, " + std::to_string(n) +
-                            ") for bptt " + std::to_string(bptt));
+    throw std::out_of_range("window " + std::to_string(index) + " is outside [0, " + std::to_string(n) + ") for bptt " +
+                            std::to_string(bptt));
   }
   Window w;
   const int64_t start = index * bptt;

@@ -61,9 +61,9 @@ Split split_of(std::string_view entry, uint64_t seed);
 struct Corpus {
   std::string source;  // what was read, for the user: "42 fortune files in /usr/share/..."
   Vocabulary vocab;
-  std::vector<int64_t> train, valid, test;  // token ids, kEos included
+  std::vector<int64_t> train, valid, test;                         // token ids, kEos included
   int64_t train_entries = 0, valid_entries = 0, test_entries = 0;  // fortunes or lines
-  int64_t distinct_train_words = 0;  // before the vocabulary cap
+  int64_t distinct_train_words = 0;                                // before the vocabulary cap
 };
 
 // Every fortune file of `dir`, read in name order: the "*.dat" indexes, the
@@ -90,10 +90,10 @@ struct TokenGrid {
   std::vector<int64_t> ids;
 
   struct Window {
-    int64_t len = 0;                        // time steps
-    std::vector<int64_t> inputs, targets;   // row-major [rows, len]
+    int64_t len = 0;                       // time steps
+    std::vector<int64_t> inputs, targets;  // row-major [rows, len]
   };
-  int64_t num_windows(int64_t bptt) const;  // throws std::invalid_argument if bptt < 1
+  int64_t num_windows(int64_t bptt) const;           // throws std::invalid_argument if bptt < 1
   Window window(int64_t index, int64_t bptt) const;  // throws std::out_of_range
 };
 

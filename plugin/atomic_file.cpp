@@ -48,7 +48,8 @@ void write_atomically(const std::string& path, const std::function<void(std::ost
 }
 
 void write_atomically(const std::string& path, const std::vector<char>& bytes) {
-  write_atomically(path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+  write_atomically(path,
+                   [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
 }
 
 }  // namespace conveyor

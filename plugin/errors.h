@@ -19,8 +19,8 @@ class PipelineError : public std::runtime_error {
   PipelineError(int stage, int microbatch, std::string action, const std::string& message)
       : std::runtime_error(message), stage_(stage), microbatch_(microbatch), action_(std::move(action)) {}
 
-  int stage() const { return stage_; }            // -1 when not tied to a stage
-  int microbatch() const { return microbatch_; }  // -1 when not tied to a micro-batch
+  int stage() const { return stage_; }                   // -1 when not tied to a stage
+  int microbatch() const { return microbatch_; }         // -1 when not tied to a micro-batch
   const std::string& action() const { return action_; }  // text form, e.g. "1F3"; empty if none
 
  private:
@@ -37,7 +37,7 @@ class DivergenceError : public PipelineError {
                   const std::string& message)
       : PipelineError(stage, microbatch, std::move(action), message), step_(step), schedule_(std::move(schedule)) {}
 
-  int64_t step() const { return step_; }  // 1-based count of train steps, this one included
+  int64_t step() const { return step_; }                     // 1-based count of train steps, this one included
   const std::string& schedule() const { return schedule_; }  // the schedule's name, e.g. "pipedream"
 
  private:

@@ -65,14 +65,14 @@ void check_boundaries(const std::vector<int64_t>& boundaries, int64_t num_layers
     const int64_t b = boundaries[i];
     if (b <= 0 || b >= num_layers) {
       std::ostringstream os;
-      os << "conveyor: boundary " << i << " is " << b << ", out of range: split points must lie in (0, "
-         << num_layers << ") for a model of " << num_layers << " layers";
+      os << "conveyor: boundary " << i << " is " << b << ", out of range: split points must lie in (0, " << num_layers
+         << ") for a model of " << num_layers << " layers";
       throw std::invalid_argument(os.str());
     }
     if (i > 0 && b <= previous) {
       std::ostringstream os;
-      os << "conveyor: boundaries must be strictly increasing, but boundary " << i << " (" << b
-         << ") follows " << previous;
+      os << "conveyor: boundaries must be strictly increasing, but boundary " << i << " (" << b << ") follows "
+         << previous;
       throw std::invalid_argument(os.str());
     }
     previous = b;
@@ -105,8 +105,8 @@ std::vector<c10::Device> stage_devices(const std::vector<std::string>& names, in
                                     " but no CUDA device is available");
       }
       if (device->index() >= visible) {
-        throw std::invalid_argument("conveyor: stage " + std::to_string(k) + " is placed on " + name +
-                                    " but only " + std::to_string(visible) + " CUDA device(s) are visible");
+        throw std::invalid_argument("conveyor: stage " + std::to_string(k) + " is placed on " + name + " but only " +
+                                    std::to_string(visible) + " CUDA device(s) are visible");
       }
       if (!device->has_index()) device.emplace(c10::kCUDA, 0);
     }
@@ -123,11 +123,10 @@ int resolve_num_stages(const PipelineOptions& options) {
                                 std::to_string(options.stages()));
   }
   if (options.stages() > 0) {
-    if (!options.boundaries().empty() &&
-        options.boundaries().size() + 1 != static_cast<size_t>(options.stages())) {
-      throw std::invalid_argument("conveyor: " + std::to_string(options.boundaries().size()) +
-                                  " boundaries define " + std::to_string(options.boundaries().size() + 1) +
-                                  " stages, but stages(" + std::to_string(options.stages()) + ") was asked for");
+    if (!options.boundaries().empty() && options.boundaries().size() + 1 != static_cast<size_t>(options.stages())) {
+      throw std::invalid_argument("conveyor: " + std::to_string(options.boundaries().size()) + " boundaries define " +
+                                  std::to_string(options.boundaries().size() + 1) + " stages, but stages(" +
+                                  std::to_string(options.stages()) + ") was asked for");
     }
     return options.stages();
   }

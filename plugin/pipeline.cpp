@@ -53,7 +53,8 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
                                 "its own: give PipelineOptions::optimizer(factory)");
   }
   if (options.lr_schedule() && !options.optimizer()) {
-    throw std::invalid_argument("conveyor: lr_schedule needs the pipeline's own optimizer (PipelineOptions::optimizer)");
+    throw std::invalid_argument(
+        "conveyor: lr_schedule needs the pipeline's own optimizer (PipelineOptions::optimizer)");
   }
   if (!options.lr_schedule()) return;
   if (!schedule.synchronous() && options.lr_schedule_unit() != UpdateUnit::kMicrobatch) {
@@ -110,7 +111,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
       continue;
     }
     std::vector<std::pair<std::string, torch::nn::AnyModule>> slice(named.begin() + spec.begin,
-                                                                     named.begin() + spec.end);
+                                                                    named.begin() + spec.end);
     auto stage = std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device);
     if (schedule_.weight_stashing) stage->separate_live_weights();
     if (options_.optimizer()) stage->set_optimizer(options_.optimizer()(stage->live()));
@@ -126,8 +127,8 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
 }
 
 void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
-  TORCH_CHECK(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ",
-              num_stages(), " update counts, got ", stage_updates.size());
+  TORCH_CHECK(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ", num_stages(),
+              " update counts, got ", stage_updates.size());
   runtime_->restore_completed_steps(completed_steps);
   for (int k = 0; k < num_stages(); ++k) {
     if (is_local(k)) runtime_->stage(k).restore_updates(stage_updates[k]);

@@ -58,8 +58,7 @@ class Pipeline {
   // Only that stage's layers are moved and trained; parameters() are its
   // weights; train_step's loss is NaN and forward() undefined unless it is the
   // last stage.
-  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage,
-           std::unique_ptr<Transport> transport);
+  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage, std::unique_ptr<Transport> transport);
 
   // One training step on a whole batch: splits it into micro-batches, runs
   // the schedule, accumulates gradients. Returns the batch's loss and timings.

@@ -26,8 +26,7 @@ void validate_schedule(const std::string& text, int64_t channel_capacity) {
                       schedules::ValidateOptions{static_cast<int>(channel_capacity), true});
 }
 
-std::tuple<double, double, std::vector<int64_t>> simulate_schedule(const std::string& text,
-                                                                   std::vector<double> forward,
+std::tuple<double, double, std::vector<int64_t>> simulate_schedule(const std::string& text, std::vector<double> forward,
                                                                    std::vector<double> backward, double transfer) {
   const auto sim = schedules::simulate(schedules::Schedule::parse(text),
                                        schedules::StageCosts{std::move(forward), std::move(backward), transfer});

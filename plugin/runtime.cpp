@@ -129,7 +129,8 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
 
 StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vector<at::Tensor>* outputs) {
   const int num = num_stages();
-  TORCH_CHECK(schedule.num_stages == num, "conveyor: schedule has ", schedule.num_stages, " stages, pipeline has ", num);
+  TORCH_CHECK(schedule.num_stages == num, "conveyor: schedule has ", schedule.num_stages, " stages, pipeline has ",
+              num);
   TORCH_CHECK(static_cast<int>(data.inputs.size()) == schedule.num_microbatches, "conveyor: ", data.inputs.size(),
               " micro-batches given to a schedule of ", schedule.num_microbatches);
   const bool training = data.loss_fn != nullptr;
@@ -251,9 +252,9 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     } catch (const DivergenceError&) {
       throw;
     } catch (const std::exception& e) {
-      throw PipelineError(k, action.microbatch, action.str(),
-                          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " +
-                              message_of(e));
+      throw PipelineError(
+          k, action.microbatch, action.str(),
+          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e));
     }
     st.versions.note_peak();
     timer.end(action, st.wait_in, st.wait_out);
@@ -366,8 +367,7 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   if (k + 1 == num_stages()) {
     torch::autograd::backward({root});
   } else {
-    const at::Tensor grad =
-        waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
+    const at::Tensor grad = waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
     // An undefined gradient means nothing downstream depended on our output.
     if (grad.defined() && root.requires_grad()) torch::autograd::backward({root}, {grad});
   }

@@ -25,11 +25,11 @@ namespace conveyor {
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
 struct StepData {
-  std::vector<at::Tensor> inputs;      // per micro-batch, fed to stage 0
-  std::vector<at::Tensor> targets;     // per micro-batch, given to loss_fn on the last stage
-  std::vector<double> loss_scale;      // per micro-batch, multiplies its loss before its backward
-  std::vector<double> report_weight;   // per micro-batch, its share of the step's reported loss
-  const LossFn* loss_fn = nullptr;     // null: inference (no autograd, nothing stashed)
+  std::vector<at::Tensor> inputs;     // per micro-batch, fed to stage 0
+  std::vector<at::Tensor> targets;    // per micro-batch, given to loss_fn on the last stage
+  std::vector<double> loss_scale;     // per micro-batch, multiplies its loss before its backward
+  std::vector<double> report_weight;  // per micro-batch, its share of the step's reported loss
+  const LossFn* loss_fn = nullptr;    // null: inference (no autograd, nothing stashed)
 };
 
 struct RuntimeOptions {
@@ -49,8 +49,7 @@ class Runtime {
   // stage's output per micro-batch. Throws PipelineError naming the stage,
   // micro-batch and action of the first failure (DivergenceError for a
   // non-finite loss or gradient); the other stages stop.
-  StepResult run(const schedules::Schedule& schedule, const StepData& data,
-                 std::vector<at::Tensor>* outputs = nullptr);
+  StepResult run(const schedules::Schedule& schedule, const StepData& data, std::vector<at::Tensor>* outputs = nullptr);
 
   int num_stages() const { return static_cast<int>(stages_.size()); }
   bool is_local(int k) const { return stages_.at(k) != nullptr; }

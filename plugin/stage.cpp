@@ -51,7 +51,8 @@ at::Tensor Stage::forward(const at::Tensor& input) const {
 
 void Stage::separate_live_weights() {
   if (separate_) return;
-  TORCH_CHECK(optimizer_ == nullptr, "conveyor: stage ", index_, ": separate the live weights before the optimizer is made");
+  TORCH_CHECK(optimizer_ == nullptr, "conveyor: stage ", index_,
+              ": separate the live weights before the optimizer is made");
   live_.clear();
   for (const auto& p : params_) live_.push_back(p.detach().clone().requires_grad_(p.requires_grad()));
   separate_ = true;

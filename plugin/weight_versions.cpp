@@ -15,8 +15,7 @@ void WeightVersions::begin(std::vector<int> forward_version, const Stage& stage)
 std::shared_ptr<WeightVersion> WeightVersions::for_forward(int mb, int updates) {
   const int v = forward_version_.at(mb);
   const auto it = kept_.find(v);
-  TORCH_CHECK(it != kept_.end(), "weight version ", v, " is not available (this stage has made ", updates,
-              " updates)");
+  TORCH_CHECK(it != kept_.end(), "weight version ", v, " is not available (this stage has made ", updates, " updates)");
   std::shared_ptr<WeightVersion> version = it->second;
   if (--readers_left_[v] == 0) kept_.erase(it);
   return version;

@@ -7,15 +7,15 @@ namespace conveyor::schedules {
 
 const char* kind_name(ActionKind kind) {
   switch (kind) {
-    case ActionKind::kForward: return "forward";
-    case ActionKind::kBackward: return "backward";
+    case ActionKind::kForward:
+      return "forward";
+    case ActionKind::kBackward:
+      return "backward";
   }
   return "unknown";
 }
 
-std::string Action::str() const {
-  return std::to_string(stage) + static_cast<char>(kind) + std::to_string(microbatch);
-}
+std::string Action::str() const { return std::to_string(stage) + static_cast<char>(kind) + std::to_string(microbatch); }
 
 namespace {
 
@@ -40,9 +40,14 @@ Action Action::parse(std::string_view text) {
   if (!take_number(rest, action.stage)) throw bad("no stage number");
   if (rest.empty()) throw bad("no kind");
   switch (rest.front()) {
-    case 'F': action.kind = ActionKind::kForward; break;
-    case 'B': action.kind = ActionKind::kBackward; break;
-    default: throw bad("unknown kind");
+    case 'F':
+      action.kind = ActionKind::kForward;
+      break;
+    case 'B':
+      action.kind = ActionKind::kBackward;
+      break;
+    default:
+      throw bad("unknown kind");
   }
   rest.remove_prefix(1);
   if (!take_number(rest, action.microbatch)) throw bad("no micro-batch number");

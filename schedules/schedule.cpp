@@ -60,7 +60,8 @@ void parse_field(const std::string& word, Schedule& s, int line_no) {
     }
   };
   const auto choice = [&](const char* a, const char* b) {
-    if (value != a && value != b) bad_line(line_no, "'" + word + "': expected " + key + "=" + a + " or " + key + "=" + b);
+    if (value != a && value != b)
+      bad_line(line_no, "'" + word + "': expected " + key + "=" + a + " or " + key + "=" + b);
     return value == a;
   };
   if (key == "stages") {
@@ -76,8 +77,8 @@ void parse_field(const std::string& word, Schedule& s, int line_no) {
   } else if (key == "sync") {
     s.vertical_sync = choice("vertical", "none");
   } else {
-    bad_line(line_no, "unknown header field '" + word +
-                          "' (expected stages=K microbatches=M stash= weights= step= sync=)");
+    bad_line(line_no,
+             "unknown header field '" + word + "' (expected stages=K microbatches=M stash= weights= step= sync=)");
   }
 }
 

@@ -83,8 +83,8 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
     if (!progressed) {
       for (int k = 0; k < num; ++k) {
         if (pc[k] < s.stages[k].size()) {
-          throw ScheduleError("simulate: stage " + std::to_string(k) + " waits forever at " +
-                              s.stages[k][pc[k]].str() + ": the action it depends on never runs first");
+          throw ScheduleError("simulate: stage " + std::to_string(k) + " waits forever at " + s.stages[k][pc[k]].str() +
+                              ": the action it depends on never runs first");
         }
       }
       throw ScheduleError("simulate: the stages never all meet at a barrier");

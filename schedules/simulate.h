@@ -34,8 +34,8 @@ struct Simulation {
   double makespan = 0;
   // 1 - sum(busy) / (K * makespan): the share of stage-time spent idle.
   double bubble_fraction = 0;
-  std::vector<double> busy;         // per stage
-  std::vector<int> peak_inflight;   // per stage: most forwards not yet matched by their backward
+  std::vector<double> busy;                         // per stage
+  std::vector<int> peak_inflight;                   // per stage: most forwards not yet matched by their backward
   std::vector<std::vector<ActionTiming>> timeline;  // per stage, in order
 };
 

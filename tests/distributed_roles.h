@@ -3,9 +3,9 @@
 // role computes and writes, and the data, model and file format the tests'
 // single-process references share with them.
 
+#include "plugin/checkpoint/checkpoint.h"
 #include "plugin/distributed/distributed_pipeline.h"
 #include "test_models.h"
-#include "plugin/checkpoint/checkpoint.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -119,7 +119,9 @@ struct Worker {
     options.connect_timeout = std::chrono::seconds(30);
     return std::make_shared<ProcessGroups>(store, env.rank, HybridLayout::for_world(env.world_size, stages), options);
   }
-  std::string file(const std::string& what) const { return out + "/" + what + "-rank" + std::to_string(env.rank) + ".pt"; }
+  std::string file(const std::string& what) const {
+    return out + "/" + what + "-rank" + std::to_string(env.rank) + ".pt";
+  }
   void note(const std::string& what, const std::string& text) const {
     std::ofstream(out + "/" + what + "-rank" + std::to_string(env.rank) + ".txt") << text;
   }
@@ -136,9 +138,9 @@ inline void pipelines(Worker& w) {
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
     write_tensors(w.file(schedule), grads);
   }
-  DistributedPipeline pipe(seeded_mlp(),
-                           PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-                           groups);
+  DistributedPipeline pipe(
+      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
+      groups);
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     pipe.train_step(s.x, s.y, mse);
@@ -148,9 +150,9 @@ inline void pipelines(Worker& w) {
   // weights) that loads it takes the next step exactly as the original does.
   save_checkpoint(w.file("pipedream-ckpt"), pipe.pipeline(), {kSteps, {}});
   torch::manual_seed(9);
-  DistributedPipeline resumed(make_mlp(),
-                              PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-                              groups);
+  DistributedPipeline resumed(
+      make_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
+      groups);
   load_checkpoint(w.file("pipedream-ckpt"), resumed.pipeline());
   const Data next = global_batch(kSteps);
   pipe.train_step(next.x, next.y, mse);
@@ -229,7 +231,8 @@ inline void faulty(Worker& w) {
                               torch::nn::Tanh(), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   DistributedPipeline pipe(
-      model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout), groups);
+      model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout),
+      groups);
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);

@@ -22,7 +22,7 @@ inline void copy_parameters(const torch::nn::Module& from, torch::nn::Module& to
 
 // |got - want| <= tol (absolute) or tol * max|want| (relative).
 inline void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, bool relative,
-                  const std::string& what) {
+                         const std::string& what) {
   ASSERT_TRUE(got.defined()) << what << ": undefined";
   ASSERT_TRUE(want.defined()) << what << ": reference undefined";
   ASSERT_EQ(got.sizes(), want.sizes()) << what;

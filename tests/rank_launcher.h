@@ -24,9 +24,9 @@ extern char** environ;
 namespace conveyor::testing {
 
 struct RankExit {
-  int code = -1;            // exit status, or 128 + signal
-  double seconds = 0;       // since the launch
-  std::string log;          // stdout and stderr
+  int code = -1;       // exit status, or 128 + signal
+  double seconds = 0;  // since the launch
+  std::string log;     // stdout and stderr
 };
 
 inline int free_port() {

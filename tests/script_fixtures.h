@@ -39,6 +39,6 @@ inline void expect_same_grads(const Pipeline& pipe, const torch::jit::Module& re
 
 // Skips the test when the fixtures were not made (the binary run by hand).
 #define REQUIRE_FIXTURES()                                                              \
-  if (!std::getenv("CONVEYOR_FIXTURES")) {                                             \
+  if (!std::getenv("CONVEYOR_FIXTURES")) {                                              \
     GTEST_SKIP() << "CONVEYOR_FIXTURES is not set (ctest runs make_fixtures.py first)"; \
   }

@@ -31,7 +31,9 @@ OptimizerFactory sgd_momentum() {
 }
 
 OptimizerFactory adam() {
-  return [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01)); };
+  return [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
+  };
 }
 
 std::string label(const MethodCase& m, int k) {
@@ -46,7 +48,12 @@ void check_against_reference(const MethodCase& m, int k, const OptimizerFactory&
   auto model = testing::make_mlp();
   auto reference_model = testing::clone_of(model);
   const int microbatches = k + 2;
-  auto options = PipelineOptions().stages(k).microbatches(microbatches).schedule(m.schedule).vertical_sync(m.vertical_sync).optimizer(optimizer);
+  auto options = PipelineOptions()
+                     .stages(k)
+                     .microbatches(microbatches)
+                     .schedule(m.schedule)
+                     .vertical_sync(m.vertical_sync)
+                     .optimizer(optimizer);
   if (lr) options.lr_schedule(lr).lr_schedule_unit(UpdateUnit::kMicrobatch);
   Pipeline pipe(model, options);
   testing::ReferenceTrainer reference(testing::split_like_pipeline(reference_model, k), m.reference, optimizer, lr);
@@ -58,9 +65,8 @@ void check_against_reference(const MethodCase& m, int k, const OptimizerFactory&
     reference.step(x.tensor_split(microbatches), y.tensor_split(microbatches), testing::mse);
     const auto ref = reference_model->named_parameters();
     for (const auto& [name, p] : pipe.named_parameters()) {
-      ASSERT_TRUE(torch::equal(p, *ref.find(name)))
-          << label(m, k) << " step " << step << ": " << name << " differs by "
-          << (p - *ref.find(name)).abs().max().item<double>();
+      ASSERT_TRUE(torch::equal(p, *ref.find(name))) << label(m, k) << " step " << step << ": " << name << " differs by "
+                                                    << (p - *ref.find(name)).abs().max().item<double>();
     }
   }
   // Between steps the model's own parameters hold the live weights.
@@ -95,7 +101,8 @@ TEST(AsyncStorage, WhatEachStageKeeps) {
   const int k_stages = 4, m = 10;
   for (const char* name : {"pipedream", "ddg", "fr"}) {
     torch::manual_seed(3);
-    Pipeline pipe(testing::make_mlp(), PipelineOptions().stages(k_stages).microbatches(m).schedule(name).optimizer(sgd_momentum()));
+    Pipeline pipe(testing::make_mlp(),
+                  PipelineOptions().stages(k_stages).microbatches(m).schedule(name).optimizer(sgd_momentum()));
     const at::Tensor x = torch::randn({20, 8}, torch::kFloat64);
     const StepResult r = pipe.train_step(x, torch::tanh(x.narrow(1, 0, 3)), testing::mse);
     const bool replay = std::string(name) == "fr";
@@ -110,7 +117,12 @@ TEST(AsyncStorage, WhatEachStageKeeps) {
   // Vertical sync: stage k's in-flight micro-batches hold K-k versions and the
   // k versions it has made since, which later forwards will read, are kept
   // too: K on every stage.
-  Pipeline vs(testing::make_mlp(), PipelineOptions().stages(k_stages).microbatches(m).schedule("pipedream").vertical_sync(true).optimizer(sgd_momentum()));
+  Pipeline vs(testing::make_mlp(), PipelineOptions()
+                                       .stages(k_stages)
+                                       .microbatches(m)
+                                       .schedule("pipedream")
+                                       .vertical_sync(true)
+                                       .optimizer(sgd_momentum()));
   const at::Tensor x = torch::randn({20, 8}, torch::kFloat64);
   const StepResult r = vs.train_step(x, torch::tanh(x.narrow(1, 0, 3)), testing::mse);
   for (int k = 0; k < k_stages; ++k) EXPECT_EQ(r.peak_weight_versions[k], k_stages) << "vertical sync stage " << k;
@@ -161,14 +173,18 @@ TEST(AsyncDivergence, EveryMethodStopsAndKeepsTheLastGoodStep) {
       clean.train_step(xs[i], target(xs[i]), testing::mse);
     }
     const auto a = pipe.named_parameters(), b = clean.named_parameters();
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << name << " " << a[i].first;
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << name << " " << a[i].first;
   }
 }
 
 TEST(AsyncDivergence, ALargeLearningRateIsCaught) {
   torch::manual_seed(6);
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().stages(2).microbatches(4).schedule("pipedream").optimizer(
-                                         [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e6); }));
+  Pipeline pipe(
+      testing::make_mlp(),
+      PipelineOptions().stages(2).microbatches(4).schedule("pipedream").optimizer([](std::vector<at::Tensor> p) {
+        return std::make_unique<torch::optim::SGD>(p, 1e6);
+      }));
   const at::Tensor x = torch::randn({8, 8}, torch::kFloat64) * 100;
   try {
     for (int i = 0; i < 50; ++i) pipe.train_step(x, x.narrow(1, 0, 3) * 1e3, testing::mse);
@@ -195,12 +211,21 @@ TEST(AsyncBadInput, ClearErrors) {
                         "needs its own: give PipelineOptions::optimizer(factory)"));
   EXPECT_THAT(error_of(PipelineOptions().stages(4).microbatches(2).schedule("pipedream").optimizer(sgd_momentum())),
               HasSubstr("pipedream with 2 micro-batches cannot fill a 4-stage pipeline: give at least 4"));
-  EXPECT_THAT(error_of(PipelineOptions().stages(2).microbatches(4).schedule("fr").vertical_sync(true).optimizer(sgd_momentum())),
+  EXPECT_THAT(error_of(PipelineOptions().stages(2).microbatches(4).schedule("fr").vertical_sync(true).optimizer(
+                  sgd_momentum())),
               HasSubstr("only pipedream has vertical sync"));
   const LearningRateSchedule lr = [](int64_t) { return 0.1; };
-  EXPECT_THAT(error_of(PipelineOptions().stages(2).microbatches(4).schedule("pipedream").optimizer(sgd_momentum()).lr_schedule(lr)),
-              HasSubstr("updates the weights after every micro-batch, but the learning-rate schedule counts batches"));
-  EXPECT_THAT(error_of(PipelineOptions().stages(2).microbatches(4).schedule("gpipe").optimizer(sgd_momentum()).lr_schedule(lr).lr_schedule_unit(UpdateUnit::kMicrobatch)),
+  EXPECT_THAT(
+      error_of(
+          PipelineOptions().stages(2).microbatches(4).schedule("pipedream").optimizer(sgd_momentum()).lr_schedule(lr)),
+      HasSubstr("updates the weights after every micro-batch, but the learning-rate schedule counts batches"));
+  EXPECT_THAT(error_of(PipelineOptions()
+                           .stages(2)
+                           .microbatches(4)
+                           .schedule("gpipe")
+                           .optimizer(sgd_momentum())
+                           .lr_schedule(lr)
+                           .lr_schedule_unit(UpdateUnit::kMicrobatch)),
               HasSubstr("updates the weights once per batch, but the learning-rate schedule counts micro-batches"));
   EXPECT_THAT(error_of(PipelineOptions().stages(2).microbatches(4).lr_schedule(lr)),
               HasSubstr("lr_schedule needs the pipeline's own optimizer"));

@@ -14,7 +14,8 @@ namespace {
 
 using testing::error_of;
 
-#define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+#define EXPECT_ERROR(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 
 TEST(AsyncSchedules, DeclareWhatTheRuntimeMustDo) {
   const Schedule pd = make_pipedream(3, 4), ddg = make_ddg(3, 4), fr = make_fr(3, 4);
@@ -43,7 +44,8 @@ TEST(AsyncSchedules, TextFormCarriesDeclarationsAndBarriers) {
   for (const Schedule& s : {make_ddg(4, 6), make_fr(3, 5), make_pipedream(4, 7, true)}) {
     EXPECT_EQ(Schedule::parse(s.str()), s) << s.str();
   }
-  EXPECT_ERROR(Schedule::parse("# schedule x stash=everything\n0F0 0B0\n"), "expected stash=inputs or stash=activations");
+  EXPECT_ERROR(Schedule::parse("# schedule x stash=everything\n0F0 0B0\n"),
+               "expected stash=inputs or stash=activations");
 }
 
 TEST(AsyncSchedules, BadRequestsAreClear) {
@@ -77,8 +79,9 @@ TEST(AsyncSchedules, ValidatorChecksDeclarationsAndBarriers) {
   Schedule ahead = Schedule::parse(
       "# schedule x stages=2 microbatches=3 weights=stashed step=microbatch sync=vertical\n"
       "0F0 0B0 0F1 0B1 0F2 0B2\n1F0 1F1 1B0 1F2 1B1 1B2\n");
-  EXPECT_ERROR(validate(ahead), "action 1F1 (stage 1, position 1, forward of micro-batch 1): vertical sync needs "
-                                "weight version 1 but stage 1 has made only 0 updates by then");
+  EXPECT_ERROR(validate(ahead),
+               "action 1F1 (stage 1, position 1, forward of micro-batch 1): vertical sync needs "
+               "weight version 1 but stage 1 has made only 0 updates by then");
 }
 
 TEST(AsyncSchedules, ForwardVersionsFollowTheDelays) {

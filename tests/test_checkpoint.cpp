@@ -62,8 +62,8 @@ void expect_bit_identical(const Pipeline& a, const Pipeline& b, const std::strin
   ASSERT_EQ(pa.size(), pb.size()) << where;
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_EQ(pa[i].first, pb[i].first) << where;
-    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << where << ": " << pa[i].first << " differs by "
-                                                          << (pa[i].second - pb[i].second).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second))
+        << where << ": " << pa[i].first << " differs by " << (pa[i].second - pb[i].second).abs().max().item<double>();
   }
 }
 
@@ -115,7 +115,8 @@ std::string error_of(Fn&& fn) {
 // Dropout in both stages: reproducible only with each stage's own streams.
 torch::nn::Sequential two_dropout_mlp() {
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(0.3), torch::nn::Tanh(),
-                          torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+                          torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), torch::nn::ReLU(),
+                          torch::nn::Linear(16, 3));
   m->to(torch::kFloat64);
   return m;
 }
@@ -290,14 +291,16 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   train(saved, *saved_opt, 1);
   save_checkpoint(path, saved, {1, {saved_opt.get()}});
 
-  torch::nn::Sequential wider(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16),
-                              torch::nn::ReLU(), torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  torch::nn::Sequential wider(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16), torch::nn::ReLU(),
+                              torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   wider->to(torch::kFloat64);
   Pipeline other(wider, options(2));
   EXPECT_THAT(error_of([&] { load_checkpoint(path, other); }),
-              AllOf(HasSubstr(path), HasSubstr("different model"), HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here")));
+              AllOf(HasSubstr(path), HasSubstr("different model"),
+                    HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here")));
   Pipeline shorter(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh()), options(2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, shorter); }), AllOf(HasSubstr("different model"), HasSubstr("no '")));
+  EXPECT_THAT(error_of([&] { load_checkpoint(path, shorter); }),
+              AllOf(HasSubstr("different model"), HasSubstr("no '")));
 
   Pipeline three(testing::make_mlp(), options(3));
   const at::Tensor before = three.parameters()[0].clone();

@@ -54,8 +54,9 @@ Tensors in_process_grads(const char* schedule, int stages) {
 }
 
 Tensors in_process_pipedream(int stages) {
-  Pipeline pipe(seeded_mlp(), PipelineOptions().stages(stages).microbatches(kMicrobatches).schedule("pipedream")
-                                  .optimizer(sgd_momentum()));
+  Pipeline pipe(
+      seeded_mlp(),
+      PipelineOptions().stages(stages).microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()));
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     pipe.train_step(s.x, s.y, mse);
@@ -80,7 +81,8 @@ Tensors single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
 
 std::string logs(const std::vector<RankExit>& exits) {
   std::ostringstream os;
-  for (size_t r = 0; r < exits.size(); ++r) os << "--- rank " << r << " (exit " << exits[r].code << ")\n" << exits[r].log;
+  for (size_t r = 0; r < exits.size(); ++r)
+    os << "--- rank " << r << " (exit " << exits[r].code << ")\n" << exits[r].log;
   return os.str();
 }
 
@@ -220,9 +222,9 @@ TEST_F(FourRanks, HybridPipeDreamOnTheSameDataEqualsOnePipeline) {
 // A rank that dies mid-step: the others stop within the timeout, naming it.
 TEST(DistributedFaults, ADeadPeerStopsEveryOtherRankWithinTheTimeout) {
   const std::string out = scratch("dead");
-  const auto exits = launch("faulty", 3, out,
-                            {{"CONVEYOR_TEST_TRIP", "exit:3"}, {"CONVEYOR_TEST_TRIP_RANK", "1"},
-                             {"CONVEYOR_TEST_TIMEOUT_MS", "5000"}});
+  const auto exits = launch(
+      "faulty", 3, out,
+      {{"CONVEYOR_TEST_TRIP", "exit:3"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "5000"}});
   fs::remove_all(out);
   ASSERT_EQ(exits[1].code, 9) << logs(exits);
   for (int r : {0, 2}) {
@@ -240,9 +242,9 @@ TEST(DistributedFaults, ADeadPeerStopsEveryOtherRankWithinTheTimeout) {
 // A rank that stalls: its neighbour gives up after the timeout, not later.
 TEST(DistributedFaults, AStalledPeerTimesOut) {
   const std::string out = scratch("stall");
-  const auto exits = launch("faulty", 3, out,
-                            {{"CONVEYOR_TEST_TRIP", "stall:2"}, {"CONVEYOR_TEST_TRIP_RANK", "1"},
-                             {"CONVEYOR_TEST_TIMEOUT_MS", "1000"}});
+  const auto exits = launch(
+      "faulty", 3, out,
+      {{"CONVEYOR_TEST_TRIP", "stall:2"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "1000"}});
   fs::remove_all(out);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(exits[r].code, 1) << logs(exits);
   // Stage 1 sleeps 4 s in its second forward (1F1); stage 0 waits for the
@@ -273,9 +275,10 @@ TEST(DistributedHelpers, ShardGivesEachReplicaItsSliceAndRejectsUnevenBatches) {
   const at::Tensor batch = torch::arange(12).reshape({6, 2});
   EXPECT_TRUE(shard(batch, 1, 3).equal(batch.narrow(0, 2, 2)));
   EXPECT_TRUE(shard(batch, 0, 2, 1).equal(batch.narrow(1, 0, 1)));
-  EXPECT_THAT([&] { shard(batch, 0, 4); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr(
-                                              "a global batch of 6 samples (dimension 0 of shape [6, 2]) does not split "
-                                              "evenly among 4 replicas")));
+  EXPECT_THAT([&] { shard(batch, 0, 4); },
+              ::testing::ThrowsMessage<c10::Error>(
+                  HasSubstr("a global batch of 6 samples (dimension 0 of shape [6, 2]) does not split "
+                            "evenly among 4 replicas")));
   EXPECT_THAT([&] { shard(batch, 0, 2, 2); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("no dimension 2")));
 }
 
@@ -286,8 +289,8 @@ TEST(DistributedHelpers, LayoutPutsAReplicasStagesOnConsecutiveRanks) {
   EXPECT_EQ(layout.replica_ranks(2), (std::vector<int>{2, 5}));
   EXPECT_EQ(layout.stage_of(4), 1);
   EXPECT_EQ(layout.replica_of(4), 1);
-  EXPECT_THAT([] { HybridLayout::for_world(6, 4); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("the number of stages must divide WORLD_SIZE")));
+  EXPECT_THAT([] { HybridLayout::for_world(6, 4); }, ::testing::ThrowsMessage<std::invalid_argument>(
+                                                         HasSubstr("the number of stages must divide WORLD_SIZE")));
 }
 
 TEST(DistributedHelpers, WriteAtomicallyLeavesTheOldFileWhenWritingFails) {
@@ -295,10 +298,11 @@ TEST(DistributedHelpers, WriteAtomicallyLeavesTheOldFileWhenWritingFails) {
   fs::create_directories(dir);
   const std::string path = dir + "/model.pt";
   write_atomically(path, [](std::ostream& out) { out << "first"; });
-  EXPECT_THROW(write_atomically(path, [](std::ostream& out) {
-                 out << "half of the second";
-                 throw std::runtime_error("disk full");
-               }),
+  EXPECT_THROW(write_atomically(path,
+                                [](std::ostream& out) {
+                                  out << "half of the second";
+                                  throw std::runtime_error("disk full");
+                                }),
                std::runtime_error);
   std::ifstream in(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), "first");
@@ -314,4 +318,3 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
-

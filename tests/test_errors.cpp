@@ -45,11 +45,17 @@ TEST(BadInput, ConfigurationErrorsAreClear) {
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().stages(9)); }),
               HasSubstr("9 stages asked for a model of only 7 layers"));
   EXPECT_THAT(error_of([&] { Pipeline(torch::nn::Sequential(), PipelineOptions()); }), HasSubstr("the model is empty"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().boundaries({5, 3})); }),
+  EXPECT_THAT(error_of([&] {
+                Pipeline(mlp, PipelineOptions().boundaries({5, 3}));
+              }),
               HasSubstr("strictly increasing, but boundary 1 (3) follows 5"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().boundaries({2, 9})); }),
+  EXPECT_THAT(error_of([&] {
+                Pipeline(mlp, PipelineOptions().boundaries({2, 9}));
+              }),
               HasSubstr("boundary 1 is 9, out of range"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().stages(2).devices({"cpu", "gpu:1"})); }),
+  EXPECT_THAT(error_of([&] {
+                Pipeline(mlp, PipelineOptions().stages(2).devices({"cpu", "gpu:1"}));
+              }),
               HasSubstr("unknown device 'gpu:1' for stage 1"));
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().stages(2).schedule("zigzag")); }),
               HasSubstr("unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, pipedream, ddg, fr)"));
@@ -58,27 +64,30 @@ TEST(BadInput, ConfigurationErrorsAreClear) {
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().stages(2).microbatches(2).channel_capacity(0)); }),
               HasSubstr("deadlocks under blocking transfers with channel capacity 0"));
   EXPECT_THAT(error_of([&] {
-                Pipeline(mlp, PipelineOptions().stages(3).microbatches(2).schedule_text(
-                                  schedules::make_gpipe(2, 2).str()));
+                Pipeline(mlp,
+                         PipelineOptions().stages(3).microbatches(2).schedule_text(schedules::make_gpipe(2, 2).str()));
               }),
               HasSubstr("the schedule is for 2 stages and 2 micro-batches, the pipeline has 3 stages and 2"));
-  EXPECT_THAT(error_of([&] {
-                Pipeline(mlp, PipelineOptions().stages(1).microbatches(2).schedule_text("0F0 0B0 0F1\n"));
-              }),
-              HasSubstr("never runs the backward of micro-batch 1 (no action 0B1)"));
+  EXPECT_THAT(
+      error_of([&] { Pipeline(mlp, PipelineOptions().stages(1).microbatches(2).schedule_text("0F0 0B0 0F1\n")); }),
+      HasSubstr("never runs the backward of micro-batch 1 (no action 0B1)"));
 }
 
 TEST(BadInput, BatchesThatDoNotSplit) {
   Pipeline pipe(testing::make_mlp(), PipelineOptions().stages(2).microbatches(4));
   const auto x = torch::randn({3, 8}, torch::kFloat64);
-  EXPECT_THAT(error_of([&] { pipe.train_step(x, torch::randn({3, 3}, torch::kFloat64), testing::mse); }),
-              HasSubstr("a batch of 3 samples cannot be split into 4 micro-batches"));
   EXPECT_THAT(error_of([&] {
-                pipe.train_step(torch::randn({8, 8}, torch::kFloat64), torch::randn({6, 3}, torch::kFloat64),
-                                testing::mse);
+                pipe.train_step(x, torch::randn({3, 3}, torch::kFloat64), testing::mse);
               }),
-              HasSubstr("the input has 8 samples along dimension 0 but the target has 6"));
-  EXPECT_THAT(error_of([&] { pipe.train_step(torch::randn({8, 8}, torch::kFloat64), at::Tensor(), testing::mse); }),
+              HasSubstr("a batch of 3 samples cannot be split into 4 micro-batches"));
+  EXPECT_THAT(
+      error_of([&] {
+        pipe.train_step(torch::randn({8, 8}, torch::kFloat64), torch::randn({6, 3}, torch::kFloat64), testing::mse);
+      }),
+      HasSubstr("the input has 8 samples along dimension 0 but the target has 6"));
+  EXPECT_THAT(error_of([&] {
+                pipe.train_step(torch::randn({8, 8}, torch::kFloat64), at::Tensor(), testing::mse);
+              }),
               HasSubstr("the target is undefined"));
 }
 
@@ -96,11 +105,11 @@ TEST(BadInput, ShapeRejectedByAStageNamesTheStageAndLayer) {
     EXPECT_THAT(e.what(), HasSubstr("cannot be multiplied"));
   }
   // A target the loss rejects fails on the last stage and says so.
-  EXPECT_THAT(error_of([&] {
-                pipe.train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 7}, torch::kFloat64),
-                                testing::mse);
-              }),
-              HasSubstr("stage 1 failed in 1F0 (forward of micro-batch 0)"));
+  EXPECT_THAT(
+      error_of([&] {
+        pipe.train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 7}, torch::kFloat64), testing::mse);
+      }),
+      HasSubstr("stage 1 failed in 1F0 (forward of micro-batch 0)"));
   // A loss that is not a scalar.
   EXPECT_THAT(error_of([&] {
                 pipe.train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 3}, torch::kFloat64),
@@ -137,9 +146,12 @@ TEST(Failures, AStalledStageTimesOutWithTheWaitNamed) {
   torch::nn::Sequential model(torch::nn::Linear(4, 4), Stall(600ms), torch::nn::Linear(4, 1));
   Pipeline pipe(model, PipelineOptions().boundaries({2}).microbatches(1).timeout(100ms));
   const auto start = std::chrono::steady_clock::now();
-  const std::string error = error_of([&] { pipe.train_step(torch::randn({2, 4}), torch::randn({2, 1}), testing::mse); });
+  const std::string error = error_of([&] {
+    pipe.train_step(torch::randn({2, 4}), torch::randn({2, 1}), testing::mse);
+  });
   EXPECT_THAT(error, HasSubstr("stage 1 failed in 1F0"));
-  EXPECT_THAT(error, HasSubstr("stage 1 timed out after 100 ms waiting for the activation of micro-batch 0 from stage 0"));
+  EXPECT_THAT(error,
+              HasSubstr("stage 1 timed out after 100 ms waiting for the activation of micro-batch 0 from stage 0"));
   // The step returns once the stalled stage finishes its layer, not later.
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }

@@ -118,9 +118,9 @@ void check_against_math(const Case& c, torch::Device device, torch::Dtype dtype,
   const Result want = run([&](auto& a, auto& b, auto& d) { return math_attention(a, b, d, hidden, scale); },
                           q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), grad_out);
   const at::Tensor mask_on_device = padding.defined() ? padding.to(device) : padding;
-  const Result got = run(
-      [&](auto& a, auto& b, auto& d) { return fused_attention(a, b, d, optional_mask(mask_on_device), c.causal); },
-      q.to(device), k.to(device), v.to(device), grad_out.to(device));
+  const Result got =
+      run([&](auto& a, auto& b, auto& d) { return fused_attention(a, b, d, optional_mask(mask_on_device), c.causal); },
+          q.to(device), k.to(device), v.to(device), grad_out.to(device));
   EXPECT_EQ(got.out.scalar_type(), dtype);
   EXPECT_EQ(got.grad_q.scalar_type(), dtype);
   expect_close({got.out.cpu(), got.grad_q.cpu(), got.grad_k.cpu(), got.grad_v.cpu()}, want, tolerance);
@@ -131,14 +131,12 @@ void check_against_math(const Case& c, torch::Device device, torch::Dtype dtype,
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
-      {2, 3, 17, 17, 64, false, Padding::kNone},
-      {1, 2, 1, 1, 64, false, Padding::kNone},     // T = 1
-      {2, 2, 1, 9, 128, false, Padding::kRandom},  // one query, several keys
+      {2, 3, 17, 17, 64, false, Padding::kNone},       {1, 2, 1, 1, 64, false, Padding::kNone},  // T = 1
+      {2, 2, 1, 9, 128, false, Padding::kRandom},   // one query, several keys
       {2, 2, 13, 29, 128, true, Padding::kRandom},  // S_q < S_k, causal, padded
-      {2, 2, 31, 9, 40, true, Padding::kNone},     // S_q > S_k: rows past S_k see every key
-      {1, 3, 70, 70, 40, true, Padding::kRandom},  // spans several CUDA tiles
-      {2, 1, 21, 19, 64, false, Padding::kWholeBatch},
-      {2, 2, 11, 11, 40, true, Padding::kFirstKey},
+      {2, 2, 31, 9, 40, true, Padding::kNone},      // S_q > S_k: rows past S_k see every key
+      {1, 3, 70, 70, 40, true, Padding::kRandom},   // spans several CUDA tiles
+      {2, 1, 21, 19, 64, false, Padding::kWholeBatch}, {2, 2, 11, 11, 40, true, Padding::kFirstKey},
   };
   return all;
 }
@@ -181,9 +179,9 @@ TEST(FusedAttention, MatchesScaledDotProductAttention) {
             return at::scaled_dot_product_attention(a, b, d, allowed);
           },
           q, k, v, grad_out);
-      const Result got = run(
-          [&](auto& a, auto& b, auto& d) { return fused_attention(a, b, d, optional_mask(padding), c.causal); }, q,
-          k, v, grad_out);
+      const Result got =
+          run([&](auto& a, auto& b, auto& d) { return fused_attention(a, b, d, optional_mask(padding), c.causal); }, q,
+              k, v, grad_out);
       expect_close(got, want, tolerance);
     }
   }
@@ -235,14 +233,17 @@ TEST(FusedAttention, RejectsBadInputWithClearMessages) {
   auto expect_error = [](auto f, const std::string& text) {
     EXPECT_THAT(f, ::testing::ThrowsMessage<c10::Error>(HasSubstr(text)));
   };
-  expect_error([&] { fused_attention(q.flatten(0, 1), k, v); }, "q must be a 4-D tensor [batch, heads, seq_len, "
-                                                                 "head_dim], got a 3-D tensor of shape [6, 5, 64]");
-  expect_error([&] { fused_attention(q, torch::randn({2, 3, 7, 32}), v); },
-               "k has head_dim (dim 3) 32 but q has 64");
+  expect_error([&] { fused_attention(q.flatten(0, 1), k, v); },
+               "q must be a 4-D tensor [batch, heads, seq_len, "
+               "head_dim], got a 3-D tensor of shape [6, 5, 64]");
+  expect_error([&] { fused_attention(q, torch::randn({2, 3, 7, 32}), v); }, "k has head_dim (dim 3) 32 but q has 64");
   expect_error([&] { fused_attention(q, k, torch::randn({2, 3, 6, 64})); }, "v has seq_len (dim 2) 6 but k has 7");
   expect_error([&] { fused_attention(q, torch::randn({2, 4, 7, 64}), v); }, "k has heads (dim 1) 4 but q has 3");
-  expect_error([&] { fused_attention(q, k, v, torch::zeros({2, 6}, torch::kBool)); },
-               "key_padding_mask must have shape [batch=2, k_len=7], got [2, 6]");
+  expect_error(
+      [&] {
+        fused_attention(q, k, v, torch::zeros({2, 6}, torch::kBool));
+      },
+      "key_padding_mask must have shape [batch=2, k_len=7], got [2, 6]");
   expect_error([&] { fused_attention(q, k, v, torch::zeros({2, 7})); }, "key_padding_mask must be a bool tensor");
   expect_error([&] { fused_attention(q.to(torch::kDouble), k, v); },
                "k has dtype Float but q has dtype Double; q, k and v must share one dtype");
@@ -254,11 +255,11 @@ TEST(FusedAttentionCuda, MatchesMathReferenceOnDevice) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(10);
   std::vector<Case> all = cases();
-  all.push_back({2, 4, 300, 300, 64, true, Padding::kRandom});   // several tiles, fast path
+  all.push_back({2, 4, 300, 300, 64, true, Padding::kRandom});  // several tiles, fast path
   all.push_back({1, 2, 257, 513, 128, false, Padding::kRandom});
   all.push_back({1, 2, 130, 70, 128, true, Padding::kWholeBatch});
-  all.push_back({1, 2, 40, 200, 64, true, Padding::kRandom});    // key blocks past the last query
-  all.push_back({1, 1, 100, 100, 200, true, Padding::kNone});    // general path, large head dim
+  all.push_back({1, 2, 40, 200, 64, true, Padding::kRandom});  // key blocks past the last query
+  all.push_back({1, 1, 100, 100, 200, true, Padding::kNone});  // general path, large head dim
   for (const Case& c : all) {
     check_against_math(c, torch::kCUDA, torch::kBFloat16, 2e-2);
     check_against_math(c, torch::kCUDA, torch::kFloat16, 5e-3);

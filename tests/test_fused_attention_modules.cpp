@@ -53,9 +53,11 @@ struct MhaCase {
 
 TEST(FusedMultiheadAttention, MatchesTorchMultiheadAttention) {
   torch::manual_seed(6);
-  const std::vector<MhaCase> all = {
-      {16, 4, 16, 16, true, false}, {16, 4, 16, 16, true, true}, {16, 2, 16, 16, false, true},
-      {16, 4, 12, 12, false, false}, {16, 4, 12, 12, false, true}};  // torch's C++ module needs kdim == vdim
+  const std::vector<MhaCase> all = {{16, 4, 16, 16, true, false},
+                                    {16, 4, 16, 16, true, true},
+                                    {16, 2, 16, 16, false, true},
+                                    {16, 4, 12, 12, false, false},
+                                    {16, 4, 12, 12, false, true}};  // torch's C++ module needs kdim == vdim
   const int64_t L = 7, S = 9, N = 3;
   for (const MhaCase& c : all) {
     SCOPED_TRACE("E=" + std::to_string(c.embed_dim) + " kdim=" + std::to_string(c.kdim) + " vdim=" +
@@ -105,9 +107,9 @@ TEST(FusedMultiheadAttention, CausalFlagAndRecognisedCausalMaskMatchMaskedMath) 
   copy_parameters_by_name(*mha, *fused);
   copy_parameters_by_name(*mha, *plain);
   const at::Tensor x = torch::randn({L, N, E}, torch::kFloat64);
-  const at::Tensor float_causal = torch::zeros({L, L}, torch::kFloat64)
-                                      .masked_fill(torch::ones({L, L}, torch::kBool).triu(1),
-                                                   -std::numeric_limits<double>::infinity());
+  const at::Tensor float_causal =
+      torch::zeros({L, L}, torch::kFloat64)
+          .masked_fill(torch::ones({L, L}, torch::kBool).triu(1), -std::numeric_limits<double>::infinity());
   const at::Tensor want = std::get<0>(mha->forward(x, x, x, {}, false, float_causal));
   EXPECT_LE(relative_error(std::get<0>(fused->forward(x, x, x, {}, false)), want), 1e-10);
   EXPECT_LE(relative_error(std::get<0>(plain->forward(x, x, x, {}, false, float_causal)), want), 1e-10);

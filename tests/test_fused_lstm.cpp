@@ -19,9 +19,9 @@ namespace {
 
 using conveyor::FusedLSTM;
 using conveyor::FusedLSTMImpl;
+using ::testing::HasSubstr;
 using torch::nn::LSTM;
 using torch::nn::LSTMOptions;
-using ::testing::HasSubstr;
 using State = std::optional<std::tuple<at::Tensor, at::Tensor>>;
 using LstmResult = std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>>;
 using ForwardFn = std::function<LstmResult(const at::Tensor&, const State&)>;
@@ -79,9 +79,7 @@ void expect_same_as_torch(torch::nn::Module& fused_module, LSTM& ref, const Conf
     return std::vector<at::Tensor>{out, h_n, c_n, xi.grad(), hi.grad(), ci.grad()};
   };
   const auto got = run(fused_forward);
-  const auto want = run([&](const at::Tensor& xi, const State& s) {
-    return ref->forward(xi, s);
-  });
+  const auto want = run([&](const at::Tensor& xi, const State& s) { return ref->forward(xi, s); });
   const char* names[] = {"output", "h_n", "c_n", "grad input", "grad h0", "grad c0"};
   const size_t n = c.given_state ? 6 : 4;
   for (size_t k = 0; k < n; ++k) expect_close(got[k], want[k], tol, relative, where + " " + names[k]);
@@ -99,16 +97,13 @@ void expect_module_matches(const Config& c, torch::Dtype dtype, double tol, bool
   ref->to(dtype);
   fused->to(dtype);
   expect_same_as_torch(*fused, ref, c, dtype, torch::kCPU, tol, relative, c.str() + " " + c10::toString(dtype),
-                       [&](const at::Tensor& x, const State& s) {
-                         return fused->forward(x, s);
-                       });
+                       [&](const at::Tensor& x, const State& s) { return fused->forward(x, s); });
 }
 
 std::vector<Config> test_configs() {
   std::vector<Config> configs{
-      {5, 3, 4, 7, 1, false, true, false},  {1, 1, 3, 33, 2, true, true, true},
-      {4, 2, 5, 7, 4, true, false, true},   {3, 1, 2, 33, 3, false, false, false},
-      {1, 4, 6, 5, 1, false, true, true},
+      {5, 3, 4, 7, 1, false, true, false},   {1, 1, 3, 33, 2, true, true, true}, {4, 2, 5, 7, 4, true, false, true},
+      {3, 1, 2, 33, 3, false, false, false}, {1, 4, 6, 5, 1, false, true, true},
   };
   std::mt19937 rng(20240611);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -170,9 +165,7 @@ TEST(FusedLstm, DropoutBetweenLayersLikeTorch) {
     copy_parameters(*ref, *fused);
     ref->to(torch::kFloat64);
     fused->to(torch::kFloat64);
-    auto forward = [&](const at::Tensor& x, const State& s) {
-      return fused->forward(x, s);
-    };
+    auto forward = [&](const at::Tensor& x, const State& s) { return fused->forward(x, s); };
     // Eval: dropout is off in both. Training with p = 0 or p = 1 is deterministic
     // (keep all / drop all between layers) and must match too.
     ref->eval();
@@ -230,12 +223,18 @@ TEST(FusedLstm, StateDictRoundTrip) {
 TEST(FusedLstm, RejectsBadInputWithClearMessages) {
   FusedLSTM fused(LSTMOptions(4, 6).num_layers(2));
   EXPECT_THAT(error_of([&] { fused->forward(torch::randn({2, 3, 4, 1})); }), HasSubstr("input must be 3-D"));
-  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 5})); }),
+  EXPECT_THAT(error_of([&] {
+                fused->forward(torch::randn({5, 3, 5}));
+              }),
               HasSubstr("input feature size (input dim 2) is 5 but weight_ih_l0 expects 4"));
   const State wrong_h0 = std::make_tuple(torch::zeros({2, 2, 6}), torch::zeros({2, 3, 6}));
-  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 4}), wrong_h0); }),
+  EXPECT_THAT(error_of([&] {
+                fused->forward(torch::randn({5, 3, 4}), wrong_h0);
+              }),
               HasSubstr("h0 must have shape [num_layers, batch, hidden_size] = [2, 3, 6], got [2, 2, 6]"));
-  EXPECT_THAT(error_of([&] { fused->forward(torch::randn({5, 3, 4}, torch::kFloat64)); }),
+  EXPECT_THAT(error_of([&] {
+                fused->forward(torch::randn({5, 3, 4}, torch::kFloat64));
+              }),
               HasSubstr("weight_ih_l0 has dtype Float but input has dtype Double"));
   EXPECT_THAT(error_of([&] { FusedLSTM(LSTMOptions(4, 6).bidirectional(true)); }), HasSubstr("bidirectional"));
   EXPECT_THAT(error_of([&] { FusedLSTM(LSTMOptions(4, 6).proj_size(3)); }), HasSubstr("proj_size=3"));
@@ -243,10 +242,14 @@ TEST(FusedLstm, RejectsBadInputWithClearMessages) {
   // The op itself: rank and the weight list.
   const auto w = fused->flat_weights();
   const at::Tensor state = torch::zeros({2, 3, 6});
-  EXPECT_THAT(error_of([&] { conveyor::fused_lstm(torch::randn({3, 4}), state, state, w, true); }),
+  EXPECT_THAT(error_of([&] {
+                conveyor::fused_lstm(torch::randn({3, 4}), state, state, w, true);
+              }),
               HasSubstr("input must be 3-D [seq_len, batch, input_size], got a 2-D tensor"));
   const at::TensorList three_weights = at::TensorList(w).slice(0, 3);
-  EXPECT_THAT(error_of([&] { conveyor::fused_lstm(torch::randn({5, 3, 4}), state, state, three_weights, true); }),
+  EXPECT_THAT(error_of([&] {
+                conveyor::fused_lstm(torch::randn({5, 3, 4}), state, state, three_weights, true);
+              }),
               HasSubstr("weights must hold 4 tensors per layer"));
 }
 
@@ -255,8 +258,8 @@ TEST(FusedLstmCuda, MatchesTorchLstmOnCuda) {
   // The reference is torch::nn::LSTM on CUDA in float64, with the same
   // (dtype-rounded) weights. Batch 4 takes the persistent kernel, batch 48 the
   // per-step kernel.
-  const std::vector<Config> configs{{7, 4, 5, 33, 2, true, true, true}, {5, 48, 6, 40, 2, false, true, false},
-                                    {1, 1, 3, 7, 1, false, false, true}};
+  const std::vector<Config> configs{
+      {7, 4, 5, 33, 2, true, true, true}, {5, 48, 6, 40, 2, false, true, false}, {1, 1, 3, 7, 1, false, false, true}};
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
     for (const auto& c : configs) {
       torch::manual_seed(9);

@@ -19,15 +19,14 @@ namespace {
 using conveyor::FusedLSTMImpl;
 using conveyor::testing::copy_parameters;
 using conveyor::testing::expect_close;
+using ::testing::HasSubstr;
 using torch::nn::LSTM;
 using torch::nn::LSTMOptions;
-using ::testing::HasSubstr;
 using LstmResult = std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>>;
 
 // A Sequential of FirstOutput<LSTM> layers, as the pipeline runtime uses them.
 torch::nn::Sequential make_lstm_stack() {
-  torch::nn::Sequential m(torch::nn::Linear(4, 6),
-                          conveyor::FirstOutput<LSTM>(LSTMOptions(6, 8).batch_first(true)),
+  torch::nn::Sequential m(torch::nn::Linear(4, 6), conveyor::FirstOutput<LSTM>(LSTMOptions(6, 8).batch_first(true)),
                           conveyor::FirstOutput<LSTM>(LSTMOptions(8, 7).num_layers(2).batch_first(true)),
                           conveyor::FirstOutput<LSTM>(LSTMOptions(7, 5).batch_first(true).bidirectional(true)),
                           torch::nn::Linear(10, 3));
@@ -91,9 +90,9 @@ TEST(SwapFusedOps, LstmDirectlyInSequentialReplacesTheEntry) {
 // A user module: LSTMs in a ModuleList, a ModuleDict, and a typed member.
 struct StackNet : torch::nn::Module {
   StackNet() {
-    layers = register_module("layers", torch::nn::ModuleList(LSTM(LSTMOptions(3, 5)),
-                                                             LSTM(LSTMOptions(5, 5).num_layers(2)),
-                                                             LSTM(LSTMOptions(4, 6).proj_size(3))));
+    layers =
+        register_module("layers", torch::nn::ModuleList(LSTM(LSTMOptions(3, 5)), LSTM(LSTMOptions(5, 5).num_layers(2)),
+                                                        LSTM(LSTMOptions(4, 6).proj_size(3))));
     std::vector<std::pair<std::string, std::shared_ptr<Module>>> named{{"top", LSTM(LSTMOptions(5, 4)).ptr()}};
     by_name = register_module("by_name", torch::nn::ModuleDict(named));
     typed = register_module("typed", LSTM(LSTMOptions(4, 4)));
@@ -130,8 +129,9 @@ TEST(SwapFusedOps, ModuleListModuleDictAndTypedMembers) {
   EXPECT_EQ(net->named_modules()["typed"], net->typed.ptr());  // untouched, still consistent
 
   const at::Tensor x = torch::randn({4, 2, 3}, torch::kFloat64);
-  expect_same_outputs_and_grads(*net, *reference, [&](const at::Tensor& t) { return net->forward(t); },
-                                [&](const at::Tensor& t) { return reference->forward(t); }, x);
+  expect_same_outputs_and_grads(
+      *net, *reference, [&](const at::Tensor& t) { return net->forward(t); },
+      [&](const at::Tensor& t) { return reference->forward(t); }, x);
 
   const auto root = conveyor::swap_fused_ops(LSTM(LSTMOptions(2, 2)).ptr());
   EXPECT_TRUE(root.swapped.empty());

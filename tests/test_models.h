@@ -13,8 +13,8 @@ namespace conveyor::testing {
 
 // 7 layers: enough for K = 1..4 with several possible cuts.
 inline torch::nn::Sequential make_mlp(torch::Dtype dtype = torch::kFloat64) {
-  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
-                          torch::nn::ReLU(), torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::ReLU(),
+                          torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   m->to(dtype);
   return m;
 }
@@ -23,11 +23,10 @@ constexpr int64_t kVocab = 40;
 
 // The demo's language model in miniature: embedding -> LSTM -> LSTM -> linear.
 inline torch::nn::Sequential make_lstm_lm(torch::Dtype dtype = torch::kFloat64) {
-  torch::nn::Sequential m(
-      torch::nn::Embedding(kVocab, 8),
-      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(8, 12).batch_first(true)),
-      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(12, 12).batch_first(true)),
-      torch::nn::Linear(12, kVocab));
+  torch::nn::Sequential m(torch::nn::Embedding(kVocab, 8),
+                          conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(8, 12).batch_first(true)),
+                          conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(12, 12).batch_first(true)),
+                          torch::nn::Linear(12, kVocab));
   m->to(dtype);
   return m;
 }

@@ -25,10 +25,9 @@ TEST(Ops, ValidateAndSimulateOps) {
   } catch (const std::exception& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("backward before its forward 0F0"));
   }
-  const auto simulate =
-      op("conveyor::simulate")
-          .typed<std::tuple<double, double, std::vector<int64_t>>(const std::string&, std::vector<double>,
-                                                                  std::vector<double>, double)>();
+  const auto simulate = op("conveyor::simulate")
+                            .typed<std::tuple<double, double, std::vector<int64_t>>(
+                                const std::string&, std::vector<double>, std::vector<double>, double)>();
   const std::vector<double> f(4, 1.0), b(4, 2.0);
   const auto [makespan, bubble, peak] = simulate.call(schedules::make_1f1b(4, 8).str(), f, b, 0.0);
   EXPECT_DOUBLE_EQ(makespan, (8 + 4 - 1) * 3.0);

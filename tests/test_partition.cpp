@@ -43,9 +43,13 @@ TEST(Partition, ExplicitBoundariesDefineTheStages) {
 
 TEST(Partition, RejectsBadBoundaries) {
   const auto mlp = testing::make_mlp();
-  EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().boundaries({4, 2})); }),
+  EXPECT_THAT(error_of([&] {
+                plan_stages(mlp, PipelineOptions().boundaries({4, 2}));
+              }),
               HasSubstr("strictly increasing, but boundary 1 (2) follows 4"));
-  EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().boundaries({3, 7})); }),
+  EXPECT_THAT(error_of([&] {
+                plan_stages(mlp, PipelineOptions().boundaries({3, 7}));
+              }),
               HasSubstr("boundary 1 is 7, out of range"));
   EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().boundaries({0})); }),
               HasSubstr("boundary 0 is 0, out of range"));

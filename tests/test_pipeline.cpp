@@ -27,14 +27,15 @@ Batch lm_batch(int64_t n, int64_t seq = 5) {
 
 // Runs one step of `schedule` and one unsplit backward on a clone, then
 // compares every gradient and the loss.
-void check_exact(torch::nn::Sequential model, const Batch& batch, const LossFn& loss_fn, int stages,
-                 int microbatches, const char* schedule, double abs_tol, double rel_tol) {
+void check_exact(torch::nn::Sequential model, const Batch& batch, const LossFn& loss_fn, int stages, int microbatches,
+                 const char* schedule, double abs_tol, double rel_tol) {
   auto reference = testing::clone_of(model);
   const at::Tensor ref_loss = loss_fn(reference->forward(batch.input), batch.target);
   ref_loss.backward();
   Pipeline pipe(model, PipelineOptions().stages(stages).microbatches(microbatches).schedule(schedule));
   const StepResult r = pipe.train_step(batch.input, batch.target, loss_fn);
-  const std::string where = std::string(schedule) + " K=" + std::to_string(stages) + " M=" + std::to_string(microbatches);
+  const std::string where =
+      std::string(schedule) + " K=" + std::to_string(stages) + " M=" + std::to_string(microbatches);
   testing::expect_same_grads(pipe, reference, abs_tol, rel_tol, where);
   EXPECT_NEAR(r.loss, ref_loss.item<double>(), abs_tol + rel_tol * std::abs(ref_loss.item<double>())) << where;
 }
@@ -154,7 +155,9 @@ TEST(PipelineStats, InflightCountsFollowTheSchedule) {
     const StepResult r = pipe.train_step(b.input, b.target, testing::mse);
     ASSERT_EQ(r.peak_inflight.size(), static_cast<size_t>(k_stages));
     for (int k = 0; k < k_stages; ++k) {
-      const int expected = std::string(schedule) == "gpipe" ? m : std::string(schedule) == "1f1b" ? std::min(m, k_stages - k) : 1;
+      const int expected = std::string(schedule) == "gpipe"  ? m
+                           : std::string(schedule) == "1f1b" ? std::min(m, k_stages - k)
+                                                             : 1;
       EXPECT_EQ(r.peak_inflight[k], expected) << schedule << " stage " << k;
       EXPECT_GT(r.peak_stash_bytes[k], 0) << schedule << " stage " << k;
     }
@@ -170,8 +173,8 @@ TEST(PipelineStats, StashBytesCountBoundaryTensorsOfLiveMicrobatches) {
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Linear(16, 4));
   m->to(torch::kFloat64);
   Pipeline pipe(m, PipelineOptions().stages(2).microbatches(4).schedule("gpipe"));
-  const StepResult r = pipe.train_step(torch::randn({8, 8}, torch::kFloat64), torch::randn({8, 4}, torch::kFloat64),
-                                       testing::mse);
+  const StepResult r =
+      pipe.train_step(torch::randn({8, 8}, torch::kFloat64), torch::randn({8, 4}, torch::kFloat64), testing::mse);
   EXPECT_EQ(r.peak_stash_bytes[1], 4 * (2 * 16 + 2 * 4) * 8);
   EXPECT_EQ(r.peak_stash_bytes[0], 4 * (2 * 16) * 8);  // outputs only: stage 0's input needs no gradient
 }

@@ -57,9 +57,7 @@ std::string digits_csv(int rows) {
   return text;
 }
 
-void write_file(const fs::path& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_file(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 TEST(ResNet, Resnet20HasStemNineBlocksAndHead) {
   const ResNetConfig c{.depth = 20, .width = 4, .in_channels = 1, .image_size = 16, .num_classes = 10};
@@ -150,8 +148,7 @@ TEST(Digits, ErrorsNameTheCause) {
   write_file(dir / "bad.csv.gz", "not gzip");
   EXPECT_THAT(error_of([&] { load_digits((dir / "bad.csv.gz").string(), 16, 10, 1); }), HasSubstr("gzip -dc"));
   write_file(dir / "short.csv", digits_csv(2) + "1,2,3\n");
-  EXPECT_THAT(error_of([&] { load_digits((dir / "short.csv").string(), 16, 1, 1); }),
-              HasSubstr("line 3"));
+  EXPECT_THAT(error_of([&] { load_digits((dir / "short.csv").string(), 16, 1, 1); }), HasSubstr("line 3"));
   write_file(dir / "pixel.csv", "17," + digits_csv(1).substr(2));
   EXPECT_THAT(error_of([&] { load_digits((dir / "pixel.csv").string(), 16, 1, 1); }), HasSubstr("outside 0..16"));
   write_file(dir / "ok.csv", digits_csv(5));

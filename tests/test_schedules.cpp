@@ -21,7 +21,8 @@ using testing::error_of;
 // Asynchronous methods need at least K micro-batches.
 int first_m(const std::string& name, int k) { return make_schedule(name, k, k).synchronous() ? 1 : k; }
 
-#define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+#define EXPECT_ERROR(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 
 TEST(Action, TextFormRoundTrips) {
   EXPECT_EQ(Action::parse("0F3"), (Action{0, ActionKind::kForward, 3}));
@@ -54,7 +55,8 @@ TEST(Schedule, ParsesWithoutHeaderAndWithCommas) {
 TEST(Generators, KnownShapes) {
   EXPECT_EQ(make_gpipe(2, 3).str(),
             "# schedule gpipe stages=2 microbatches=3\n0F0 0F1 0F2 0B0 0B1 0B2\n1F0 1F1 1F2 1B0 1B1 1B2\n");
-  EXPECT_EQ(make_sequential(2, 2).str(), "# schedule sequential stages=2 microbatches=2\n0F0 0B0 0F1 0B1\n1F0 1B0 1F1 1B1\n");
+  EXPECT_EQ(make_sequential(2, 2).str(),
+            "# schedule sequential stages=2 microbatches=2\n0F0 0B0 0F1 0B1\n1F0 1B0 1F1 1B1\n");
   // 1F1B, 3 stages, 4 micro-batches: stage 0 warms up with 2 forwards.
   EXPECT_EQ(make_1f1b(3, 4).str(),
             "# schedule 1f1b stages=3 microbatches=4\n"
@@ -62,7 +64,8 @@ TEST(Generators, KnownShapes) {
             "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3\n"
             "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3\n");
   EXPECT_EQ(make_schedule("GPipe", 2, 2), make_gpipe(2, 2));
-  EXPECT_ERROR(make_schedule("zigzag", 2, 2), "unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, pipedream, ddg, fr)");
+  EXPECT_ERROR(make_schedule("zigzag", 2, 2),
+               "unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, pipedream, ddg, fr)");
   EXPECT_ERROR(make_gpipe(0, 2), "at least 1 stage");
   EXPECT_ERROR(make_1f1b(2, 0), "at least 1 micro-batch");
 }
@@ -98,9 +101,12 @@ TEST(Validate, RejectsMissingActions) {
 TEST(Validate, RejectsOutOfRangeRepeatedAndMisplacedActions) {
   EXPECT_ERROR(validate(Schedule::parse("# schedule x stages=1 microbatches=2\n0F0 0F5 0B0 0B5\n")),
                "action 0F5 (stage 0, position 1, forward of micro-batch 5): micro-batch out of range [0, 2)");
-  EXPECT_ERROR(validate(Schedule::parse("0F0 0F0 0B0\n")), "action 0F0 (stage 0, position 1, forward of micro-batch 0) is repeated");
-  EXPECT_ERROR(validate(Schedule::parse("0F0 0B0\n0F0 0B0\n")), "action 0F0 (stage 0, position 0, forward of micro-batch 0) is listed for stage 1");
-  EXPECT_ERROR(validate(Schedule::parse("# schedule x stages=3 microbatches=1\n0F0 0B0\n")), "declares 3 stages but lists actions for 1");
+  EXPECT_ERROR(validate(Schedule::parse("0F0 0F0 0B0\n")),
+               "action 0F0 (stage 0, position 1, forward of micro-batch 0) is repeated");
+  EXPECT_ERROR(validate(Schedule::parse("0F0 0B0\n0F0 0B0\n")),
+               "action 0F0 (stage 0, position 0, forward of micro-batch 0) is listed for stage 1");
+  EXPECT_ERROR(validate(Schedule::parse("# schedule x stages=3 microbatches=1\n0F0 0B0\n")),
+               "declares 3 stages but lists actions for 1");
 }
 
 TEST(Validate, RejectsDeadlocks) {
@@ -118,7 +124,8 @@ TEST(Validate, RejectsDeadlocks) {
   EXPECT_ERROR(validate(make_1f1b(2, 2), {0, true}), "deadlocks under blocking transfers with channel capacity 0");
   EXPECT_NO_THROW(validate(make_gpipe(3, 4), {0, true}));
   // A cycle: stage 0's backward needs stage 1's, which needs its forward, which stage 0 has not sent.
-  EXPECT_ERROR(validate(Schedule::parse("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0\n")), "stage 0 blocks at 0B0 waiting for the gradient");
+  EXPECT_ERROR(validate(Schedule::parse("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0\n")),
+               "stage 0 blocks at 0B0 waiting for the gradient");
 }
 
 double expected_bubble(int k, int m) { return static_cast<double>(k - 1) / (m + k - 1); }

@@ -18,9 +18,9 @@ namespace conveyor {
 namespace {
 
 using ::testing::ElementsAre;
+using testing::fixture;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
-using testing::fixture;
 
 // Whether any method of `module` (not its children) calls `op`.
 bool calls(const torch::jit::Module& module, const std::string& op) {
@@ -146,8 +146,7 @@ TEST(ScriptSwap, APipelineOfTheSwappedModelKeepsTheUnsplitGradients) {
       const std::string where = std::string(schedule) + " K=" + std::to_string(k);
       torch::jit::Module model = load_script(fixture("lstm_lm.pt"));
       EXPECT_EQ(swap_fused_ops(model).swapped.size(), 2u) << where;
-      const auto pipe =
-          make_script_pipeline(model, PipelineOptions().stages(k).microbatches(3).schedule(schedule));
+      const auto pipe = make_script_pipeline(model, PipelineOptions().stages(k).microbatches(3).schedule(schedule));
       pipe->train_step(tokens, targets, testing::lm_loss);
       testing::expect_same_grads(*pipe, reference, 1e-10, where);
     }

@@ -188,7 +188,7 @@ TEST(Batchify, RowsAreContiguousStreamsAndTargetsAreShiftedByOne) {
   for (int64_t i = 0; i < 23; ++i) stream[i] = i;
   const TokenGrid grid = batchify(stream, 3, "train");
   EXPECT_EQ(grid.rows, 3);
-  EXPECT_EQ(grid.cols, 7);  // 23 / 3; the last 2 tokens are dropped
+  EXPECT_EQ(grid.cols, 7);            // 23 / 3; the last 2 tokens are dropped
   ASSERT_EQ(grid.num_windows(4), 2);  // 6 targets per row: 4 + 2
 
   const auto w0 = grid.window(0, 4);
@@ -264,8 +264,12 @@ TEST(Progress, FormatsDurationsAndCounts) {
   EXPECT_EQ(format_count(8412.4), "8,412");
   EXPECT_EQ(format_count(999), "999");
   EXPECT_EQ(format_count(1234567), "1,234,567");
-  ProgressLine line{.step = 3, .total = 12, .loss = std::log(100.0), .tokens_per_second = 1500,
-                    .elapsed_seconds = 30, .eta_seconds = 90};
+  ProgressLine line{.step = 3,
+                    .total = 12,
+                    .loss = std::log(100.0),
+                    .tokens_per_second = 1500,
+                    .elapsed_seconds = 30,
+                    .eta_seconds = 90};
   EXPECT_EQ(line.str(4), "step  3/12 [=>..]  loss 4.605  ppl 100.0  1,500 tok/s  0:30 elapsed  ETA 1:30");
 }
 

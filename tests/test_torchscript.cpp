@@ -30,12 +30,15 @@ struct Case {
 
 Case make_case(const std::string& file) {
   torch::manual_seed(3);
-  if (file == "mlp.pt") return {"mlp.pt", torch::randn({12, 8}, torch::kFloat64), torch::randn({12, 3}, torch::kFloat64), testing::mse};
+  if (file == "mlp.pt")
+    return {"mlp.pt", torch::randn({12, 8}, torch::kFloat64), torch::randn({12, 3}, torch::kFloat64), testing::mse};
   if (file == "lstm_lm.pt") {
-    return {"lstm_lm.pt", torch::randint(testing::kVocab, {6, 5}), torch::randint(testing::kVocab, {6, 5}), testing::lm_loss};
+    return {"lstm_lm.pt", torch::randint(testing::kVocab, {6, 5}), torch::randint(testing::kVocab, {6, 5}),
+            testing::lm_loss};
   }
   if (file == "resnet.pt") {
-    return {"resnet.pt", torch::randn({8, 3, 8, 8}, torch::kFloat64), torch::randn({8, 5}, torch::kFloat64), testing::mse};
+    return {"resnet.pt", torch::randn({8, 3, 8, 8}, torch::kFloat64), torch::randn({8, 5}, torch::kFloat64),
+            testing::mse};
   }
   return {"nonchain.pt", torch::randn({10, 8}, torch::kFloat64), torch::randn({10, 3}, torch::kFloat64), testing::mse};
 }
@@ -76,8 +79,9 @@ TEST(ScriptPipeline, LayersShareTheModelsTensorsAndNames) {
   const auto pipe = make_script_pipeline(model, PipelineOptions().stages(2));
   std::vector<std::string> names;
   for (const auto& [name, p] : pipe->named_parameters()) names.push_back(name);
-  EXPECT_THAT(names, ::testing::ElementsAre("stem.weight", "stem.bias", "encoder.layer1.weight", "encoder.layer1.bias",
-                                            "encoder.layer2.weight", "encoder.layer2.bias", "head.weight", "head.bias"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("stem.weight", "stem.bias", "encoder.layer1.weight", "encoder.layer1.bias",
+                                     "encoder.layer2.weight", "encoder.layer2.bias", "head.weight", "head.bias"));
   std::map<std::string, at::Tensor> script;
   for (const auto& p : model.named_parameters()) script[p.name] = p.value;
   for (const auto& [name, p] : pipe->named_parameters()) {
@@ -98,7 +102,8 @@ TEST(ScriptPipeline, NestedSplitPointsCutInsideASubmodule) {
   const std::vector<std::string> split = {"encoder.layer2", "head"};
   EXPECT_EQ(split_point_boundaries(split), (std::vector<int64_t>{1, 2}));
   for (const char* schedule : {"gpipe", "1f1b"}) {
-    check_exact("mlp.pt", PipelineOptions().microbatches(4).schedule(schedule), split, std::string("nested ") + schedule);
+    check_exact("mlp.pt", PipelineOptions().microbatches(4).schedule(schedule), split,
+                std::string("nested ") + schedule);
   }
   const auto pipe = make_script_pipeline(load_script(fixture("mlp.pt")), PipelineOptions(), split);
   ASSERT_EQ(pipe->num_stages(), 3);
@@ -107,8 +112,9 @@ TEST(ScriptPipeline, NestedSplitPointsCutInsideASubmodule) {
   EXPECT_THAT(stage1, ::testing::ElementsAre("stage1.encoder.layer2.weight", "stage1.encoder.layer2.bias"));
   std::vector<std::string> names;
   for (const auto& [name, p] : model_named_parameters(*pipe)) names.push_back(name);
-  EXPECT_THAT(names, ::testing::ElementsAre("stem.weight", "stem.bias", "encoder.layer1.weight", "encoder.layer1.bias",
-                                            "encoder.layer2.weight", "encoder.layer2.bias", "head.weight", "head.bias"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre("stem.weight", "stem.bias", "encoder.layer1.weight", "encoder.layer1.bias",
+                                     "encoder.layer2.weight", "encoder.layer2.bias", "head.weight", "head.bias"));
 }
 
 TEST(ScriptPipeline, SplitPointsPipelineAForwardThatIsNoChain) {
@@ -261,18 +267,24 @@ TEST(ScriptErrors, ANonChainForwardWithoutSplitPointsNamesTheNodeAndSuggestsSpli
 TEST(ScriptErrors, BadSplitPointsAreNamed) {
   REQUIRE_FIXTURES();
   const torch::jit::Module mlp = load_script(fixture("mlp.pt"));
-  EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"encoder", "encoder.layer9"}); }),
+  EXPECT_THAT(error_of([&] {
+                sequential_from_script(mlp, {"encoder", "encoder.layer9"});
+              }),
               AllOf(HasSubstr("split point 1 ('encoder.layer9') names no submodule"),
                     HasSubstr("'encoder' has no submodule 'layer9' (its submodules: layer1, act, layer2)")));
   EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"decoder"}); }),
               AllOf(HasSubstr("split point 0 ('decoder') names no submodule"), HasSubstr("stem, encoder, act, head")));
-  EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"head", "encoder"}); }),
+  EXPECT_THAT(error_of([&] {
+                sequential_from_script(mlp, {"head", "encoder"});
+              }),
               AllOf(HasSubstr("split points out of order"), HasSubstr("'encoder' is called before 'head'")));
   EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"stem"}); }), HasSubstr("stage 0 would be empty"));
   // Inside a residual block both the block's input and the branch cross the cut.
   EXPECT_THAT(error_of([&] { sequential_from_script(load_script(fixture("resnet.pt")), {"block1.conv2"}); }),
               AllOf(HasSubstr("split point 'block1.conv2': 2 values cross the cut"), HasSubstr("exactly one tensor")));
-  EXPECT_THAT(error_of([&] { make_script_pipeline(mlp, PipelineOptions().stages(2), {"encoder", "head"}); }),
+  EXPECT_THAT(error_of([&] {
+                make_script_pipeline(mlp, PipelineOptions().stages(2), {"encoder", "head"});
+              }),
               HasSubstr("2 split points make 3 stages, but the options ask for 2"));
 }
 

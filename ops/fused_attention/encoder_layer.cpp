@@ -9,13 +9,11 @@
 
 namespace conveyor {
 
-EncoderLayerImpl::EncoderLayerImpl(torch::nn::TransformerEncoderLayerOptions options_)
-    : options(std::move(options_)) {
+EncoderLayerImpl::EncoderLayerImpl(torch::nn::TransformerEncoderLayerOptions options_) : options(std::move(options_)) {
   build(/*clone_attention=*/false);
 }
 
-EncoderLayerImpl::EncoderLayerImpl(torch::nn::TransformerEncoderLayerOptions options_,
-                                   torch::nn::AnyModule self_attn_)
+EncoderLayerImpl::EncoderLayerImpl(torch::nn::TransformerEncoderLayerOptions options_, torch::nn::AnyModule self_attn_)
     : options(std::move(options_)), self_attn(std::move(self_attn_)) {
   TORCH_CHECK(!self_attn.is_empty(), "EncoderLayer: the self_attn module is empty");
   build(/*clone_attention=*/false);

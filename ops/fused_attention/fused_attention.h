@@ -40,8 +40,7 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, 
 
 // The backward kernel: (grad_q, grad_k, grad_v) from the forward's out and lse.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal,
-    std::optional<double> scale);
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal, std::optional<double> scale);
 
 }  // namespace conveyor

@@ -23,8 +23,7 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [out, lse] = fused_attention_forward(q, k, v, key_padding_mask, causal, scale);
     ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["key_padding_mask"] =
-        key_padding_mask.has_value() ? c10::IValue(*key_padding_mask) : c10::IValue();
+    ctx->saved_data["key_padding_mask"] = key_padding_mask.has_value() ? c10::IValue(*key_padding_mask) : c10::IValue();
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     return out;

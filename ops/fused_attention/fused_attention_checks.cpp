@@ -28,8 +28,7 @@ void check_like_q(const at::Tensor& t, const char* name, const at::Tensor& q) {
               t.sizes());
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), "fused_attention: ", name, " has dtype ", t.scalar_type(),
               " but q has dtype ", q.scalar_type());
-  TORCH_CHECK(t.device() == q.device(), "fused_attention: ", name, " is on ", t.device(), " but q is on ",
-              q.device());
+  TORCH_CHECK(t.device() == q.device(), "fused_attention: ", name, " is on ", t.device(), " but q is on ", q.device());
 }
 
 }  // namespace
@@ -60,13 +59,15 @@ AttentionShape check_forward_inputs(const at::Tensor& q, const at::Tensor& k, co
   const AttentionShape shape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     const at::Tensor& mask = *key_padding_mask;
-    TORCH_CHECK(mask.scalar_type() == at::kBool, "fused_attention: key_padding_mask must be a bool tensor "
-                "(true = ignore that key), got dtype ", mask.scalar_type());
+    TORCH_CHECK(mask.scalar_type() == at::kBool,
+                "fused_attention: key_padding_mask must be a bool tensor "
+                "(true = ignore that key), got dtype ",
+                mask.scalar_type());
     TORCH_CHECK(mask.dim() == 2 && mask.size(0) == shape.batch && mask.size(1) == shape.k_len,
                 "fused_attention: key_padding_mask must have shape [batch=", shape.batch, ", k_len=", shape.k_len,
                 "], got ", mask.sizes());
-    TORCH_CHECK(mask.device() == q.device(), "fused_attention: key_padding_mask is on ", mask.device(),
-                " but q is on ", q.device());
+    TORCH_CHECK(mask.device() == q.device(), "fused_attention: key_padding_mask is on ", mask.device(), " but q is on ",
+                q.device());
   }
   return shape;
 }
@@ -93,8 +94,6 @@ double resolve_scale(std::optional<double> scale, int64_t head_dim) {
   return s;
 }
 
-at::ScalarType accumulate_dtype(at::ScalarType input) {
-  return input == at::kDouble ? at::kDouble : at::kFloat;
-}
+at::ScalarType accumulate_dtype(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
 
 }  // namespace conveyor::attention

@@ -3,8 +3,8 @@
 // kernels must reproduce, fully masked query rows included (output 0, lse 0,
 // zero gradients), and it is what the CPU tests and the CPU pipeline run.
 
-#include "ops/fused_attention/fused_attention_checks.h"
 #include "ops/fused_attention/fused_attention.h"
+#include "ops/fused_attention/fused_attention_checks.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -43,10 +43,9 @@ at::Tensor masked_scores(const at::Tensor& q, const at::Tensor& k, const Attenti
   return scores;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                         const at::Tensor& v,
-                                                         const std::optional<at::Tensor>& key_padding_mask,
-                                                         bool causal, std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const std::optional<at::Tensor>& key_padding_mask, bool causal,
+                                                         std::optional<double> scale) {
   const AttentionShape s = attention::check_forward_inputs(q, k, v, key_padding_mask);
   const at::ScalarType acc = attention::accumulate_dtype(q.scalar_type());
   if (s.k_len == 0) {  // no keys at all: every row is fully masked
@@ -69,10 +68,11 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cpu(const at::Tensor& q, co
   return {out.to(q.scalar_type()), lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal,
-    std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(const at::Tensor& grad_out, const at::Tensor& q,
+                                                                      const at::Tensor& k, const at::Tensor& v,
+                                                                      const at::Tensor& out, const at::Tensor& lse,
+                                                                      const std::optional<at::Tensor>& key_padding_mask,
+                                                                      bool causal, std::optional<double> scale) {
   const AttentionShape s = attention::check_backward_inputs(grad_out, q, k, v, out, lse, key_padding_mask);
   if (s.k_len == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
   const double softmax_scale = attention::resolve_scale(scale, s.head_dim);
@@ -97,8 +97,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
 }
 
 at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::optional<at::Tensor>& key_padding_mask, bool causal,
-                         std::optional<double> scale) {
+                         const std::optional<at::Tensor>& key_padding_mask, bool causal, std::optional<double> scale) {
   return std::get<0>(attention_forward_cpu(q, k, v, key_padding_mask, causal, scale));
 }
 

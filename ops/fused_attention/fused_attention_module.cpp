@@ -36,8 +36,10 @@ bool is_causal_mask(const at::Tensor& attn_mask, int64_t q_len, int64_t k_len) {
 
 at::Tensor bool_key_padding_mask(const at::Tensor& mask) {
   if (!mask.defined() || mask.scalar_type() == at::kBool) return mask;
-  TORCH_CHECK(mask.scalar_type() == at::kByte, "FusedMultiheadAttention: key_padding_mask must be bool "
-              "(true = ignore that key) or uint8, got dtype ", mask.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kByte,
+              "FusedMultiheadAttention: key_padding_mask must be bool "
+              "(true = ignore that key) or uint8, got dtype ",
+              mask.scalar_type());
   return mask.ne(0);
 }
 
@@ -89,12 +91,12 @@ void FusedMultiheadAttentionImpl::use_parameters_of(const torch::nn::MultiheadAt
                   o.kdim() == options.kdim() && o.vdim() == options.vdim() && o.bias() == options.bias() &&
                   o.add_bias_kv() == options.add_bias_kv() && o.add_zero_attn() == options.add_zero_attn(),
               "FusedMultiheadAttention::use_parameters_of: the MultiheadAttention's options differ from this "
-              "module's (embed_dim ", o.embed_dim(), " vs ", options.embed_dim(), ", num_heads ", o.num_heads(),
-              " vs ", options.num_heads(), ", kdim ", o.kdim(), " vs ", options.kdim(), ", vdim ", o.vdim(), " vs ",
-              options.vdim(), ")");
+              "module's (embed_dim ",
+              o.embed_dim(), " vs ", options.embed_dim(), ", num_heads ", o.num_heads(), " vs ", options.num_heads(),
+              ", kdim ", o.kdim(), " vs ", options.kdim(), ", vdim ", o.vdim(), " vs ", options.vdim(), ")");
   auto adopt = [&](const char* name, at::Tensor& member, const at::Tensor& source) {
-    TORCH_CHECK(member.defined() == source.defined(), "FusedMultiheadAttention::use_parameters_of: parameter ",
-                name, " is defined in only one of the two modules");
+    TORCH_CHECK(member.defined() == source.defined(), "FusedMultiheadAttention::use_parameters_of: parameter ", name,
+                " is defined in only one of the two modules");
     if (!source.defined()) return;
     TORCH_CHECK(source.sizes() == member.sizes(), "FusedMultiheadAttention::use_parameters_of: parameter ", name,
                 " has shape ", source.sizes(), ", expected ", member.sizes());
@@ -116,9 +118,11 @@ void FusedMultiheadAttentionImpl::pretty_print(std::ostream& stream) const {
          << ", num_heads=" << options.num_heads() << ", causal=" << (causal ? "true" : "false") << ")";
 }
 
-std::tuple<at::Tensor, at::Tensor> FusedMultiheadAttentionImpl::forward(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_padding_mask,
-    bool need_weights, const at::Tensor& attn_mask, bool average_attn_weights) {
+std::tuple<at::Tensor, at::Tensor> FusedMultiheadAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
+                                                                        const at::Tensor& value,
+                                                                        const at::Tensor& key_padding_mask,
+                                                                        bool need_weights, const at::Tensor& attn_mask,
+                                                                        bool average_attn_weights) {
   const int64_t E = options.embed_dim();
   TORCH_CHECK(query.dim() == 3 && query.size(2) == E, "FusedMultiheadAttention: query must be [L, N, embed_dim=", E,
               "], got ", query.sizes());
@@ -150,8 +154,8 @@ std::tuple<at::Tensor, at::Tensor> FusedMultiheadAttentionImpl::math_forward(
     bool need_weights, const at::Tensor& attn_mask, bool average_attn_weights) {
   at::Tensor mask = additive_mask(attn_mask, query.options());
   if (causal) {
-    const at::Tensor causal_mask = additive_mask(above_diagonal(query.size(0), key.size(0), query.options()),
-                                                 query.options());
+    const at::Tensor causal_mask =
+        additive_mask(above_diagonal(query.size(0), key.size(0), query.options()), query.options());
     mask = mask.defined() ? mask + causal_mask : causal_mask;
   }
   auto opts = F::MultiheadAttentionForwardFuncOptions(options.embed_dim(), options.num_heads(), in_proj_weight,
@@ -163,8 +167,10 @@ std::tuple<at::Tensor, at::Tensor> FusedMultiheadAttentionImpl::math_forward(
                   .attn_mask(mask)
                   .average_attn_weights(average_attn_weights);
   if (!_qkv_same_embed_dim) {
-    opts.use_separate_proj_weight(true).q_proj_weight(q_proj_weight).k_proj_weight(k_proj_weight).v_proj_weight(
-        v_proj_weight);
+    opts.use_separate_proj_weight(true)
+        .q_proj_weight(q_proj_weight)
+        .k_proj_weight(k_proj_weight)
+        .v_proj_weight(v_proj_weight);
   }
   return F::multi_head_attention_forward(query, key, value, opts);
 }
@@ -208,9 +214,9 @@ at::Tensor FusedMultiheadAttentionImpl::fused_forward(const at::Tensor& query, c
   }
   // [len, N, E] -> [N, H, len, head_dim]
   auto split_heads = [&](const at::Tensor& t) { return t.reshape({t.size(0), N, H, head_dim}).permute({1, 2, 0, 3}); };
-  const at::Tensor attended = fused_attention(split_heads(q), split_heads(k), split_heads(v),
-                                              mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
-                                              causal_now, std::nullopt);
+  const at::Tensor attended =
+      fused_attention(split_heads(q), split_heads(k), split_heads(v),
+                      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, causal_now, std::nullopt);
   return out_proj(attended.permute({2, 0, 1, 3}).reshape({L, N, E}));
 }
 

@@ -30,8 +30,8 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, 
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal,
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal,
     std::optional<double> scale) {
   static const auto op =
       c10::Dispatcher::singleton()
@@ -46,14 +46,17 @@ TORCH_LIBRARY_FRAGMENT(conveyor, m) {
   // out = softmax(q k^T * scale, hidden keys at -inf) v; q, k, v [B, H, S, D];
   // key_padding_mask bool [B, S_k], true = ignore; causal is top-left aligned;
   // scale defaults to 1/sqrt(D). Differentiable in q, k and v.
-  m.def("fused_attention(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask=None, bool causal=False, "
-        "float? scale=None) -> Tensor");
+  m.def(
+      "fused_attention(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask=None, bool causal=False, "
+      "float? scale=None) -> Tensor");
   // (out, lse [B, H, S_q]), the kernel the autograd function saves from.
-  m.def("fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask=None, bool causal=False, "
-        "float? scale=None) -> (Tensor, Tensor)");
+  m.def(
+      "fused_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask=None, bool causal=False, "
+      "float? scale=None) -> (Tensor, Tensor)");
   // (grad_q, grad_k, grad_v); recomputes the probabilities from lse.
-  m.def("fused_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "Tensor? key_padding_mask=None, bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "fused_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor? key_padding_mask=None, bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)");
 }
 
 }  // namespace conveyor

@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm(const at::Tensor& inpu
 // Shapes as fused_lstm's: time-major input, [L, B, H] states.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_layers(const at::Tensor& input, const at::Tensor& h0,
                                                                  const at::Tensor& c0, at::TensorList weights,
-                                                                 bool has_biases, int64_t num_layers,
-                                                                 double dropout, bool train);
+                                                                 bool has_biases, int64_t num_layers, double dropout,
+                                                                 bool train);
 
 }  // namespace conveyor

@@ -9,8 +9,8 @@
 // What fused_lstm cannot run (two directions, a projection, a device without
 // a fused kernel) goes to at::lstm, so the node gives torch's result whatever
 // the module's options turn out to be.
-#include "ops/fused_lstm/fused_lstm.h"
 #include "ops/fused_lstm/fused_lstm_aten.h"
+#include "ops/fused_lstm/fused_lstm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -35,13 +35,12 @@ bool has_fused_kernel(const c10::Device& device) {
   return device.is_cpu() || (device.is_cuda() && cuda);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx,
-                                                    at::TensorList params, bool has_biases, int64_t num_layers,
-                                                    double dropout, bool train, bool bidirectional,
-                                                    bool batch_first) {
-  const bool fused = !aten_lstm_unsupported(bidirectional, static_cast<int64_t>(params.size()), has_biases,
-                                            num_layers) &&
-                     input.dim() == 3 && hx.size() == 2 && has_fused_kernel(input.device());
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
+                                                    bool has_biases, int64_t num_layers, double dropout, bool train,
+                                                    bool bidirectional, bool batch_first) {
+  const bool fused =
+      !aten_lstm_unsupported(bidirectional, static_cast<int64_t>(params.size()), has_biases, num_layers) &&
+      input.dim() == 3 && hx.size() == 2 && has_fused_kernel(input.device());
   if (!fused) {
     return at::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
   }
@@ -55,8 +54,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at:
 }  // namespace conveyor
 
 TORCH_LIBRARY_FRAGMENT(conveyor, m) {
-  m.def("lstm(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, float dropout,"
-        " bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "lstm(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, float dropout,"
+      " bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)");
 }
 
 // Composite: autograd comes from the ops it calls (fused_lstm's own backward).

@@ -18,8 +18,7 @@ class FusedLstmFunction : public torch::autograd::Function<FusedLstmFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& h0,
                                const at::Tensor& c0, at::TensorList weights, bool has_biases) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, h_n, c_n, gates, cells, hiddens] =
-        call_fused_lstm_with_workspace(input, h0, c0, weights, has_biases);
+    auto [output, h_n, c_n, gates, cells, hiddens] = call_fused_lstm_with_workspace(input, h0, c0, weights, has_biases);
     std::vector<at::Tensor> saved{input, h0, c0, output, gates, cells, hiddens};
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
@@ -44,8 +43,7 @@ class FusedLstmFunction : public torch::autograd::Function<FusedLstmFunction> {
   }
 };
 
-bool any_requires_grad(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                       at::TensorList weights) {
+bool any_requires_grad(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights) {
   if (input.requires_grad() || h0.requires_grad() || c0.requires_grad()) return true;
   for (const auto& w : weights) {
     if (w.requires_grad()) return true;
@@ -67,6 +65,4 @@ LstmOutputs fused_lstm_autograd(const at::Tensor& input, const at::Tensor& h0, c
 }  // namespace
 }  // namespace conveyor::lstm
 
-TORCH_LIBRARY_IMPL(conveyor, Autograd, m) {
-  m.impl("fused_lstm", &conveyor::lstm::fused_lstm_autograd);
-}
+TORCH_LIBRARY_IMPL(conveyor, Autograd, m) { m.impl("fused_lstm", &conveyor::lstm::fused_lstm_autograd); }

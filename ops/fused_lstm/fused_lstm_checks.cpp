@@ -14,29 +14,25 @@ void check_same_dtype_and_device(const at::Tensor& t, const std::string& name, c
                                  const char* op) {
   TORCH_CHECK(t.scalar_type() == input.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(),
               " but input has dtype ", input.scalar_type(), "; all tensors must share one dtype");
-  TORCH_CHECK(t.device() == input.device(), op, ": ", name, " is on ", t.device(), " but input is on ",
-              input.device(), "; all tensors must be on one device");
+  TORCH_CHECK(t.device() == input.device(), op, ": ", name, " is on ", t.device(), " but input is on ", input.device(),
+              "; all tensors must be on one device");
 }
 
 void check_shape(const at::Tensor& t, c10::IntArrayRef expected, const std::string& name, const char* what,
                  const char* op) {
-  TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", what, " = ", expected, ", got ",
-              t.sizes());
+  TORCH_CHECK(t.sizes() == expected, op, ": ", name, " must have shape ", what, " = ", expected, ", got ", t.sizes());
 }
 
 }  // namespace
 
-at::ScalarType accumulation_dtype(at::ScalarType dtype) {
-  return dtype == at::kDouble ? at::kDouble : at::kFloat;
-}
+at::ScalarType accumulation_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
-LstmArgs check_lstm_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                         at::TensorList weights, bool has_biases, const char* op) {
+LstmArgs check_lstm_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                         bool has_biases, const char* op) {
   TORCH_CHECK(input.defined(), op, ": input is undefined");
   TORCH_CHECK(input.dim() == 3, op, ": input must be 3-D [seq_len, batch, input_size], got a ", input.dim(),
               "-D tensor of shape ", input.sizes());
-  TORCH_CHECK(at::isFloatingType(input.scalar_type()), op, ": input must be floating point, got ",
-              input.scalar_type());
+  TORCH_CHECK(at::isFloatingType(input.scalar_type()), op, ": input must be floating point, got ", input.scalar_type());
   const int64_t per_layer = has_biases ? 4 : 2;
   TORCH_CHECK(!weights.empty() && static_cast<int64_t>(weights.size()) % per_layer == 0, op,
               ": with has_biases=", has_biases ? "true" : "false", " weights must hold ", per_layer,
@@ -68,8 +64,8 @@ LstmArgs check_lstm_args(const at::Tensor& input, const at::Tensor& h0, const at
     const std::string hh = weight_name("weight_hh", l);
     TORCH_CHECK(lw.w_ih.dim() == 2, op, ": ", ih, " must be 2-D, got shape ", lw.w_ih.sizes());
     if (l == 0) {
-      TORCH_CHECK(lw.w_ih.size(1) == in, op, ": input feature size (input dim 2) is ", in, " but ", ih,
-                  " expects ", lw.w_ih.size(1), " (its dim 1)");
+      TORCH_CHECK(lw.w_ih.size(1) == in, op, ": input feature size (input dim 2) is ", in, " but ", ih, " expects ",
+                  lw.w_ih.size(1), " (its dim 1)");
     }
     check_shape(lw.w_ih, {4 * H, in}, ih, "[4*hidden_size, in_features]", op);
     check_shape(lw.w_hh, {4 * H, H}, hh, "[4*hidden_size, hidden_size]", op);

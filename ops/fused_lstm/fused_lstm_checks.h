@@ -38,8 +38,8 @@ struct LstmArgs {
 
 // Checks ranks, shapes, dtypes and devices (messages name the argument and the
 // dimension at fault) and returns contiguous copies where needed.
-LstmArgs check_lstm_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                         at::TensorList weights, bool has_biases, const char* op);
+LstmArgs check_lstm_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                         bool has_biases, const char* op);
 
 // The tensors the forward pass keeps for the backward pass. `gates` holds the
 // activated gates (i, f, g, o), `cells` every cell state c_t, `hiddens` the

@@ -80,8 +80,8 @@ std::vector<at::Tensor> to_float(at::TensorList ts) {
 }
 
 // The checks run on the caller's tensors, so their messages name the caller's dtypes.
-ForwardResult forward_cpu(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                          at::TensorList weights, bool has_biases, bool keep_workspace, const char* op) {
+ForwardResult forward_cpu(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                          bool has_biases, bool keep_workspace, const char* op) {
   LstmArgs args = check_lstm_args(input, h0, c0, weights, has_biases, op);
   CpuRecurrence recurrence;
   if (!computed_in_float(input)) return run_forward(args, recurrence, keep_workspace);
@@ -94,15 +94,14 @@ ForwardResult forward_cpu(const at::Tensor& input, const at::Tensor& h0, const a
   return r;
 }
 
-LstmOutputs fused_lstm_cpu(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                           at::TensorList weights, bool has_biases) {
+LstmOutputs fused_lstm_cpu(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                           bool has_biases) {
   ForwardResult r = forward_cpu(input, h0, c0, weights, has_biases, /*keep_workspace=*/false, "fused_lstm");
   return {r.output, r.h_n, r.c_n};
 }
 
 LstmOutputsWithWorkspace fused_lstm_with_workspace_cpu(const at::Tensor& input, const at::Tensor& h0,
-                                                       const at::Tensor& c0, at::TensorList weights,
-                                                       bool has_biases) {
+                                                       const at::Tensor& c0, at::TensorList weights, bool has_biases) {
   ForwardResult r = forward_cpu(input, h0, c0, weights, has_biases, /*keep_workspace=*/true, "fused_lstm");
   return {r.output, r.h_n, r.c_n, r.workspace.gates, r.workspace.cells, r.workspace.hiddens};
 }
@@ -116,16 +115,16 @@ LstmGradients fused_lstm_backward_cpu(const std::optional<at::Tensor>& grad_outp
   const char* op = "fused_lstm_backward";
   const bool in_float = computed_in_float(input);
   const auto float_weights = in_float ? to_float(weights) : std::vector<at::Tensor>();
-  const LstmArgs args = in_float ? check_lstm_args(to_float(input), to_float(h0), to_float(c0), float_weights,
-                                                   has_biases, op)
-                                 : check_lstm_args(input, h0, c0, weights, has_biases, op);
+  const LstmArgs args =
+      in_float ? check_lstm_args(to_float(input), to_float(h0), to_float(c0), float_weights, has_biases, op)
+               : check_lstm_args(input, h0, c0, weights, has_biases, op);
   // In float the saved hidden sequences are float already (see forward_cpu).
   const LstmWorkspace workspace{gates, cells, in_float ? to_float(hiddens) : hiddens};
   const at::Tensor out = in_float ? to_float(output) : output;
   check_backward_args(args, grad_output, grad_h_n, grad_c_n, out, workspace);
   CpuRecurrence recurrence;
-  BackwardResult r = in_float ? run_backward(args, to_float(grad_output), to_float(grad_h_n),
-                                             to_float(grad_c_n), out, workspace, recurrence)
+  BackwardResult r = in_float ? run_backward(args, to_float(grad_output), to_float(grad_h_n), to_float(grad_c_n), out,
+                                             workspace, recurrence)
                               : run_backward(args, grad_output, grad_h_n, grad_c_n, out, workspace, recurrence);
   if (in_float) {
     const auto dtype = input.scalar_type();

@@ -5,9 +5,7 @@
 namespace conveyor::lstm {
 namespace {
 
-at::Tensor defined_or_undefined(const std::optional<at::Tensor>& t) {
-  return t && t->defined() ? *t : at::Tensor();
-}
+at::Tensor defined_or_undefined(const std::optional<at::Tensor>& t) { return t && t->defined() ? *t : at::Tensor(); }
 
 }  // namespace
 

@@ -50,18 +50,18 @@ class Recurrence {
 };
 
 struct ForwardResult {
-  at::Tensor output;  // [T, B, H]
-  at::Tensor h_n;     // [L, B, H]
-  at::Tensor c_n;     // [L, B, H]
+  at::Tensor output;        // [T, B, H]
+  at::Tensor h_n;           // [L, B, H]
+  at::Tensor c_n;           // [L, B, H]
   LstmWorkspace workspace;  // filled only when asked for
 };
 
 ForwardResult run_forward(const LstmArgs& args, Recurrence& recurrence, bool keep_workspace);
 
 struct BackwardResult {
-  at::Tensor grad_input;  // [T, B, I]
-  at::Tensor grad_h0;     // [L, B, H]
-  at::Tensor grad_c0;     // [L, B, H]
+  at::Tensor grad_input;                 // [T, B, I]
+  at::Tensor grad_h0;                    // [L, B, H]
+  at::Tensor grad_c0;                    // [L, B, H]
   std::vector<at::Tensor> grad_weights;  // same order as the weights
 };
 

@@ -11,8 +11,8 @@ namespace conveyor {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_layers(const at::Tensor& input, const at::Tensor& h0,
                                                                  const at::Tensor& c0, at::TensorList weights,
-                                                                 bool has_biases, int64_t num_layers,
-                                                                 double dropout, bool train) {
+                                                                 bool has_biases, int64_t num_layers, double dropout,
+                                                                 bool train) {
   if (!train || dropout <= 0 || num_layers <= 1) return fused_lstm(input, h0, c0, weights, has_biases);
   // Dropout acts between layers, so run the layers one op call at a time.
   const int64_t per_layer = has_biases ? 4 : 2;
@@ -85,8 +85,8 @@ void FusedLSTMImpl::register_parameters(const torch::nn::Module* source) {
   for (size_t k = 0; k < shapes.size(); ++k) {
     const at::Tensor* t = theirs.find(flat_weight_names_[k]);
     TORCH_CHECK(t != nullptr, "FusedLSTM: ", source->name(), " has no parameter ", flat_weight_names_[k]);
-    TORCH_CHECK(t->sizes() == at::IntArrayRef(shapes[k]), "FusedLSTM: ", flat_weight_names_[k], " of ",
-                source->name(), " has shape ", t->sizes(), ", expected ", at::IntArrayRef(shapes[k]));
+    TORCH_CHECK(t->sizes() == at::IntArrayRef(shapes[k]), "FusedLSTM: ", flat_weight_names_[k], " of ", source->name(),
+                " has shape ", t->sizes(), ", expected ", at::IntArrayRef(shapes[k]));
     register_parameter(flat_weight_names_[k], *t, t->requires_grad());
   }
 }
@@ -108,8 +108,7 @@ std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forwar
     const at::Tensor& input, std::optional<std::tuple<at::Tensor, at::Tensor>> hx_opt) {
   TORCH_CHECK(input.dim() == 2 || input.dim() == 3, "FusedLSTM: input must be 3-D ",
               options.batch_first() ? "[batch, seq_len, input_size]" : "[seq_len, batch, input_size]",
-              " or 2-D unbatched [seq_len, input_size], got a ", input.dim(), "-D tensor of shape ",
-              input.sizes());
+              " or 2-D unbatched [seq_len, input_size], got a ", input.dim(), "-D tensor of shape ", input.sizes());
   const bool batched = input.dim() == 3;
   // The op is time-major; unbatched input is [seq_len, input_size] whatever batch_first says.
   at::Tensor x = batched ? input : input.unsqueeze(1);
@@ -133,8 +132,8 @@ std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forwar
     c0 = at::zeros({L, x.size(1), H}, x.options());
   }
 
-  auto [output, h_n, c_n] = fused_lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(),
-                                              is_training());
+  auto [output, h_n, c_n] =
+      fused_lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(), is_training());
 
   if (batched && options.batch_first()) output = output.transpose(0, 1);
   if (!batched) {

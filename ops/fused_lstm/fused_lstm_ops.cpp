@@ -7,14 +7,17 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(conveyor, m) {
-  m.def("fused_lstm(Tensor input, Tensor h0, Tensor c0, Tensor[] weights, bool has_biases)"
-        " -> (Tensor output, Tensor h_n, Tensor c_n)");
-  m.def("fused_lstm_with_workspace(Tensor input, Tensor h0, Tensor c0, Tensor[] weights, bool has_biases)"
-        " -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells, Tensor hiddens)");
-  m.def("fused_lstm_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input,"
-        " Tensor h0, Tensor c0, Tensor[] weights, bool has_biases, Tensor output, Tensor gates,"
-        " Tensor cells, Tensor hiddens) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0,"
-        " Tensor[] grad_weights)");
+  m.def(
+      "fused_lstm(Tensor input, Tensor h0, Tensor c0, Tensor[] weights, bool has_biases)"
+      " -> (Tensor output, Tensor h_n, Tensor c_n)");
+  m.def(
+      "fused_lstm_with_workspace(Tensor input, Tensor h0, Tensor c0, Tensor[] weights, bool has_biases)"
+      " -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells, Tensor hiddens)");
+  m.def(
+      "fused_lstm_backward(Tensor? grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input,"
+      " Tensor h0, Tensor c0, Tensor[] weights, bool has_biases, Tensor output, Tensor gates,"
+      " Tensor cells, Tensor hiddens) -> (Tensor grad_input, Tensor grad_h0, Tensor grad_c0,"
+      " Tensor[] grad_weights)");
 }
 
 namespace conveyor {
@@ -27,16 +30,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm(const at::Tensor& inpu
 
 namespace lstm {
 
-LstmOutputs call_fused_lstm(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            at::TensorList weights, bool has_biases) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("conveyor::fused_lstm", "").typed<ForwardFn>();
+LstmOutputs call_fused_lstm(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                            bool has_biases) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("conveyor::fused_lstm", "").typed<ForwardFn>();
   return op.call(input, h0, c0, weights, has_biases);
 }
 
 LstmOutputsWithWorkspace call_fused_lstm_with_workspace(const at::Tensor& input, const at::Tensor& h0,
-                                                        const at::Tensor& c0, at::TensorList weights,
-                                                        bool has_biases) {
+                                                        const at::Tensor& c0, at::TensorList weights, bool has_biases) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("conveyor::fused_lstm_with_workspace", "")
                              .typed<ForwardWithWorkspaceFn>();
@@ -49,11 +50,9 @@ LstmGradients call_fused_lstm_backward(const std::optional<at::Tensor>& grad_out
                                        const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
                                        bool has_biases, const at::Tensor& output, const at::Tensor& gates,
                                        const at::Tensor& cells, const at::Tensor& hiddens) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("conveyor::fused_lstm_backward", "")
-                             .typed<BackwardFn>();
-  return op.call(grad_output, grad_h_n, grad_c_n, input, h0, c0, weights, has_biases, output, gates, cells,
-                 hiddens);
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("conveyor::fused_lstm_backward", "").typed<BackwardFn>();
+  return op.call(grad_output, grad_h_n, grad_c_n, input, h0, c0, weights, has_biases, output, gates, cells, hiddens);
 }
 
 }  // namespace lstm

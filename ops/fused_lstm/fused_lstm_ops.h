@@ -26,21 +26,18 @@ using LstmGradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector
 using ForwardFn = LstmOutputs(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
                               at::TensorList weights, bool has_biases);
 using ForwardWithWorkspaceFn = LstmOutputsWithWorkspace(const at::Tensor& input, const at::Tensor& h0,
-                                                        const at::Tensor& c0, at::TensorList weights,
-                                                        bool has_biases);
+                                                        const at::Tensor& c0, at::TensorList weights, bool has_biases);
 using BackwardFn = LstmGradients(const std::optional<at::Tensor>& grad_output,
-                                 const std::optional<at::Tensor>& grad_h_n,
-                                 const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
-                                 const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
-                                 bool has_biases, const at::Tensor& output, const at::Tensor& gates,
-                                 const at::Tensor& cells, const at::Tensor& hiddens);
+                                 const std::optional<at::Tensor>& grad_h_n, const std::optional<at::Tensor>& grad_c_n,
+                                 const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
+                                 at::TensorList weights, bool has_biases, const at::Tensor& output,
+                                 const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens);
 
 // Through the dispatcher, below autograd for the last two.
-LstmOutputs call_fused_lstm(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            at::TensorList weights, bool has_biases);
+LstmOutputs call_fused_lstm(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                            bool has_biases);
 LstmOutputsWithWorkspace call_fused_lstm_with_workspace(const at::Tensor& input, const at::Tensor& h0,
-                                                        const at::Tensor& c0, at::TensorList weights,
-                                                        bool has_biases);
+                                                        const at::Tensor& c0, at::TensorList weights, bool has_biases);
 LstmGradients call_fused_lstm_backward(const std::optional<at::Tensor>& grad_output,
                                        const std::optional<at::Tensor>& grad_h_n,
                                        const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,

@@ -1,7 +1,7 @@
 #include "plugin/checkpoint/checkpoint.h"
 
-#include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/atomic_file.h"
+#include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model_names.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -104,8 +104,10 @@ Dict rng_to_dict() {
   for (size_t i = 0; i < gens.size(); ++i) {
     at::Generator gen = gens[i];
     std::lock_guard<std::mutex> lock(gen.mutex());
-    if (i == 0) d.insert("cpu", gen.get_state());
-    else cuda.push_back(gen.get_state());
+    if (i == 0)
+      d.insert("cpu", gen.get_state());
+    else
+      cuda.push_back(gen.get_state());
   }
   d.insert("cuda", cuda);
   return d;
@@ -175,7 +177,8 @@ Dict read_checkpoint(const std::string& path) {
   }
   if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
       value.toGenericDict().at("format") != c10::IValue(kFormat)) {
-    throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" + kFormat + "\")");
+    throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" + kFormat +
+                                "\")");
   }
   Dict d = value.toGenericDict();
   if (d.at("version").toInt() > kVersion) {
@@ -322,8 +325,8 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
     StageRandom* random = pipe.stage(k).random();
     if ((random != nullptr) != saved_rng) {
       throw std::invalid_argument(what + (saved_rng ? "holds" : "holds no") + " random streams of stage " +
-                                  std::to_string(k) + ", but this pipeline was built " +
-                                  (random ? "with" : "without") + " PipelineOptions::stage_rng");
+                                  std::to_string(k) + ", but this pipeline was built " + (random ? "with" : "without") +
+                                  " PipelineOptions::stage_rng");
     }
     if (random) {
       const Dict r = s.at("rng").toGenericDict();

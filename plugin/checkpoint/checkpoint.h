@@ -65,9 +65,9 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
 
 // Restores weights, buffers, optimizer states (into `optimizers`, which must
 // match the saved ones in number, type and parameters, and into the stages'
-// own optimizers), step and update counts, and the random number generators. Returns the saved step. Throws std::invalid_argument for a
-// file that is not a checkpoint, a checkpoint of another model or stage
-// count, or optimizers that do not match; nothing is changed then.
+// own optimizers), step and update counts, and the random number generators. Returns the saved step. Throws
+// std::invalid_argument for a file that is not a checkpoint, a checkpoint of another model or stage count, or
+// optimizers that do not match; nothing is changed then.
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers = {});
 

@@ -23,8 +23,9 @@ std::string optimizer_type(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return "AdamW";
   if (dynamic_cast<const torch::optim::Adagrad*>(&opt)) return "Adagrad";
   if (dynamic_cast<const torch::optim::RMSprop*>(&opt)) return "RMSprop";
-  throw std::invalid_argument("conveyor: checkpoints hold the state of SGD, Adam, AdamW, Adagrad and RMSprop "
-                              "optimizers only; this optimizer is none of them");
+  throw std::invalid_argument(
+      "conveyor: checkpoints hold the state of SGD, Adam, AdamW, Adagrad and RMSprop "
+      "optimizers only; this optimizer is none of them");
 }
 
 // One parameter's state as {field: tensor or int}; undefined tensors are left out.
@@ -43,8 +44,10 @@ Dict param_state_to_dict(const std::string& type, torch::optim::OptimizerParamSt
       put("exp_avg_sq", st.exp_avg_sq());
       put("max_exp_avg_sq", st.max_exp_avg_sq());
     };
-    if (type == "Adam") fill(static_cast<torch::optim::AdamParamState&>(s));
-    else fill(static_cast<torch::optim::AdamWParamState&>(s));
+    if (type == "Adam")
+      fill(static_cast<torch::optim::AdamParamState&>(s));
+    else
+      fill(static_cast<torch::optim::AdamWParamState&>(s));
   } else if (type == "Adagrad") {
     auto& st = static_cast<torch::optim::AdagradParamState&>(s);
     d.insert("step", st.step());
@@ -161,6 +164,5 @@ std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, con
     }
   };
 }
-
 
 }  // namespace conveyor

@@ -22,12 +22,16 @@ AllReduceDataParallel::AllReduceDataParallel(torch::nn::Sequential model,
                                              std::unique_ptr<torch::optim::Optimizer> optimizer,
                                              std::shared_ptr<ProcessGroups> groups)
     : model_(std::move(model)), optimizer_(std::move(optimizer)), groups_(std::move(groups)) {
-  if (!groups_ || !optimizer_) throw std::invalid_argument("conveyor: AllReduceDataParallel needs groups and an optimizer");
+  if (!groups_ || !optimizer_)
+    throw std::invalid_argument("conveyor: AllReduceDataParallel needs groups and an optimizer");
   if (groups_->layout().stages != 1) {
-    throw std::invalid_argument("conveyor: AllReduceDataParallel replicates the whole model: use a layout of one stage, "
-                                "not " + std::to_string(groups_->layout().stages));
+    throw std::invalid_argument(
+        "conveyor: AllReduceDataParallel replicates the whole model: use a layout of one stage, "
+        "not " +
+        std::to_string(groups_->layout().stages));
   }
-  broadcast(*groups_, *groups_->world(), weights_and_buffers(*model_), 0, "broadcasting the initial weights from rank 0");
+  broadcast(*groups_, *groups_->world(), weights_and_buffers(*model_), 0,
+            "broadcasting the initial weights from rank 0");
 }
 
 double AllReduceDataParallel::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {

@@ -56,7 +56,8 @@ class ReplicatedOptimizer final : public torch::optim::Optimizer {
   at::Tensor step(LossClosure closure) override {
     TORCH_CHECK(!closure, "conveyor: a replicated stage's optimizer does not take a loss closure");
     std::vector<at::Tensor> weights;
-    for (const auto& group : param_groups()) weights.insert(weights.end(), group.params().begin(), group.params().end());
+    for (const auto& group : param_groups())
+      weights.insert(weights.end(), group.params().begin(), group.params().end());
     reduce_gradients(*groups_, weights, average_);
     for (size_t i = 0; i < param_groups().size(); ++i) {
       inner_->param_groups()[i].options().set_lr(param_groups()[i].options().get_lr() * lr_scale_);
@@ -96,9 +97,8 @@ at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim
   TORCH_CHECK(dim >= 0 && dim < batch.dim(), "conveyor: shard(): the batch has shape ", batch.sizes(),
               ", which has no dimension ", dim);
   const int64_t n = batch.size(dim);
-  TORCH_CHECK(n % replicas == 0, "conveyor: shard(): a global batch of ", n, " samples (dimension ", dim,
-              " of shape ", batch.sizes(), ") does not split evenly among ", replicas,
-              " replicas; use a multiple of ", replicas);
+  TORCH_CHECK(n % replicas == 0, "conveyor: shard(): a global batch of ", n, " samples (dimension ", dim, " of shape ",
+              batch.sizes(), ") does not split evenly among ", replicas, " replicas; use a multiple of ", replicas);
   const int64_t each = n / replicas;
   return batch.narrow(dim, replica * each, each);
 }
@@ -202,7 +202,8 @@ void DistributedPipeline::gather_model() {
       buffers.push_back({tensors[i].detach().to(c10::kCPU).contiguous()});
       sends.push_back(group.send(buffers.back(), 0, kGatherTag + static_cast<int>(i)));
     }
-    for (const auto& work : sends) wait(*groups_, work, "sending the weights of stage " + std::to_string(k) + " to rank 0");
+    for (const auto& work : sends)
+      wait(*groups_, work, "sending the weights of stage " + std::to_string(k) + " to rank 0");
     return;
   }
   c10::NoGradGuard no_grad;

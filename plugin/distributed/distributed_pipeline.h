@@ -1,8 +1,8 @@
 #pragma once
 // Distributed training: a pipeline with one stage per process, and D
 // data-parallel replicas of it (hybrid parallelism); the data-parallel
-// baselines it is measured against are in data_parallel.h. Launch with torchrun; see plugin/distributed/process_groups.h for the
-// layout (rank r = stage r % K of replica r / K) and the rendezvous.
+// baselines it is measured against are in data_parallel.h. Launch with torchrun; see
+// plugin/distributed/process_groups.h for the layout (rank r = stage r % K of replica r / K) and the rendezvous.
 //
 //   auto env = conveyor::LaunchEnvironment::from_environment();
 //   auto groups = std::make_shared<conveyor::ProcessGroups>(
@@ -37,11 +37,10 @@
 // peer and the action it waited in; the process groups are then abandoned,
 // never waited on, and the process should exit (torchrun may restart the job).
 
-
+#include "plugin/distributed/data_parallel.h"
+#include "plugin/distributed/process_groups.h"
 #include "plugin/options.h"
 #include "plugin/pipeline.h"
-#include "plugin/distributed/process_groups.h"
-#include "plugin/distributed/data_parallel.h"
 #include "plugin/transport/c10d.h"
 
 #include <torch/arg.h>

@@ -22,9 +22,7 @@ const char* env(const char* name) {
   return value && *value ? value : nullptr;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& host) { return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0; }
 
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
   if (const char* ifname = env("GLOO_SOCKET_IFNAME")) {

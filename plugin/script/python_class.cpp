@@ -53,10 +53,10 @@ namespace {
 
 using Options = c10::Dict<std::string, c10::IValue>;
 
-const std::set<std::string> kKnownOptions = {"stages",      "microbatches",   "schedule",         "schedule_text",
-                                             "devices",     "split_points",   "balance",          "batch_dim",
-                                             "channel_capacity", "timeout_ms", "optimize",        "loss",
-                                             "loss_reduction", "fused_ops", "stage_rng", "optimizer", "lr", "momentum", "weight_decay"};
+const std::set<std::string> kKnownOptions = {
+    "stages",    "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
+    "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
+    "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay"};
 
 // Python's name for what a value is, for messages.
 std::string python_type(const c10::IValue& v) {

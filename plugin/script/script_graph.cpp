@@ -121,7 +121,8 @@ struct ForwardGraph {
 };
 
 ForwardGraph forward_graph(const Module& model) {
-  if (!model.find_method("forward")) throw std::invalid_argument("conveyor: the TorchScript model has no forward method");
+  if (!model.find_method("forward"))
+    throw std::invalid_argument("conveyor: the TorchScript model has no forward method");
   ForwardGraph f;
   f.graph = model.get_method("forward").graph()->copy();
   const auto inputs = f.graph->inputs();
@@ -152,8 +153,11 @@ std::string possible_split_points(const ForwardGraph& f) {
 [[noreturn]] void refuse_chain(const ForwardGraph& f, const std::string& found) {
   throw std::invalid_argument(
       "conveyor: the model's forward is not a plain chain of submodule calls, so it cannot be cut into layers by "
-      "itself: " + found + ". Give split points instead: the names of the submodules whose calls begin new stages, "
-      "with one tensor crossing each cut (" + possible_split_points(f) + ")");
+      "itself: " +
+      found +
+      ". Give split points instead: the names of the submodules whose calls begin new stages, "
+      "with one tensor crossing each cut (" +
+      possible_split_points(f) + ")");
 }
 
 void inline_call(ForwardGraph& f, const Module& model, const std::string& path, const std::string& split_point) {
@@ -216,8 +220,8 @@ void collect_state(const Block* block, const Value* self, const Module& model, S
   }
 }
 
-ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end, Value* in,
-                           Value* out, std::string description) {
+ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end, Value* in, Value* out,
+                           std::string description) {
   auto g = std::make_shared<Graph>();
   Value* self = g->addInput("self")->setType(f.self->type());
   Value* x = g->addInput("x")->setType(in->type());
@@ -261,8 +265,8 @@ Module submodule_of(const Module& model, const std::string& path) {
     if (part.empty() || !m.hasattr(part) || !m.attr(part).isModule()) {
       std::vector<std::string> names;
       for (const auto& child : m.named_children()) names.push_back(child.name);
-      throw std::invalid_argument(at + " has no submodule '" + part + "' (its submodules: " +
-                                  (names.empty() ? std::string("none") : join(names)) + ")");
+      throw std::invalid_argument(at + " has no submodule '" + part +
+                                  "' (its submodules: " + (names.empty() ? std::string("none") : join(names)) + ")");
     }
     m = m.attr(part).toModule();
     at = "'" + (at == "the model" ? part : at.substr(1, at.size() - 2) + "." + part) + "'";
@@ -343,11 +347,13 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
     }
     if (i > 0 && at[0] <= cuts.back()) {
       throw std::invalid_argument("conveyor: split points out of order: '" + sp + "' is called before '" +
-                                  split_points[i - 1] + "' in the model's forward; list split points in the order "
+                                  split_points[i - 1] +
+                                  "' in the model's forward; list split points in the order "
                                   "the forward calls them");
     }
     if (at[0] <= first_work) {
-      throw std::invalid_argument("conveyor: split point '" + sp + "' is the first thing the forward does, so stage 0 "
+      throw std::invalid_argument("conveyor: split point '" + sp +
+                                  "' is the first thing the forward does, so stage 0 "
                                   "would be empty; the first stage begins at the input by itself");
     }
     const auto live = f.live_at(at[0]);
@@ -355,8 +361,10 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
       std::vector<std::string> described;
       for (const Value* v : live) described.push_back(f.describe(v));
       throw std::invalid_argument("conveyor: split point '" + sp + "': " + std::to_string(live.size()) +
-                                  " values cross the cut before it (" + join(described) + "), but a stage passes "
-                                  "exactly one tensor to the next; " + possible_split_points(f));
+                                  " values cross the cut before it (" + join(described) +
+                                  "), but a stage passes "
+                                  "exactly one tensor to the next; " +
+                                  possible_split_points(f));
     }
     cuts.push_back(at[0]);
     crossing.push_back(live[0]);
@@ -370,16 +378,17 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
     const size_t end = k == n ? f.nodes.size() : cuts[k];
     Value* in = k == 0 ? f.input : crossing[k - 1];
     Value* out = k == n ? f.graph->outputs()[0] : crossing[k];
-    const std::string description = k == 0   ? "the forward up to '" + split_points[0] + "'"
-                                    : k == n ? "the forward from '" + split_points[k - 1] + "' on"
-                                             : "the forward from '" + split_points[k - 1] + "' up to '" +
-                                                   split_points[k] + "'";
+    const std::string description =
+        k == 0   ? "the forward up to '" + split_points[0] + "'"
+        : k == n ? "the forward from '" + split_points[k - 1] + "' on"
+                 : "the forward from '" + split_points[k - 1] + "' up to '" + split_points[k] + "'";
     segments.push_back(make_segment(f, model, begin, end, in, out, description));
     for (const auto& name : segments.back().state) {
       const auto [it, inserted] = stage_of.emplace(name, k);
       if (!inserted) {
         throw std::invalid_argument("conveyor: '" + name + "' is used by stage " + std::to_string(it->second) +
-                                    " and stage " + std::to_string(k) + ", but a tensor can belong to one stage "
+                                    " and stage " + std::to_string(k) +
+                                    ", but a tensor can belong to one stage "
                                     "only (tied weights?); choose split points that keep its uses in one stage");
       }
     }

@@ -26,8 +26,8 @@ torch::jit::Module submodule_at(const torch::jit::Module& root, const std::strin
   torch::jit::Module m = root;
   if (path.empty()) return m;
   for (const auto& part : split_path(path)) {
-    TORCH_CHECK(m.hasattr(part) && m.attr(part).isModule(), "conveyor: the TorchScript model has no submodule '",
-                path, "'");
+    TORCH_CHECK(m.hasattr(part) && m.attr(part).isModule(), "conveyor: the TorchScript model has no submodule '", path,
+                "'");
     m = m.attr(part).toModule();
   }
   return m;

@@ -59,8 +59,8 @@ class ScriptLayerImpl : public torch::nn::Module, public ModelPath {
   // calls (their training flag follows train()). `description` says which
   // part of the forward this is, for messages.
   ScriptLayerImpl(torch::jit::Module owner, std::shared_ptr<torch::jit::GraphFunction> segment,
-                  const std::vector<std::string>& state, std::vector<std::string> submodules,
-                  std::string description, ScriptLayerOptions options = {});
+                  const std::vector<std::string>& state, std::vector<std::string> submodules, std::string description,
+                  ScriptLayerOptions options = {});
 
   at::Tensor forward(const at::Tensor& input);
 

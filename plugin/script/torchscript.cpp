@@ -3,8 +3,8 @@
 #include "plugin/errors.h"
 #include "plugin/script/script_graph.h"
 
-#include <caffe2/serialize/inline_container.h>
 #include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
@@ -72,9 +72,9 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model, const std
   const std::vector<ScriptSegment> segments = cut_forward(model, split_points);
   for (size_t k = 0; k < segments.size(); ++k) {
     const ScriptSegment& s = segments[k];
-    layers->push_back("stage" + std::to_string(k),
-                      torch::nn::AnyModule(ScriptLayer(model, s.function, s.state, s.submodules, s.description,
-                                                       layer_options)));
+    layers->push_back(
+        "stage" + std::to_string(k),
+        torch::nn::AnyModule(ScriptLayer(model, s.function, s.state, s.submodules, s.description, layer_options)));
   }
   return layers;
 }

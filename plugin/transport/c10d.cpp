@@ -22,7 +22,18 @@ using c10d::Work;
 
 constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
 constexpr int64_t kMaxDims = 12;
-enum HeaderField : int64_t { kMagicField, kChannel, kMicrobatch, kFrom, kSequence, kDefined, kDtype, kRoute, kNdim, kSizes };
+enum HeaderField : int64_t {
+  kMagicField,
+  kChannel,
+  kMicrobatch,
+  kFrom,
+  kSequence,
+  kDefined,
+  kDtype,
+  kRoute,
+  kNdim,
+  kSizes
+};
 constexpr int64_t kHeaderLength = kSizes + kMaxDims;
 
 // How a payload travels: none (undefined or empty tensor), through host memory
@@ -55,7 +66,7 @@ struct C10dTransport::State {
   std::vector<Posted> posted;
   std::map<int, std::pair<std::vector<int64_t>, c10::ScalarType>> sent_activations;  // mb -> what went out
   std::map<Channel, int64_t> device_sent, device_received;  // ordered accelerator payloads per channel
-  std::vector<c10::intrusive_ptr<Work>> waiting;             // blocking waits abort() can wake
+  std::vector<c10::intrusive_ptr<Work>> waiting;            // blocking waits abort() can wake
   std::string failure;
 
   std::string stage_name(int stage) const {
@@ -213,10 +224,9 @@ at::Tensor C10dTransport::recv(Channel channel, int from, int to, int mb) {
   State& s = *state_;
   s.check_usable();
   const int expected_from = channel == Channel::kActivation ? to - 1 : to + 1;
-  TORCH_CHECK(to == s.options.stage && from == expected_from && from >= 0 &&
-                  from < static_cast<int>(s.options.ranks.size()),
-              "conveyor: ", s.prefix, " cannot receive the ", channel_name(channel), " from stage ", from, " at stage ",
-              to);
+  TORCH_CHECK(
+      to == s.options.stage && from == expected_from && from >= 0 && from < static_cast<int>(s.options.ranks.size()),
+      "conveyor: ", s.prefix, " cannot receive the ", channel_name(channel), " from stage ", from, " at stage ", to);
   const auto deadline = Clock::now() + s.options.timeout;
   const std::string what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb) +
                            " from " + s.stage_name(from);
@@ -242,8 +252,7 @@ at::Tensor C10dTransport::recv(Channel channel, int from, int to, int mb) {
   }
   if (!h[kDefined]) return at::Tensor();
   const int64_t ndim = h[kNdim];
-  if (ndim < 0 || ndim > kMaxDims || h[kDtype] < 0 ||
-      h[kDtype] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
+  if (ndim < 0 || ndim > kMaxDims || h[kDtype] < 0 || h[kDtype] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
     mismatch("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " + std::to_string(h[kDtype]) + ")");
   }
   const std::vector<int64_t> sizes(h + kSizes, h + kSizes + ndim);
@@ -313,8 +322,8 @@ void C10dTransport::barrier(int stage, int index) {
   c10d::BarrierOptions options;
   options.timeout = s.options.timeout;
   c10::intrusive_ptr<Work> work;
-  const std::string what = "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " +
-                           std::to_string(stage) + ")";
+  const std::string what =
+      "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " + std::to_string(stage) + ")";
   try {
     work = s.group->barrier(options);
   } catch (const std::exception& e) {
@@ -354,8 +363,8 @@ void C10dTransport::finish_step() {
   }
   const auto deadline = Clock::now() + s.options.timeout;
   for (const auto& p : posted) {
-    const std::string what = std::string("the ") + channel_name(p.channel) + " of micro-batch " +
-                             std::to_string(p.mb) + " to be taken by " + s.stage_name(p.to);
+    const std::string what = std::string("the ") + channel_name(p.channel) + " of micro-batch " + std::to_string(p.mb) +
+                             " to be taken by " + s.stage_name(p.to);
     s.wait(p.header, deadline, p.to, what);
     if (p.payload) s.wait(p.payload, deadline, p.to, what);
   }

@@ -58,9 +58,9 @@ class InProcessTransport final : public Transport {
     }
     mailbox(channel, from, to).put(mb, std::move(message), deadline(), [&] {
       std::ostringstream os;
-      os << "stage " << from << " timed out after " << timeout_.count() << " ms sending the "
-         << channel_name(channel) << " of micro-batch " << mb << " to stage " << to
-         << ": its channel stayed full (is stage " << to << " still running?)";
+      os << "stage " << from << " timed out after " << timeout_.count() << " ms sending the " << channel_name(channel)
+         << " of micro-batch " << mb << " to stage " << to << ": its channel stayed full (is stage " << to
+         << " still running?)";
       return os.str();
     });
   }
@@ -68,8 +68,8 @@ class InProcessTransport final : public Transport {
   at::Tensor recv(Channel channel, int from, int to, int mb) override {
     Message message = mailbox(channel, from, to).take(mb, deadline(), [&] {
       std::ostringstream os;
-      os << "stage " << to << " timed out after " << timeout_.count() << " ms waiting for the "
-         << channel_name(channel) << " of micro-batch " << mb << " from stage " << from;
+      os << "stage " << to << " timed out after " << timeout_.count() << " ms waiting for the " << channel_name(channel)
+         << " of micro-batch " << mb << " from stage " << from;
       return os.str();
     });
     if (!message.tensor.defined()) return message.tensor;
@@ -81,7 +81,8 @@ class InProcessTransport final : public Transport {
     ++arrived_[index];
     barrier_changed_.notify_all();
     const int everyone = static_cast<int>(devices_.size());
-    const bool met = barrier_changed_.wait_until(lock, deadline(), [&] { return aborted_ || arrived_[index] == everyone; });
+    const bool met =
+        barrier_changed_.wait_until(lock, deadline(), [&] { return aborted_ || arrived_[index] == everyone; });
     if (aborted_) throw AbortedError("aborted because another stage failed");
     if (!met) {
       throw TimeoutError("stage " + std::to_string(stage) + " timed out after " + std::to_string(timeout_.count()) +
@@ -109,8 +110,7 @@ class InProcessTransport final : public Transport {
  private:
   Mailbox<Message>& mailbox(Channel channel, int from, int to) {
     const int expected_to = channel == Channel::kActivation ? from + 1 : from - 1;
-    TORCH_CHECK(to == expected_to && from >= 0 && to >= 0 &&
-                    std::max(from, to) < static_cast<int>(devices_.size()),
+    TORCH_CHECK(to == expected_to && from >= 0 && to >= 0 && std::max(from, to) < static_cast<int>(devices_.size()),
                 "conveyor: no ", channel_name(channel), " channel from stage ", from, " to stage ", to);
     return channel == Channel::kActivation ? *activations_[from] : *gradients_[to];
   }
@@ -173,8 +173,8 @@ class InProcessTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_in_process_transport(
-    std::vector<c10::Device> stage_devices, int capacity, std::chrono::milliseconds timeout) {
+std::unique_ptr<Transport> make_in_process_transport(std::vector<c10::Device> stage_devices, int capacity,
+                                                     std::chrono::milliseconds timeout) {
   TORCH_CHECK(capacity >= 0, "conveyor: channel capacity must be >= 0, got ", capacity);
   return std::make_unique<InProcessTransport>(std::move(stage_devices), capacity, timeout);
 }

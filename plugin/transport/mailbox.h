@@ -54,8 +54,8 @@ class Mailbox {
 
  private:
   template <typename Ready>
-  void wait(std::unique_lock<std::mutex>& lock, Clock::time_point deadline,
-            const std::function<std::string()>& what, Ready ready) {
+  void wait(std::unique_lock<std::mutex>& lock, Clock::time_point deadline, const std::function<std::string()>& what,
+            Ready ready) {
     const bool ok = changed_.wait_until(lock, deadline, [&] { return aborted_ || ready(); });
     if (aborted_) throw AbortedError("aborted because another stage failed");
     if (!ok) throw TimeoutError(what());

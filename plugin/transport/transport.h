@@ -55,7 +55,7 @@ class Transport {
 };
 
 // Threads of one process; stage k's tensors live on stage_devices[k].
-std::unique_ptr<Transport> make_in_process_transport(
-    std::vector<c10::Device> stage_devices, int capacity, std::chrono::milliseconds timeout);
+std::unique_ptr<Transport> make_in_process_transport(std::vector<c10::Device> stage_devices, int capacity,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace conveyor

@@ -16,7 +16,8 @@ int main() {
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {
     opt.zero_grad();
-    const auto r = pipe.train_step(x, y, [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); });
+    const auto r =
+        pipe.train_step(x, y, [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); });
     opt.step();
     (step == 0 ? first : last) = r.loss;
   }

@@ -12,12 +12,12 @@ namespace conveyor::attention::cuda {
 enum class ElementType { kHalf, kBFloat16, kFloat, kDouble };
 
 struct ForwardParams {
-  const void* q = nullptr;  // [B, H, S_q, D]
-  const void* k = nullptr;  // [B, H, S_k, D]
-  const void* v = nullptr;  // [B, H, S_k, D]
+  const void* q = nullptr;                    // [B, H, S_q, D]
+  const void* k = nullptr;                    // [B, H, S_k, D]
+  const void* v = nullptr;                    // [B, H, S_k, D]
   const uint8_t* key_padding_mask = nullptr;  // [B, S_k], nonzero = ignore; may be null
-  void* out = nullptr;  // [B, H, S_q, D], the inputs' dtype
-  void* lse = nullptr;  // [B, H, S_q], float (double for kDouble)
+  void* out = nullptr;                        // [B, H, S_q, D], the inputs' dtype
+  void* lse = nullptr;                        // [B, H, S_q], float (double for kDouble)
   int batch = 0, heads = 0, q_len = 0, k_len = 0, head_dim = 0;
   double scale = 1.0;
   bool causal = false;  // key j hidden from query i when j > i (top-left aligned)
@@ -25,12 +25,12 @@ struct ForwardParams {
 };
 
 struct BackwardParams {
-  ForwardParams fwd;  // q, k, v, out, lse and the shape of the forward
+  ForwardParams fwd;               // q, k, v, out, lse and the shape of the forward
   const void* grad_out = nullptr;  // [B, H, S_q, D]
-  void* row_dot = nullptr;  // workspace [B, H, S_q]: rowsum(grad_out * out), lse's dtype
-  float* grad_q_accum = nullptr;  // workspace [B, H, S_q, D] float, zeroed (tensor-core path only)
-  void* grad_q = nullptr;  // outputs, the inputs' dtype (grad_q unused on the tensor-core path,
-  void* grad_k = nullptr;  // whose caller converts grad_q_accum * scale instead)
+  void* row_dot = nullptr;         // workspace [B, H, S_q]: rowsum(grad_out * out), lse's dtype
+  float* grad_q_accum = nullptr;   // workspace [B, H, S_q, D] float, zeroed (tensor-core path only)
+  void* grad_q = nullptr;          // outputs, the inputs' dtype (grad_q unused on the tensor-core path,
+  void* grad_k = nullptr;          // whose caller converts grad_q_accum * scale instead)
   void* grad_v = nullptr;
 };
 

@@ -37,7 +37,8 @@ void run_for_head_dim(const BackwardParams& params, cudaStream_t stream) {
 void launch_flash_backward(const BackwardParams& params, cudaStream_t stream) {
   TORCH_CHECK(flash_supports(params.fwd.dtype, params.fwd.head_dim),
               "fused_attention: the tensor-core kernel takes float16 or bfloat16 with head_dim 64 or 128, got "
-              "head_dim ", params.fwd.head_dim);
+              "head_dim ",
+              params.fwd.head_dim);
   TORCH_CHECK(params.grad_q_accum != nullptr, "fused_attention: the tensor-core backward needs grad_q_accum");
   launch_row_dot(params, stream);
   if (params.fwd.dtype == ElementType::kHalf) {

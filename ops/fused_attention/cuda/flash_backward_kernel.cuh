@@ -29,9 +29,9 @@ struct FlashBackwardConfig {
   static constexpr int kBlockM = kBlockM_;     // query rows per step
   static constexpr int kStride = kHeadDim + 8;
   static constexpr int kDsStride = kBlockN + 8;
-  static constexpr int kSmemBytes =
-      (2 * kBlockN + 2 * kBlockM) * kStride * static_cast<int>(sizeof(T)) +
-      kBlockM * kDsStride * static_cast<int>(sizeof(T)) + 2 * kBlockM * static_cast<int>(sizeof(float));
+  static constexpr int kSmemBytes = (2 * kBlockN + 2 * kBlockM) * kStride * static_cast<int>(sizeof(T)) +
+                                    kBlockM * kDsStride * static_cast<int>(sizeof(T)) +
+                                    2 * kBlockM * static_cast<int>(sizeof(float));
   // dQ = dS K: warp w takes 16-row block w % kRowBlocks and kDqTilesPerWarp
   // 8-column tiles, produced kDqChunk tiles at a time so that few
   // accumulators are live next to dK and dV.
@@ -51,8 +51,7 @@ template <typename T, int kHeadDim>
 using FlashBackwardConfigFor = FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4>;
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
-    flash_backward_kernel(const BackwardParams bp) {
+__global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const BackwardParams bp) {
   constexpr int D = Config::kHeadDim, BM = Config::kBlockM, BN = Config::kBlockN;
   constexpr int kStride = Config::kStride, kDsStride = Config::kDsStride, kThreads = Config::kThreads;
   const ForwardParams& p = bp.fwd;
@@ -61,7 +60,7 @@ __global__ void __launch_bounds__(Config::kThreads)
   T* sV = sK + BN * kStride;
   T* sQ = sV + BN * kStride;
   T* sdO = sQ + BM * kStride;
-  T* sdS = sdO + BM * kStride;  // [BM][kDsStride]: dS, query-major
+  T* sdS = sdO + BM * kStride;                                   // [BM][kDsStride]: dS, query-major
   float* sLse = reinterpret_cast<float*>(sdS + BM * kDsStride);  // lse * log2 e
   float* sDot = sLse + BM;
 

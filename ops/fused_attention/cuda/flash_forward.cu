@@ -39,7 +39,8 @@ bool flash_supports(ElementType dtype, int head_dim) {
 void launch_flash_forward(const ForwardParams& params, cudaStream_t stream) {
   TORCH_CHECK(flash_supports(params.dtype, params.head_dim),
               "fused_attention: the tensor-core kernel takes float16 or bfloat16 with head_dim 64 or 128, got "
-              "head_dim ", params.head_dim);
+              "head_dim ",
+              params.head_dim);
   if (params.dtype == ElementType::kHalf) {
     run_for_head_dim<__half>(params, stream);
   } else {

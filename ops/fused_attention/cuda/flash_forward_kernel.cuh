@@ -43,8 +43,7 @@ template <typename T, int kHeadDim>
 using FlashForwardConfigFor = FlashForwardConfig<T, kHeadDim, /*kBlockN=*/64, /*kWarps=*/4>;
 
 template <typename T, typename Config>
-__global__ void __launch_bounds__(Config::kThreads)
-    flash_forward_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const ForwardParams p) {
   constexpr int D = Config::kHeadDim, BM = Config::kBlockM, BN = Config::kBlockN, kStride = Config::kStride;
   constexpr int kThreads = Config::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -82,7 +81,7 @@ __global__ void __launch_bounds__(Config::kThreads)
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};  // this thread's share; the quad's shares are added at the end
+  float row_sum[2] = {0.f, 0.f};          // this thread's share; the quad's shares are added at the end
   const int row_lo = m0 + warp * 16 + g;  // rows of registers 0,1; registers 2,3 hold row_lo + 8
 
   for (int j = 0; j < n_blocks; ++j) {

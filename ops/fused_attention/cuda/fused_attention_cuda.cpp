@@ -3,9 +3,9 @@
 // and hands plain parameter blocks to the launchers: the tensor-core kernels
 // for float16 / bfloat16 at head_dim 64 and 128, the general kernels otherwise.
 
-#include "ops/fused_attention/fused_attention_checks.h"
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/fused_attention.h"
+#include "ops/fused_attention/fused_attention_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -96,8 +96,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& q_in
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& key_padding_mask,
-    bool causal, std::optional<double> scale) {
+    const at::Tensor& out_in, const at::Tensor& lse_in, const std::optional<at::Tensor>& key_padding_mask, bool causal,
+    std::optional<double> scale) {
   const AttentionShape s =
       attention::check_backward_inputs(grad_out_in, q_in, k_in, v_in, out_in, lse_in, key_padding_mask);
   check_launchable(q_in, s);
@@ -132,8 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 }
 
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const std::optional<at::Tensor>& key_padding_mask, bool causal,
-                          std::optional<double> scale) {
+                          const std::optional<at::Tensor>& key_padding_mask, bool causal, std::optional<double> scale) {
   return std::get<0>(attention_forward_cuda(q, k, v, key_padding_mask, causal, scale));
 }
 

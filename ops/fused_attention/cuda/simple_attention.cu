@@ -31,8 +31,8 @@ int prepare_shared_memory(Kernel kernel, int64_t elements, size_t acc_size, cons
   int device = 0, limit = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  TORCH_CHECK(bytes <= limit, "fused_attention: head_dim ", p.head_dim, " with dtype ", dtype_name(p.dtype),
-              " needs ", bytes, " bytes of shared memory per block on CUDA, more than this device's ", limit,
+  TORCH_CHECK(bytes <= limit, "fused_attention: head_dim ", p.head_dim, " with dtype ", dtype_name(p.dtype), " needs ",
+              bytes, " bytes of shared memory per block on CUDA, more than this device's ", limit,
               "; use a smaller head_dim");
   if (bytes > 48 * 1024) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

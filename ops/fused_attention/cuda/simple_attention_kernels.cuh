@@ -36,13 +36,21 @@ struct SimpleTiles {
 };
 
 template <typename Acc>
-__device__ __forceinline__ Acc to_acc(__half x) { return static_cast<Acc>(__half2float(x)); }
+__device__ __forceinline__ Acc to_acc(__half x) {
+  return static_cast<Acc>(__half2float(x));
+}
 template <typename Acc>
-__device__ __forceinline__ Acc to_acc(__nv_bfloat16 x) { return static_cast<Acc>(__bfloat162float(x)); }
+__device__ __forceinline__ Acc to_acc(__nv_bfloat16 x) {
+  return static_cast<Acc>(__bfloat162float(x));
+}
 template <typename Acc>
-__device__ __forceinline__ Acc to_acc(float x) { return static_cast<Acc>(x); }
+__device__ __forceinline__ Acc to_acc(float x) {
+  return static_cast<Acc>(x);
+}
 template <typename Acc>
-__device__ __forceinline__ Acc to_acc(double x) { return static_cast<Acc>(x); }
+__device__ __forceinline__ Acc to_acc(double x) {
+  return static_cast<Acc>(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_acc(float x) {
@@ -55,7 +63,9 @@ __device__ __forceinline__ T from_acc(float x) {
   }
 }
 template <typename T>
-__device__ __forceinline__ T from_acc(double x) { return static_cast<T>(x); }
+__device__ __forceinline__ T from_acc(double x) {
+  return static_cast<T>(x);
+}
 
 __device__ __forceinline__ float acc_exp(float x) { return expf(x); }
 __device__ __forceinline__ double acc_exp(double x) { return exp(x); }
@@ -180,8 +190,8 @@ __global__ void __launch_bounds__(SimpleTiles::kThreads) simple_forward_kernel(c
 template <typename Acc>
 __device__ __forceinline__ void probabilities_and_score_grads(const ForwardParams& p, const uint8_t* mask, int m0,
                                                               int n0, const Acc* sQ, const Acc* sK, const Acc* sdO,
-                                                              const Acc* sV, const Acc* sLse, const Acc* sDot,
-                                                              Acc* sP, Acc* sdS, int tid) {
+                                                              const Acc* sV, const Acc* sLse, const Acc* sDot, Acc* sP,
+                                                              Acc* sdS, int tid) {
   constexpr int BM = SimpleTiles::kBlockM, BN = SimpleTiles::kBlockN;
   const int D = p.head_dim;
   const Acc scale = static_cast<Acc>(p.scale);
@@ -238,7 +248,7 @@ __global__ void __launch_bounds__(SimpleTiles::kThreads) simple_dkdv_kernel(cons
     load_rows<BM>(sQ, static_cast<const T*>(p.q) + bh * p.q_len * D, m0, p.q_len, D, tid);
     load_rows<BM>(sdO, static_cast<const T*>(bp.grad_out) + bh * p.q_len * D, m0, p.q_len, D, tid);
     load_row_stats(sLse, sDot, static_cast<const Acc*>(p.lse) + bh * p.q_len,
-                      static_cast<const Acc*>(bp.row_dot) + bh * p.q_len, m0, p.q_len, tid);
+                   static_cast<const Acc*>(bp.row_dot) + bh * p.q_len, m0, p.q_len, tid);
     __syncthreads();
     probabilities_and_score_grads(p, mask, m0, n0, sQ, sK, sdO, sV, sLse, sDot, sP, sdS, tid);
     __syncthreads();
@@ -287,7 +297,7 @@ __global__ void __launch_bounds__(SimpleTiles::kThreads) simple_dq_kernel(const 
   load_rows<BM>(sQ, static_cast<const T*>(p.q) + bh * p.q_len * D, m0, p.q_len, D, tid);
   load_rows<BM>(sdO, static_cast<const T*>(bp.grad_out) + bh * p.q_len * D, m0, p.q_len, D, tid);
   load_row_stats(sLse, sDot, static_cast<const Acc*>(p.lse) + bh * p.q_len,
-                    static_cast<const Acc*>(bp.row_dot) + bh * p.q_len, m0, p.q_len, tid);
+                 static_cast<const Acc*>(bp.row_dot) + bh * p.q_len, m0, p.q_len, tid);
   for (int i = tid; i < BM * D; i += kThreads) sdQ[i] = 0;
 
   const int n_blocks = key_blocks_for(p, m0, BM, BN);

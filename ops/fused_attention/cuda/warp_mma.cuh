@@ -64,8 +64,7 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int stri
 // B fragments of two adjacent 8-column tiles, B[k][n] = M[n0 + n][k0 + k],
 // where M is a row-major tile whose rows are B's columns (K in Q K^T).
 template <typename T>
-__device__ __forceinline__ void load_b_rows(uint32_t (&b)[2][2], const T* tile, int stride, int n0, int k0,
-                                            int lane) {
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[2][2], const T* tile, int stride, int n0, int k0, int lane) {
   const int i = lane >> 3, r = lane & 7;
   uint32_t x[4];
   ldmatrix_x4(x, tile + (n0 + (i >> 1) * 8 + r) * stride + k0 + (i & 1) * 8);
@@ -78,8 +77,7 @@ __device__ __forceinline__ void load_b_rows(uint32_t (&b)[2][2], const T* tile, 
 // B fragments of two adjacent 8-column tiles, B[k][n] = M[k0 + k][n0 + n],
 // where M is a row-major tile whose rows are B's rows (V in P V).
 template <typename T>
-__device__ __forceinline__ void load_b_cols(uint32_t (&b)[2][2], const T* tile, int stride, int k0, int n0,
-                                            int lane) {
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[2][2], const T* tile, int stride, int k0, int n0, int lane) {
   const int i = lane >> 3, r = lane & 7;
   uint32_t x[4];
   ldmatrix_x4_trans(x, tile + (k0 + (i & 1) * 8 + r) * stride + n0 + (i >> 1) * 8);

@@ -9,8 +9,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <limits>
 
@@ -114,8 +114,8 @@ class CudaRecurrence final : public Recurrence {
   }
 };
 
-LstmArgs checked_cuda_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                           at::TensorList weights, bool has_biases, const char* op) {
+LstmArgs checked_cuda_args(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                           bool has_biases, const char* op) {
   LstmArgs args = check_lstm_args(input, h0, c0, weights, has_biases, op);
   TORCH_CHECK(args.batch * args.hidden_size * 4 <= std::numeric_limits<int>::max(), op,
               ": batch * 4 * hidden_size = ", args.batch * args.hidden_size * 4, " is too large for the CUDA kernels");
@@ -124,8 +124,8 @@ LstmArgs checked_cuda_args(const at::Tensor& input, const at::Tensor& h0, const 
 
 }  // namespace
 
-LstmOutputs fused_lstm_cuda(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            at::TensorList weights, bool has_biases) {
+LstmOutputs fused_lstm_cuda(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                            bool has_biases) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   const LstmArgs args = checked_cuda_args(input, h0, c0, weights, has_biases, "fused_lstm");
   CudaRecurrence recurrence;
@@ -134,8 +134,7 @@ LstmOutputs fused_lstm_cuda(const at::Tensor& input, const at::Tensor& h0, const
 }
 
 LstmOutputsWithWorkspace fused_lstm_with_workspace_cuda(const at::Tensor& input, const at::Tensor& h0,
-                                                        const at::Tensor& c0, at::TensorList weights,
-                                                        bool has_biases) {
+                                                        const at::Tensor& c0, at::TensorList weights, bool has_biases) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   const LstmArgs args = checked_cuda_args(input, h0, c0, weights, has_biases, "fused_lstm");
   CudaRecurrence recurrence;

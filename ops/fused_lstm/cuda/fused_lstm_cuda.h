@@ -6,12 +6,11 @@
 
 namespace conveyor::lstm {
 
-LstmOutputs fused_lstm_cuda(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0,
-                            at::TensorList weights, bool has_biases);
+LstmOutputs fused_lstm_cuda(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                            bool has_biases);
 
 LstmOutputsWithWorkspace fused_lstm_with_workspace_cuda(const at::Tensor& input, const at::Tensor& h0,
-                                                        const at::Tensor& c0, at::TensorList weights,
-                                                        bool has_biases);
+                                                        const at::Tensor& c0, at::TensorList weights, bool has_biases);
 
 LstmGradients fused_lstm_backward_cuda(const std::optional<at::Tensor>& grad_output,
                                        const std::optional<at::Tensor>& grad_h_n,

@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(kThreads)
     const int row = static_cast<int>(e / H);
     const int g = row / units_per_block;
     const int uu = row % units_per_block;
-    w_s[e] = uu < n_units ? s.w_hh[(static_cast<int64_t>(g) * H + unit0 + uu) * H + k]
-                          : static_cast<scalar_t>(acc_t(0));
+    w_s[e] =
+        uu < n_units ? s.w_hh[(static_cast<int64_t>(g) * H + unit0 + uu) * H + k] : static_cast<scalar_t>(acc_t(0));
   }
 
   const int warp = threadIdx.x / 32;

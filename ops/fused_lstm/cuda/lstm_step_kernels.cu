@@ -165,8 +165,8 @@ void launch_backward_step(const BackwardStep<scalar_t>& step, cudaStream_t strea
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-#define CONVEYOR_INSTANTIATE_LSTM_STEPS(T)                                         \
-  template void launch_forward_step<T>(const ForwardStep<T>&, cudaStream_t);       \
+#define CONVEYOR_INSTANTIATE_LSTM_STEPS(T)                                   \
+  template void launch_forward_step<T>(const ForwardStep<T>&, cudaStream_t); \
   template void launch_backward_step<T>(const BackwardStep<T>&, cudaStream_t);
 CONVEYOR_INSTANTIATE_LSTM_STEPS(float)
 CONVEYOR_INSTANTIATE_LSTM_STEPS(double)

@@ -18,21 +18,47 @@ struct Problem {
   int padding;  // 0 none, 1 random, 2 whole batch 0, 3 first key
 };
 
-template <typename T> T from_double(double x);
-template <> __half from_double<__half>(double x) { return __float2half_rn(static_cast<float>(x)); }
-template <> __nv_bfloat16 from_double<__nv_bfloat16>(double x) { return __float2bfloat16_rn(static_cast<float>(x)); }
-template <> float from_double<float>(double x) { return static_cast<float>(x); }
-template <> double from_double<double>(double x) { return x; }
+template <typename T>
+T from_double(double x);
+template <>
+__half from_double<__half>(double x) {
+  return __float2half_rn(static_cast<float>(x));
+}
+template <>
+__nv_bfloat16 from_double<__nv_bfloat16>(double x) {
+  return __float2bfloat16_rn(static_cast<float>(x));
+}
+template <>
+float from_double<float>(double x) {
+  return static_cast<float>(x);
+}
+template <>
+double from_double<double>(double x) {
+  return x;
+}
 double to_double(__half x) { return __half2float(x); }
 double to_double(__nv_bfloat16 x) { return __bfloat162float(x); }
 double to_double(float x) { return x; }
 double to_double(double x) { return x; }
 
-template <typename T> ElementType element_type();
-template <> ElementType element_type<__half>() { return ElementType::kHalf; }
-template <> ElementType element_type<__nv_bfloat16>() { return ElementType::kBFloat16; }
-template <> ElementType element_type<float>() { return ElementType::kFloat; }
-template <> ElementType element_type<double>() { return ElementType::kDouble; }
+template <typename T>
+ElementType element_type();
+template <>
+ElementType element_type<__half>() {
+  return ElementType::kHalf;
+}
+template <>
+ElementType element_type<__nv_bfloat16>() {
+  return ElementType::kBFloat16;
+}
+template <>
+ElementType element_type<float>() {
+  return ElementType::kFloat;
+}
+template <>
+ElementType element_type<double>() {
+  return ElementType::kDouble;
+}
 
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
@@ -110,7 +136,9 @@ void report(const char* what, const std::string& name, double err, double tol) {
 }
 
 template <typename T>
-const char* dtype_name() { return std::is_same_v<T, __half> ? "f16" : "bf16"; }
+const char* dtype_name() {
+  return std::is_same_v<T, __half> ? "f16" : "bf16";
+}
 
 template <typename T, typename LseT>
 void run_case(const Problem& pr, bool flash, double tol) {
@@ -121,10 +149,22 @@ void run_case(const Problem& pr, bool flash, double tol) {
   const size_t nk = static_cast<size_t>(pr.B) * pr.H * pr.Sk * pr.D;
   std::vector<T> q(nq), k(nk), v(nk), dout(nq);
   std::vector<double> qd(nq), kd(nk), vd(nk), dod(nq);
-  for (size_t i = 0; i < nq; ++i) { q[i] = from_double<T>(normal(rng)); qd[i] = to_double(q[i]); }
-  for (size_t i = 0; i < nk; ++i) { k[i] = from_double<T>(normal(rng)); kd[i] = to_double(k[i]); }
-  for (size_t i = 0; i < nk; ++i) { v[i] = from_double<T>(normal(rng)); vd[i] = to_double(v[i]); }
-  for (size_t i = 0; i < nq; ++i) { dout[i] = from_double<T>(normal(rng)); dod[i] = to_double(dout[i]); }
+  for (size_t i = 0; i < nq; ++i) {
+    q[i] = from_double<T>(normal(rng));
+    qd[i] = to_double(q[i]);
+  }
+  for (size_t i = 0; i < nk; ++i) {
+    k[i] = from_double<T>(normal(rng));
+    kd[i] = to_double(k[i]);
+  }
+  for (size_t i = 0; i < nk; ++i) {
+    v[i] = from_double<T>(normal(rng));
+    vd[i] = to_double(v[i]);
+  }
+  for (size_t i = 0; i < nq; ++i) {
+    dout[i] = from_double<T>(normal(rng));
+    dod[i] = to_double(dout[i]);
+  }
   std::vector<uint8_t> mask(static_cast<size_t>(pr.B) * pr.Sk, 0);
   for (int b = 0; b < pr.B; ++b)
     for (int j = 0; j < pr.Sk; ++j) {
@@ -139,25 +179,40 @@ void run_case(const Problem& pr, bool flash, double tol) {
   std::vector<T> out(nq);
   std::vector<LseT> lse(static_cast<size_t>(pr.B) * pr.H * pr.Sq);
   ForwardParams p;
-  p.q = q.data(); p.k = k.data(); p.v = v.data();
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
   p.key_padding_mask = pr.padding ? mask.data() : nullptr;
-  p.out = out.data(); p.lse = lse.data();
-  p.batch = pr.B; p.heads = pr.H; p.q_len = pr.Sq; p.k_len = pr.Sk; p.head_dim = pr.D;
-  p.scale = scale; p.causal = pr.causal; p.dtype = element_type<T>();
+  p.out = out.data();
+  p.lse = lse.data();
+  p.batch = pr.B;
+  p.heads = pr.H;
+  p.q_len = pr.Sq;
+  p.k_len = pr.Sk;
+  p.head_dim = pr.D;
+  p.scale = scale;
+  p.causal = pr.causal;
+  p.dtype = element_type<T>();
 
   std::vector<T> dq(nq), dk(nk), dv(nk);
   std::vector<LseT> row_dot(lse.size());
   std::vector<float> dq_accum(nq, 0.f);
   BackwardParams bp;
   bp.fwd = p;
-  bp.grad_out = dout.data(); bp.row_dot = row_dot.data(); bp.grad_q_accum = dq_accum.data();
-  bp.grad_q = dq.data(); bp.grad_k = dk.data(); bp.grad_v = dv.data();
+  bp.grad_out = dout.data();
+  bp.row_dot = row_dot.data();
+  bp.grad_q_accum = dq_accum.data();
+  bp.grad_q = dq.data();
+  bp.grad_k = dk.data();
+  bp.grad_v = dv.data();
 
   const std::string name = std::string(flash ? "flash " : "simple ") + "B" + std::to_string(pr.B) + " H" +
-                           std::to_string(pr.H) + " Sq" + std::to_string(pr.Sq) + " Sk" + std::to_string(pr.Sk) +
-                           " D" + std::to_string(pr.D) + (pr.causal ? " causal" : "") + " pad" +
-                           std::to_string(pr.padding) + " " +
-                           (sizeof(T) == 2 ? dtype_name<T>() : sizeof(T) == 4 ? "f32" : "f64");
+                           std::to_string(pr.H) + " Sq" + std::to_string(pr.Sq) + " Sk" + std::to_string(pr.Sk) + " D" +
+                           std::to_string(pr.D) + (pr.causal ? " causal" : "") + " pad" + std::to_string(pr.padding) +
+                           " " +
+                           (sizeof(T) == 2   ? dtype_name<T>()
+                            : sizeof(T) == 4 ? "f32"
+                                             : "f64");
   unsigned char* smem = conveyor::attention::cuda::smem_raw;
   const size_t cap = sizeof(conveyor::attention::cuda::smem_raw);
   auto rows_grid = [&](int rows, int block) { return dim3((rows + block - 1) / block, pr.H, pr.B); };
@@ -169,7 +224,10 @@ void run_case(const Problem& pr, bool flash, double tol) {
         emulated::launch(flash_forward_kernel<T, C>, rows_grid(pr.Sq, C::kBlockM), C::kThreads, C::kSmemBytes, smem,
                          cap, p);
       };
-      if (pr.D == 64) fwd.template operator()<64>(); else fwd.template operator()<128>();
+      if (pr.D == 64)
+        fwd.template operator()<64>();
+      else
+        fwd.template operator()<128>();
     }
   } else {
     emulated::launch(simple_forward_kernel<T, LseT>, rows_grid(pr.Sq, SimpleTiles::kBlockM), SimpleTiles::kThreads,
@@ -189,7 +247,10 @@ void run_case(const Problem& pr, bool flash, double tol) {
         emulated::launch(flash_backward_kernel<T, C>, rows_grid(pr.Sk, C::kBlockN), C::kThreads, C::kSmemBytes, smem,
                          cap, bp);
       };
-      if (pr.D == 64) bwd.template operator()<64>(); else bwd.template operator()<128>();
+      if (pr.D == 64)
+        bwd.template operator()<64>();
+      else
+        bwd.template operator()<128>();
       for (size_t i = 0; i < nq; ++i) dq[i] = from_double<T>(dq_accum[i] * scale);
     }
   } else {
@@ -207,12 +268,8 @@ void run_case(const Problem& pr, bool flash, double tol) {
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   const std::vector<Problem> flash_cases = {
-      {1, 1, 70, 130, 64, false, 1},
-      {2, 1, 100, 37, 128, true, 3},
-      {1, 2, 1, 1, 64, false, 0},
-      {2, 1, 65, 65, 64, true, 2},
-      {1, 1, 130, 70, 128, true, 1},
-      {1, 1, 64, 200, 128, false, 0},
+      {1, 1, 70, 130, 64, false, 1}, {2, 1, 100, 37, 128, true, 3}, {1, 2, 1, 1, 64, false, 0},
+      {2, 1, 65, 65, 64, true, 2},   {1, 1, 130, 70, 128, true, 1}, {1, 1, 64, 200, 128, false, 0},
       {1, 1, 40, 200, 64, true, 1},  // key blocks past the last query
   };
   if (only.empty() || only == "flash") {
@@ -223,11 +280,8 @@ int main(int argc, char** argv) {
   }
   if (only.empty() || only == "simple") {
     const std::vector<Problem> simple_cases = {
-        {1, 1, 40, 70, 40, true, 1},
-        {2, 1, 17, 33, 24, false, 2},
-        {1, 2, 1, 1, 8, false, 0},
-        {1, 1, 35, 20, 72, true, 3},
-        {1, 1, 10, 90, 16, true, 1},
+        {1, 1, 40, 70, 40, true, 1}, {2, 1, 17, 33, 24, false, 2}, {1, 2, 1, 1, 8, false, 0},
+        {1, 1, 35, 20, 72, true, 3}, {1, 1, 10, 90, 16, true, 1},
     };
     for (const Problem& pr : simple_cases) {
       run_case<float, float>(pr, false, 2e-5);

@@ -11,9 +11,10 @@
 // only when a cp.async.wait_group makes them due, so a missing wait reads
 // stale NaNs instead of passing by luck. Not emulated: memory-ordering races
 // between warps other than through these points.
-#include <cuda_runtime.h>
-#include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -21,7 +22,6 @@
 #include <memory>
 #include <thread>
 #include <vector>
-#include <algorithm>
 
 namespace emulated {
 struct Warp {
@@ -38,7 +38,11 @@ struct Block {
   std::barrier<> bar;
   std::vector<std::unique_ptr<Warp>> warps;
 };
-struct Copy { void* dst; const void* src; bool valid; };
+struct Copy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
 inline thread_local uint3 tl_thread_idx, tl_block_idx;
 inline thread_local Block* tl_block = nullptr;
 inline thread_local std::vector<std::vector<Copy>> tl_committed;
@@ -74,8 +78,8 @@ inline T __shfl_xor_sync(unsigned, T v, int mask) {
 }
 
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
-using std::min;
 using std::max;
+using std::min;
 
 namespace emulated {
 inline uint16_t element16(const void* row, int i) {
@@ -89,7 +93,10 @@ inline uint16_t element16(const void* row, int i) {
 inline void ldmatrix(uint32_t (&r)[4], const void* smem, bool trans) {
   auto& w = my_warp();
   const int lane = my_lane();
-  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0) { fprintf(stderr, "ldmatrix: unaligned row address\n"); abort(); }
+  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0) {
+    fprintf(stderr, "ldmatrix: unaligned row address\n");
+    abort();
+  }
   w.addr[lane] = smem;
   w.bar.arrive_and_wait();
   const int g = lane / 4, t = lane % 4;
@@ -112,9 +119,13 @@ inline void ldmatrix(uint32_t (&r)[4], const void* smem, bool trans) {
 template <bool kBF16>
 inline float to_float(uint16_t bits) {
   if constexpr (kBF16) {
-    __nv_bfloat16_raw raw; raw.x = bits; return __bfloat162float(__nv_bfloat16(raw));
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
   } else {
-    __half_raw raw; raw.x = bits; return __half2float(__half(raw));
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
   }
 }
 
@@ -155,7 +166,8 @@ inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 
 inline void cp_async(void* dst, const void* src, bool valid) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
-    fprintf(stderr, "cp.async: unaligned\n"); abort();
+    fprintf(stderr, "cp.async: unaligned\n");
+    abort();
   }
   tl_open.push_back({dst, src, valid});
 }
@@ -167,7 +179,10 @@ inline void cp_async_commit() {
 inline void cp_async_wait(int pending) {
   while (static_cast<int>(tl_committed.size()) > pending) {
     for (const Copy& c : tl_committed.front()) {
-      if (c.valid) std::memcpy(c.dst, c.src, 16); else std::memset(c.dst, 0, 16);
+      if (c.valid)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
     }
     tl_committed.erase(tl_committed.begin());
   }
@@ -177,7 +192,10 @@ inline void cp_async_wait(int pending) {
 template <typename Params, typename Kernel>
 void launch(Kernel kernel, dim3 grid, int threads, size_t smem_bytes, unsigned char* smem, size_t smem_capacity,
             const Params& params) {
-  if (smem_bytes > smem_capacity) { fprintf(stderr, "smem too large\n"); abort(); }
+  if (smem_bytes > smem_capacity) {
+    fprintf(stderr, "smem too large\n");
+    abort();
+  }
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -192,7 +210,10 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t smem_bytes, unsigned c
             tl_committed.clear();
             tl_open.clear();
             kernel(params);
-            if (!tl_committed.empty() || !tl_open.empty()) { fprintf(stderr, "cp.async left pending\n"); abort(); }
+            if (!tl_committed.empty() || !tl_open.empty()) {
+              fprintf(stderr, "cp.async left pending\n");
+              abort();
+            }
           });
         }
         for (auto& t : ts) t.join();
