@@ -109,12 +109,8 @@ struct Config {
   std::string digits, cifar;
 };
 
-double parse_number(const std::string& flag, const std::string& text, double min, double max) {
-  return ex::parse_real(flag, text, min, max);
-}
-
 int64_t parse_count(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
-  const double v = parse_number(flag, text, static_cast<double>(min), static_cast<double>(max));
+  const double v = ex::parse_real(flag, text, static_cast<double>(min), static_cast<double>(max));
   if (v != std::floor(v)) throw UsageError(flag + " expects an integer, got '" + text + "'");
   return static_cast<int64_t>(v);
 }
@@ -164,9 +160,9 @@ bool parse_args(int argc, char** argv, Config& c) {
       }
     } else if (flag == "--lrs") {
       c.lrs.clear();
-      for (const auto& s : ex::split_list(flag, value)) c.lrs.push_back(parse_number(flag, s, 1e-9, 1e3));
+      for (const auto& s : ex::split_list(flag, value)) c.lrs.push_back(ex::parse_real(flag, s, 1e-9, 1e3));
     } else if (flag == "--warmup" || flag == "--diverge-loss") {
-      (flag == "--warmup" ? c.warmup_epochs : c.diverge_loss) = parse_number(flag, value, 0, 1e9);
+      (flag == "--warmup" ? c.warmup_epochs : c.diverge_loss) = ex::parse_real(flag, value, 0, 1e9);
     } else if (flag == "--digits" || flag == "--cifar") {
       (flag == "--digits" ? c.digits : c.cifar) = value;
     } else {

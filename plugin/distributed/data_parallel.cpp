@@ -8,16 +8,6 @@
 
 namespace conveyor {
 
-namespace {
-
-std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module) {
-  std::vector<at::Tensor> tensors = module.parameters();
-  for (const auto& b : module.buffers()) tensors.push_back(b);
-  return tensors;
-}
-
-}  // namespace
-
 AllReduceDataParallel::AllReduceDataParallel(torch::nn::Sequential model,
                                              std::unique_ptr<torch::optim::Optimizer> optimizer,
                                              std::shared_ptr<ProcessGroups> groups)

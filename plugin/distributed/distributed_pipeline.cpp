@@ -82,12 +82,6 @@ std::string local_device(const PipelineOptions& options, int stage, int local_ra
   return name;
 }
 
-std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module) {
-  std::vector<at::Tensor> tensors = module.parameters();
-  for (const auto& b : module.buffers()) tensors.push_back(b);
-  return tensors;
-}
-
 }  // namespace
 
 at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim) {

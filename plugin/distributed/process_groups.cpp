@@ -288,4 +288,10 @@ void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at
   }
 }
 
+std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors = module.parameters();
+  for (const auto& b : module.buffers()) tensors.push_back(b);
+  return tensors;
+}
+
 }  // namespace conveyor

@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -124,6 +125,9 @@ class ProcessGroups {
   std::atomic<bool> failed_{false};
 };
 
+// "ranks [0, 2, 4]", for messages that name a group by its members.
+std::string ranks_text(const std::vector<int>& ranks);
+
 // --- collectives bounded by the groups' timeout ---------------------------------
 // Each names this rank and `what` in its error and marks the groups failed.
 // `group` is one of `groups`' (world, pipeline or replicas).
@@ -131,9 +135,6 @@ class ProcessGroups {
 // Waits for `work`; on failure or timeout throws "rank R (replica d, stage k):
 // timed out after T ms <what>" (or "failed after ...").
 void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
-
-// "ranks [0, 2, 4]", for messages that name a group by its members.
-std::string ranks_text(const std::vector<int>& ranks);
 
 // Sums (or averages) `tensors` in place across `group`. Tensors of one dtype
 // and device travel as one flat buffer.
@@ -143,5 +144,8 @@ void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<a
 // Overwrites `tensors` with group rank `root`'s values.
 void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, int root,
                const std::string& what);
+
+// A module's parameters, then its buffers: what a broadcast of its weights sends.
+std::vector<at::Tensor> weights_and_buffers(const torch::nn::Module& module);
 
 }  // namespace conveyor
