@@ -1,8 +1,17 @@
 #pragma once
-// Adapters: the runtime passes one tensor between layers. A layer that returns
-// a tuple (torch::nn::LSTM returns (output, (h_n, c_n))) is wrapped in
-// FirstOutput, which keeps element 0 and drops the rest; the initial state is
-// left to the layer's default (zeros), as in an unrolled language model.
+// Adapters: how layers that are not "one tensor in, one tensor out" join a
+// pipeline, with no special case in the runtime.
+//
+// Between layers and stages the runtime passes a list of tensors (Tensors).
+// A plain layer (Linear, Embedding, ...) takes and returns one: it sees a
+// list of exactly one. A layer of several tensors derives from TensorsLayer;
+// OnSlot and TensorsFunction (ops/tensors_layers.h) make such layers from
+// plain modules and functions.
+//
+// A layer that returns a tuple (torch::nn::LSTM returns (output, (h_n, c_n)))
+// is wrapped in FirstOutput, which keeps element 0 and drops the rest; the
+// initial state is left to the layer's default (zeros), as in an unrolled
+// language model.
 //
 //   seq->push_back(conveyor::FirstOutput<torch::nn::LSTM>(
 //       torch::nn::LSTMOptions(128, 256).batch_first(true)));
@@ -19,12 +28,41 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
 #include <memory>
 #include <ostream>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace conveyor {
+
+// What crosses a layer or stage boundary: an ordered list of tensors of any
+// dtypes; a slot may be undefined. Floating tensors that need a gradient get
+// one back in the backward; integer and boolean ones (token ids, lengths,
+// masks) travel forward only.
+using Tensors = std::vector<at::Tensor>;
+
+// A layer of several tensors: derive the module from TensorsLayer as well as
+// torch::nn::Module (or Cloneable) and implement forward over the list,
+//
+//   struct DecoderImpl : torch::nn::Cloneable<DecoderImpl>, conveyor::TensorsLayer {
+//     conveyor::Tensors forward(conveyor::Tensors in) override {  // {memory, target}
+//       return {in[0], attend(in[0], embed(in[1]))};              // memory rides along
+//     }
+//   };
+//
+// A tensor passed on unchanged (an encoder's output that later stages read)
+// stays differentiable: its gradient from later stages flows back to where it
+// was made, summed with the uses on the way.
+class TensorsLayer {
+ public:
+  virtual ~TensorsLayer() = default;
+  virtual Tensors forward(Tensors inputs) = 0;
+  // How many tensors forward() takes; -1 for any number. The stage checks it
+  // before the call, so a mismatch names the layer and both counts.
+  virtual int64_t num_inputs() const { return -1; }
+};
 
 // An adapter around one inner module that may be replaced in place.
 class WrapsInnerModule {

@@ -4,7 +4,8 @@
 # CMakeLists after add_library(conveyor ...). Nothing here includes plugin/.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cpu.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/swap.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/swap.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tensors_layers.cpp)
 if(CONVEYOR_WITH_CUDA)
   target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cuda.cu)
 endif()

@@ -10,6 +10,12 @@ int64_t tensor_bytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()) : 0;
 }
 
+int64_t tensor_bytes(const Tensors& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += tensor_bytes(t);
+  return total;
+}
+
 void ActivationStash::put(int mb, StashEntry entry) {
   bytes_ += entry.bytes;
   peak_bytes_ = std::max(peak_bytes_, bytes_);

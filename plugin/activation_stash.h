@@ -18,12 +18,14 @@
 namespace conveyor {
 
 struct StashEntry {
-  // The stage's input: the grad-requiring leaf of the graph, or, when only
-  // inputs are kept, the plain input the backward replays the forward from.
-  at::Tensor input;
-  // What the backward differentiates: the stage's output, or the scaled loss
-  // on the last stage. Undefined when only the input is kept.
-  at::Tensor root;
+  // The stage's inputs, a slot each: the grad-requiring leaves of the graph
+  // (other slots undefined), or, when only inputs are kept, the plain inputs
+  // the backward replays the forward from.
+  Tensors inputs;
+  // What the backward differentiates: the stage's outputs that require grad
+  // (other slots undefined), or the scaled loss on the last stage. Empty when
+  // only the inputs are kept.
+  Tensors roots;
   bool inputs_only = false;
   std::shared_ptr<WeightVersion> weights;    // the version the forward read (weight stashing)
   std::optional<StageRandom::State> random;  // where the stage's streams stood (a replay with stage_rng)
@@ -50,5 +52,6 @@ class ActivationStash {
 };
 
 int64_t tensor_bytes(const at::Tensor& t);  // 0 for an undefined tensor
+int64_t tensor_bytes(const Tensors& tensors);
 
 }  // namespace conveyor

@@ -2,6 +2,7 @@
 // Conveyor: pipeline model parallelism for LibTorch. Include this one header.
 
 #include "ops/adapters.h"
+#include "ops/tensors_layers.h"
 #include "plugin/atomic_file.h"
 #include "plugin/errors.h"
 #include "plugin/model_names.h"

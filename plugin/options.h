@@ -72,6 +72,25 @@ struct PipelineOptions {
   // micro-batches. A batch of N samples gives micro-batches of N / M samples,
   // the first N % M of them one larger (torch::tensor_split); N < M is an error.
   TORCH_ARG(int64_t, batch_dim) = 0;
+  // Several inputs or targets (train_step and forward over Tensors): the
+  // indices of those that go whole to every micro-batch instead of being
+  // split (a [T, T] causal mask, class weights). The others must all have
+  // the same size along batch_dim(); an undefined one stays undefined.
+  TORCH_ARG(std::vector<int64_t>, shared_inputs) = {};
+  TORCH_ARG(std::vector<int64_t>, shared_targets) = {};
+  // Tied weights: each group names parameters (as named_parameters() does,
+  // "0.weight") that are one logical parameter held by several layers, e.g.
+  // the input embedding and the output projection of a language model. The
+  // pipeline gives every copy the value of the copy in the earliest layer
+  // when it is built, and
+  // after each step's backwards the sum of all their gradients, so the copies
+  // stay identical under any elementwise optimizer, across devices and
+  // processes. A tensor registered in layers of several stages (the same
+  // tensor, not copies) is such a group by itself: TorchScript layers then get
+  // a copy each; other layers cannot, and are refused with this option's name.
+  // Only synchronous schedules accept ties (an asynchronous one would step
+  // each copy with a different gradient).
+  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
   // What loss_fn returns; see LossReduction.
   TORCH_ARG(LossReduction, loss_reduction) = LossReduction::kMean;
   // Messages a stage-to-stage channel buffers before a send blocks. The

@@ -1,5 +1,6 @@
 #include "plugin/pipeline.h"
 
+#include "plugin/tied_parameters.h"
 #include "schedules/generators.h"
 #include "schedules/validate.h"
 
@@ -7,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -94,11 +96,19 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   check_optimizer_options(options_, schedule_);
   if (options_.timeout().count() <= 0) throw std::invalid_argument("conveyor: timeout must be positive");
 
-  // Everything is checked: only now are layers moved to their devices.
   std::vector<std::pair<std::string, torch::nn::AnyModule>> named;
   const auto children = model->named_children();
   int64_t i = 0;
   for (const auto& layer : *model) named.emplace_back(children[i++].key(), layer);
+  const std::vector<TiedNames> tied =
+      find_tied_parameters(named, plan_, options_.tied_parameters(), /*untie=*/local_stage < 0);
+  if (!tied.empty() && !schedule_.synchronous()) {
+    throw std::invalid_argument("conveyor: schedule '" + schedule_.name + "' updates each stage's weights on its own " +
+                                "after every micro-batch, so the copies of tied parameter '" + tied[0][0].second +
+                                "' would drift apart; tied parameters need a synchronous schedule (sequential, " +
+                                "gpipe, 1f1b)");
+  }
+  // Everything is checked: only now are layers moved to their devices.
 
   std::vector<std::shared_ptr<Stage>> stages;
   std::vector<c10::Device> devices;
@@ -122,8 +132,30 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   runtime_options.trace = options_.trace();
   runtime_options.divergence_guard = options_.divergence_guard();
   runtime_options.learning_rate = options_.lr_schedule();
+  std::vector<TiedParameter> ties;
+  for (const TiedNames& names : tied) {
+    TiedParameter tie;
+    std::vector<std::string> group;
+    for (const auto& [k, name] : names) {
+      group.push_back(name);
+      if (!stages[k]) {
+        tie.emplace_back(k, 0);  // another process's stage: only its index matters
+        continue;
+      }
+      const at::Tensor* p = stages[k]->module()->named_parameters().find(name);
+      const auto& live = stages[k]->live();
+      size_t index = 0;
+      while (index < live.size() && live[index].unsafeGetTensorImpl() != p->unsafeGetTensorImpl()) ++index;
+      TORCH_INTERNAL_ASSERT(p && index < live.size(), "conveyor: tied parameter ", name, " is not in stage ", k);
+      tie.emplace_back(k, index);
+    }
+    ties.push_back(std::move(tie));
+    tied_names_.push_back(std::move(group));
+  }
   if (!transport) transport = make_in_process_transport(devices, options_.channel_capacity(), options_.timeout());
-  runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options));
+  runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options),
+                                       std::move(ties));
+  runtime_->unify_tied_values();
 }
 
 void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
@@ -135,44 +167,124 @@ void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64
   }
 }
 
-std::vector<at::Tensor> Pipeline::split(const at::Tensor& batch, const char* what, int num_microbatches) const {
-  if (!batch.defined()) throw std::invalid_argument(std::string("conveyor: the ") + what + " is undefined");
+int64_t Pipeline::split(const Tensors& batch, const char* what, const std::vector<int64_t>& shared,
+                        int num_microbatches, std::vector<Tensors>& out) const {
   const int64_t dim = options_.batch_dim();
-  if (batch.dim() <= dim) {
-    std::ostringstream os;
-    os << "conveyor: the " << what << " has shape " << batch.sizes() << ", which has no batch dimension " << dim;
-    throw std::invalid_argument(os.str());
+  const bool several = batch.size() > 1;
+  const auto name = [&](size_t i) { return std::string(what) + (several ? " " + std::to_string(i) : ""); };
+  for (int64_t i : shared) {
+    if (i < 0 || i >= static_cast<int64_t>(batch.size())) {
+      throw std::invalid_argument("conveyor: shared " + std::string(what) + " " + std::to_string(i) + " is not one of the " +
+                                  std::to_string(batch.size()) + " given");
+    }
   }
-  const int64_t n = batch.size(dim);
-  if (n < num_microbatches) {
-    std::ostringstream os;
-    os << "conveyor: a batch of " << n << " samples cannot be split into " << num_microbatches
-       << " micro-batches: each needs at least one sample (use a batch of at least " << num_microbatches
-       << " or fewer micro-batches)";
-    throw std::invalid_argument(os.str());
+  if (batch.empty()) throw std::invalid_argument(std::string("conveyor: no ") + what + " given");
+  out.assign(num_microbatches, Tensors(batch.size()));
+  int64_t n = -1;
+  size_t n_from = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const at::Tensor& t = batch[i];
+    const bool is_shared = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
+    if (!t.defined() || is_shared) {
+      for (auto& mb : out) mb[i] = t;
+      continue;
+    }
+    if (t.dim() <= dim) {
+      std::ostringstream os;
+      os << "conveyor: the " << name(i) << " has shape " << t.sizes() << ", which has no batch dimension " << dim;
+      if (several) os << " (declare it shared if every micro-batch needs it whole)";
+      throw std::invalid_argument(os.str());
+    }
+    if (n >= 0 && t.size(dim) != n) {
+      std::ostringstream os;
+      os << "conveyor: the " << name(i) << " has " << t.size(dim) << " samples along dimension " << dim << " (shape "
+         << t.sizes() << "), but the " << name(n_from) << " has " << n
+         << "; every split tensor needs the same batch size";
+      throw std::invalid_argument(os.str());
+    }
+    n = t.size(dim);
+    n_from = i;
+    if (n < num_microbatches) {
+      std::ostringstream os;
+      os << "conveyor: a batch of " << n << " samples cannot be split into " << num_microbatches
+         << " micro-batches: each needs at least one sample (use a batch of at least " << num_microbatches
+         << " or fewer micro-batches)";
+      throw std::invalid_argument(os.str());
+    }
+    const auto parts = t.tensor_split(num_microbatches, dim);
+    for (int m = 0; m < num_microbatches; ++m) out[m][i] = parts[m];
   }
-  return batch.tensor_split(num_microbatches, dim);
+  if (n < 0) {
+    throw std::invalid_argument(std::string("conveyor: every ") + what + " is shared or undefined, so nothing " +
+                                "says how the batch splits into micro-batches");
+  }
+  return n;
 }
 
 StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
   if (!loss_fn) throw std::invalid_argument("conveyor: train_step needs a loss function");
+  if (!input.defined()) throw std::invalid_argument("conveyor: the input is undefined");
+  if (!target.defined()) throw std::invalid_argument("conveyor: the target is undefined");
+  const TensorsLossFn on_one = [&loss_fn](const Tensors& outputs, const Tensors& targets) {
+    TORCH_CHECK(outputs.size() == 1, "the last stage returns ", outputs.size(), " tensors, but the loss function ",
+                "takes one: give train_step a loss function of Tensors");
+    return loss_fn(outputs[0], targets[0]);
+  };
+  return train_step(Tensors{input}, Tensors{target}, on_one);
+}
+
+StepResult Pipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
+  if (!loss_fn) throw std::invalid_argument("conveyor: train_step needs a loss function");
   const int m = options_.microbatches();
   StepData data;
-  data.inputs = split(input, "input", m);
-  data.targets = split(target, "target", m);
-  const int64_t n = input.size(options_.batch_dim());
-  if (target.size(options_.batch_dim()) != n) {
+  const int64_t n = split(inputs, "input", options_.shared_inputs(), m, data.inputs);
+  const int64_t n_targets = split(targets, "target", options_.shared_targets(), m, data.targets);
+  if (n_targets != n) {
     std::ostringstream os;
     os << "conveyor: the input has " << n << " samples along dimension " << options_.batch_dim()
-       << " but the target has " << target.size(options_.batch_dim());
+       << " but the target has " << n_targets;
     throw std::invalid_argument(os.str());
   }
+  const auto parts = at::arange(n).tensor_split(m);
+  std::vector<int64_t> samples;
+  for (const auto& part : parts) samples.push_back(part.numel());
+  return train(data, samples, loss_fn);
+}
+
+StepResult Pipeline::train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
+                                        const TensorsLossFn& loss_fn) {
+  if (!loss_fn) throw std::invalid_argument("conveyor: train_microbatches needs a loss function");
+  const int m = options_.microbatches();
+  if (static_cast<int>(inputs.size()) != m || static_cast<int>(targets.size()) != m) {
+    throw std::invalid_argument("conveyor: train_microbatches was given " + std::to_string(inputs.size()) +
+                                " input and " + std::to_string(targets.size()) + " target micro-batches; the " +
+                                "pipeline runs " + std::to_string(m));
+  }
+  StepData data;
+  std::vector<int64_t> samples;
+  for (int i = 0; i < m; ++i) {
+    std::vector<Tensors> one;
+    const int64_t n = split(inputs[i], "input", options_.shared_inputs(), 1, one);
+    data.inputs.push_back(std::move(one[0]));
+    if (split(targets[i], "target", options_.shared_targets(), 1, one) != n) {
+      throw std::invalid_argument("conveyor: micro-batch " + std::to_string(i) + "'s inputs and targets differ in " +
+                                  "their number of samples");
+    }
+    data.targets.push_back(std::move(one[0]));
+    samples.push_back(n);
+  }
+  return train(data, samples, loss_fn);
+}
+
+StepResult Pipeline::train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn) {
   // The reported loss is the batch's; what each backward starts from is the
   // batch's loss (synchronous: the gradients are the whole batch's) or the
   // micro-batch's own (asynchronous: each micro-batch is a mini-batch).
   const bool mean = options_.loss_reduction() == LossReduction::kMean;
-  for (const auto& mb : data.inputs) {
-    const double share = mean ? static_cast<double>(mb.size(options_.batch_dim())) / static_cast<double>(n) : 1.0;
+  int64_t n = 0;
+  for (int64_t s : samples) n += s;
+  for (int64_t s : samples) {
+    const double share = mean ? static_cast<double>(s) / static_cast<double>(n) : 1.0;
     data.report_weight.push_back(share);
     data.loss_scale.push_back(schedule_.synchronous() ? share : 1.0);
   }
@@ -182,14 +294,43 @@ StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& targe
 
 at::Tensor Pipeline::forward(const at::Tensor& input) {
   if (!input.defined()) throw std::invalid_argument("conveyor: the input is undefined");
-  const int64_t n = input.dim() > options_.batch_dim() ? input.size(options_.batch_dim()) : 0;
+  const Tensors out = forward(Tensors{input});
+  if (out.empty()) return at::Tensor();  // the output is in another process
+  TORCH_CHECK(out.size() == 1, "conveyor: the last stage returns ", out.size(), " tensors; call forward with Tensors");
+  return out[0];
+}
+
+Tensors Pipeline::forward(const Tensors& inputs) {
+  int64_t n = 0;
+  const auto& shared = options_.shared_inputs();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const bool is_shared = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
+    if (!is_shared && inputs[i].defined() && inputs[i].dim() > options_.batch_dim()) {
+      n = inputs[i].size(options_.batch_dim());
+      break;
+    }
+  }
   const int m = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options_.microbatches(), n)));
   StepData data;
-  data.inputs = split(input, "input", m);
-  std::vector<at::Tensor> outputs;
+  split(inputs, "input", shared, m, data.inputs);
+  std::vector<Tensors> outputs;
   runtime_->run(schedules::make_forward_only(num_stages(), m), data, &outputs);
-  if (!is_local(num_stages() - 1)) return at::Tensor();  // the output is in another process
-  return at::cat(outputs, options_.batch_dim());
+  if (!is_local(num_stages() - 1)) return {};  // the output is in another process
+  Tensors joined(outputs[0].size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    std::vector<at::Tensor> parts;
+    for (const auto& mb : outputs) {
+      TORCH_CHECK(mb.size() == joined.size(), "conveyor: the last stage returned ", mb.size(), " tensors for one ",
+                  "micro-batch and ", joined.size(), " for another");
+      if (mb[i].defined()) parts.push_back(mb[i]);
+    }
+    if (parts.size() == 1) {
+      joined[i] = parts[0];
+    } else if (!parts.empty()) {
+      joined[i] = at::cat(parts, options_.batch_dim());
+    }
+  }
+  return joined;
 }
 
 std::vector<at::Tensor> Pipeline::parameters() const {

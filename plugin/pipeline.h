@@ -63,10 +63,25 @@ class Pipeline {
   // One training step on a whole batch: splits it into micro-batches, runs
   // the schedule, accumulates gradients. Returns the batch's loss and timings.
   StepResult train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
+  // The same for a model of several inputs, outputs or targets: each input
+  // and target is split along batch_dim() (except those declared shared),
+  // stage 0's first layer receives the micro-batch's inputs, and loss_fn the
+  // last stage's outputs and the micro-batch's targets.
+  //   pipe.train_step({tokens, mask}, {labels}, [](const Tensors& out, const Tensors& t) {
+  //     return torch::nn::functional::cross_entropy(out[0], t[0]); });
+  StepResult train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn);
+  // One step on micro-batches the caller made (bucketing: each padded to its
+  // own length): exactly options().microbatches() of them, each weighted by
+  // its share of the samples (its size along batch_dim()).
+  StepResult train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
+                                const TensorsLossFn& loss_fn);
 
   // Inference: no autograd, nothing stashed; micro-batches flow through the
   // stages concurrently. Output on the last stage's device.
   at::Tensor forward(const at::Tensor& input);
+  // The same for several inputs or outputs; each output is the micro-batches'
+  // outputs concatenated along batch_dim().
+  Tensors forward(const Tensors& inputs);
 
   // The live weights, stage by stage.
   std::vector<at::Tensor> parameters() const;
@@ -89,13 +104,21 @@ class Pipeline {
   const StagePlan& plan() const { return plan_; }
   const schedules::Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }
+  // The tied parameters, by name, each group in stage order (see
+  // PipelineOptions::tied_parameters; groups found by the pipeline included).
+  const std::vector<std::vector<std::string>>& tied_parameters() const { return tied_names_; }
 
  private:
   // Builds the stages (all, or only `local_stage` >= 0) and the runtime.
   void build(torch::nn::Sequential& model, int local_stage, std::unique_ptr<Transport> transport);
-  std::vector<at::Tensor> split(const at::Tensor& batch, const char* what, int num_microbatches) const;
+  // Micro-batch i's share of each tensor; returns the samples in the batch.
+  int64_t split(const Tensors& batch, const char* what, const std::vector<int64_t>& shared, int num_microbatches,
+                std::vector<Tensors>& out) const;
+  // Runs a training step on data whose inputs and targets are set.
+  StepResult train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn);
 
   PipelineOptions options_;
+  std::vector<std::vector<std::string>> tied_names_;
   StagePlan plan_;
   schedules::Schedule schedule_;
   std::unique_ptr<Runtime> runtime_;

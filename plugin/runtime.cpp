@@ -4,6 +4,7 @@
 #include "plugin/action_timer.h"
 #include "plugin/errors.h"
 #include "plugin/step_rollback.h"
+#include "plugin/step_context.h"
 #include "plugin/weight_versions.h"
 
 #include <ATen/ATen.h>
@@ -23,7 +24,6 @@ namespace conveyor {
 using schedules::Action;
 using schedules::ActionKind;
 using schedules::Schedule;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -43,71 +43,12 @@ bool is_divergence(const std::exception_ptr& error) {
   }
 }
 
-// Runs a blocking transport call, adding its duration to `seconds`.
-template <typename Fn>
-auto waited(double& seconds, Fn&& fn) {
-  const auto t0 = Clock::now();
-  struct Add {
-    double& seconds;
-    Clock::time_point t0;
-    ~Add() { seconds += std::chrono::duration<double>(Clock::now() - t0).count(); }
-  } add{seconds, t0};
-  return fn();
-}
-
-// Runs the stage's layers, under its own random streams when it has them;
-// `start` (if given) receives where the streams stood, for a replay.
-at::Tensor run_layers(const Stage& stage, const at::Tensor& x, std::optional<StageRandom::State>* start) {
-  StageRandom* random = stage.random();
-  if (!random) return stage.forward(x);
-  if (start) *start = random->state();
-  at::Tensor y;
-  random->run([&] { y = stage.forward(x); });
-  return y;
-}
-
-// What a forward leaves for its backward, as the schedule declares: the
-// graph (the grad-requiring input, if any, and the root to differentiate),
-// or only the input, from which the backward replays the forward.
-void keep_for_backward(StashEntry& entry, bool inputs_only, const at::Tensor& input, bool input_is_leaf,
-                       const at::Tensor& output, const at::Tensor& root) {
-  entry.inputs_only = inputs_only;
-  if (inputs_only) {
-    entry.input = input;
-    entry.bytes = tensor_bytes(input);
-  } else {
-    entry.input = input_is_leaf ? input : at::Tensor();
-    entry.root = root;
-    entry.bytes = tensor_bytes(entry.input) + tensor_bytes(output);
-  }
-}
-
 }  // namespace
 
-struct Runtime::StepContext {
-  struct PerStage {
-    ActivationStash stash;
-    WeightVersions versions;
-    double busy_seconds = 0;
-    // Seconds the current action spent blocked in the transport before and
-    // after its compute: not busy time.
-    double wait_in = 0, wait_out = 0;
-    std::vector<TraceEvent> trace;
-    at::Tensor loss_sum;
-    int updates = 0;
-  };
-  explicit StepContext(int k) : stages(k) {}
-  std::vector<PerStage> stages;
-  std::vector<at::Tensor>* outputs = nullptr;
-  Clock::time_point start = Clock::now();
-  std::atomic<bool> failed{false};
-  std::mutex error_mutex;
-  std::exception_ptr first_error;
-};
-
 Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport,
-                 RuntimeOptions options)
+                 RuntimeOptions options, std::vector<TiedParameter> ties)
     : stages_(std::move(stages)),
+      ties_(std::move(ties)),
       local_([&] {
         std::vector<int> local;
         for (size_t k = 0; k < stages_.size(); ++k) {
@@ -127,7 +68,7 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
   }
 }
 
-StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vector<at::Tensor>* outputs) {
+StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vector<Tensors>* outputs) {
   const int num = num_stages();
   TORCH_CHECK(schedule.num_stages == num, "conveyor: schedule has ", schedule.num_stages, " stages, pipeline has ",
               num);
@@ -135,9 +76,13 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
               " micro-batches given to a schedule of ", schedule.num_microbatches);
   const bool training = data.loss_fn != nullptr;
   transport_->reset();
+  // A step's backwards accumulate a tied parameter's gradient into each copy
+  // from zero; what the copies held before is added back after the sum.
+  std::vector<Tensors> tied_before;
+  if (training) tied_before = take_tied_gradients();
   StepContext ctx(num);
   ctx.outputs = outputs;
-  if (outputs) outputs->assign(data.inputs.size(), at::Tensor());
+  if (outputs) outputs->assign(data.inputs.size(), Tensors());
 
   StepRollback rollback;  // an asynchronous step updates as it goes
   if (training && !schedule.synchronous()) {
@@ -167,6 +112,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   if (!error) {
     try {
       transport_->finish_step();  // this side's messages delivered, or no weights change
+      if (training) sum_tied_gradients(tied_before);
     } catch (...) {
       error = std::current_exception();
     }
@@ -174,6 +120,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   const double wall = std::chrono::duration<double>(Clock::now() - ctx.start).count();
   for (int k : local_) stages_[k]->read_live_weights();
   if (error) {
+    if (training) add_back_tied_gradients(tied_before);
     rollback.restore();
     if (!rollback.empty() || is_divergence(error)) {
       for (int k : local_) stages_[k]->clear_gradients();
@@ -282,118 +229,6 @@ void Runtime::check_finite(int k, int mb, const char* what, const std::vector<at
   if (!action.empty()) os << " in " << action << " (micro-batch " << mb << ")";
   os << "; the weights of the last good step are kept";
   throw DivergenceError(step, schedule.name, k, mb, action, os.str());
-}
-
-void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& data, StepContext& ctx) {
-  Stage& stage = *stages_[k];
-  auto& st = ctx.stages[k];
-  const bool training = data.loss_fn != nullptr;
-  const bool last = k + 1 == num_stages();
-  // With an inputs-only stash the forward builds no graph: its backward will.
-  const bool inputs_only = training && schedule.stash == schedules::Stash::kInputs;
-  const bool build_graph = training && !inputs_only;
-  at::Tensor x = k == 0 ? data.inputs[mb].to(stage.device())
-                        : waited(st.wait_in, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
-  const bool input_is_leaf = build_graph && k > 0 && x.defined() && x.is_floating_point();
-  if (input_is_leaf) x = x.detach().requires_grad_(true);
-
-  StashEntry entry;
-  if (training && schedule.weight_stashing) {
-    entry.weights = st.versions.for_forward(mb, st.updates);
-    stage.read_weights(*entry.weights);
-  }
-  at::Tensor y;
-  {
-    c10::AutoGradMode grad_mode(build_graph);
-    y = run_layers(stage, x, inputs_only ? &entry.random : nullptr);
-  }
-  if (!last) {
-    waited(st.wait_out, [&] {
-      transport_->send(Channel::kActivation, k, k + 1, mb, y.detach());
-      return 0;
-    });
-  }
-  if (!training) {
-    if (last && ctx.outputs) (*ctx.outputs)[mb] = y;
-    return;
-  }
-
-  at::Tensor root = y;
-  if (last) {
-    c10::AutoGradMode grad_mode(build_graph);
-    const at::Tensor loss = loss_of(mb, y, data);
-    if (options_.divergence_guard) {
-      check_finite(k, mb, "loss", {loss.detach()}, schedule, Action{k, ActionKind::kForward, mb}.str());
-    }
-    const at::Tensor value = loss.detach() * data.report_weight[mb];
-    st.loss_sum = st.loss_sum.defined() ? st.loss_sum + value : value;
-    if (build_graph) root = loss * data.loss_scale[mb];
-  }
-  keep_for_backward(entry, inputs_only, x, input_is_leaf, y, root);
-  st.stash.put(mb, std::move(entry));
-}
-
-at::Tensor Runtime::loss_of(int mb, const at::Tensor& output, const StepData& data) const {
-  const at::Tensor loss = (*data.loss_fn)(output, data.targets[mb].to(output.device()));
-  TORCH_CHECK(loss.defined() && loss.numel() == 1, "the loss function must return a single-element tensor, got ",
-              loss.defined() ? loss.sizes() : at::IntArrayRef{}, " for micro-batch ", mb);
-  return loss.reshape({});
-}
-
-at::Tensor Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData& data) {
-  const Stage& stage = *stages_[k];
-  if (k > 0 && entry.input.defined() && entry.input.is_floating_point()) {
-    entry.input = entry.input.detach().requires_grad_(true);
-  }
-  at::Tensor y;
-  if (entry.random) {  // set only with the stage's own streams
-    stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.input); });
-  } else {
-    y = stage.forward(entry.input);
-  }
-  return k + 1 == num_stages() ? loss_of(mb, y, data) * data.loss_scale[mb] : y;
-}
-
-void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& data, StepContext& ctx) {
-  Stage& stage = *stages_[k];
-  auto& st = ctx.stages[k];
-  StashEntry entry = st.stash.take(mb);
-  if (entry.weights) {
-    stage.read_weights(*entry.weights);
-  } else {
-    stage.read_live_weights();
-  }
-  const at::Tensor root = entry.inputs_only ? replay_forward(k, mb, entry, data) : entry.root;
-  if (k + 1 == num_stages()) {
-    torch::autograd::backward({root});
-  } else {
-    const at::Tensor grad = waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
-    // An undefined gradient means nothing downstream depended on our output.
-    if (grad.defined() && root.requires_grad()) torch::autograd::backward({root}, {grad});
-  }
-  if (k > 0) {
-    const at::Tensor& input = entry.input;
-    const bool has_grad = input.defined() && input.requires_grad();
-    waited(st.wait_out, [&] {
-      transport_->send(Channel::kGradient, k, k - 1, mb, has_grad ? input.grad() : at::Tensor());
-      return 0;
-    });
-  }
-  if (schedule.step_per_microbatch) optimizer_step(k, mb, schedule, ctx);
-}
-
-void Runtime::optimizer_step(int k, int mb, const Schedule& schedule, StepContext& ctx) {
-  Stage& stage = *stages_[k];
-  auto& st = ctx.stages[k];
-  stage.collect_gradients();
-  if (options_.divergence_guard) {
-    check_finite(k, mb, "gradient", stage.gradients(), schedule, Action{k, ActionKind::kBackward, mb}.str());
-  }
-  TORCH_CHECK(stage.optimizer(), "schedule '", schedule.name,
-              "' steps the optimizer after every micro-batch, but the pipeline has none (PipelineOptions::optimizer)");
-  stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);
-  ++st.updates;
-  st.versions.after_update(st.updates, stage);
 }
 
 }  // namespace conveyor

@@ -23,14 +23,23 @@ namespace conveyor {
 
 // Returns the loss of one micro-batch: a scalar (see LossReduction).
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+// The same for a model of several outputs or targets: the last stage's
+// outputs and the micro-batch's targets.
+using TensorsLossFn = std::function<at::Tensor(const Tensors& outputs, const Tensors& targets)>;
 
 struct StepData {
-  std::vector<at::Tensor> inputs;     // per micro-batch, fed to stage 0
-  std::vector<at::Tensor> targets;    // per micro-batch, given to loss_fn on the last stage
+  std::vector<Tensors> inputs;        // per micro-batch, fed to stage 0
+  std::vector<Tensors> targets;       // per micro-batch, given to loss_fn on the last stage
   std::vector<double> loss_scale;     // per micro-batch, multiplies its loss before its backward
   std::vector<double> report_weight;  // per micro-batch, its share of the step's reported loss
-  const LossFn* loss_fn = nullptr;    // null: inference (no autograd, nothing stashed)
+  const TensorsLossFn* loss_fn = nullptr;  // null: inference (no autograd, nothing stashed)
 };
+
+// One logical parameter held by several stages (tied weights): entry i is
+// (stage, index into that stage's live weights), stages ascending. After a
+// synchronous step's backwards every holder's gradient is the sum over the
+// holders (added in stage order), so identical copies stay identical.
+using TiedParameter = std::vector<std::pair<int, size_t>>;
 
 struct RuntimeOptions {
   bool trace = true;
@@ -43,13 +52,18 @@ class Runtime {
  public:
   // `stages[k]` may be null for a stage that runs in another process (the
   // transport reaches it); this process runs the others, one thread each.
-  Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, RuntimeOptions options);
+  Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, RuntimeOptions options,
+          std::vector<TiedParameter> ties = {});
+
+  // Gives every holder of a tied parameter the first holder's value (across
+  // processes through the transport): called once, when the pipeline is built.
+  void unify_tied_values();
 
   // Runs `schedule` once. On inference, `outputs` (if given) receives the last
   // stage's output per micro-batch. Throws PipelineError naming the stage,
   // micro-batch and action of the first failure (DivergenceError for a
   // non-finite loss or gradient); the other stages stop.
-  StepResult run(const schedules::Schedule& schedule, const StepData& data, std::vector<at::Tensor>* outputs = nullptr);
+  StepResult run(const schedules::Schedule& schedule, const StepData& data, std::vector<Tensors>* outputs = nullptr);
 
   int num_stages() const { return static_cast<int>(stages_.size()); }
   bool is_local(int k) const { return stages_.at(k) != nullptr; }
@@ -67,13 +81,21 @@ class Runtime {
   // The optimizer step after a backward (schedules that step per micro-batch).
   void optimizer_step(int k, int mb, const schedules::Schedule& schedule, StepContext& ctx);
   // The last stage's loss of micro-batch mb (a scalar; checked).
-  at::Tensor loss_of(int mb, const at::Tensor& output, const StepData& data) const;
-  // An inputs-only stash entry's backward root: its forward again, with grad.
-  at::Tensor replay_forward(int k, int mb, StashEntry& entry, const StepData& data);
+  at::Tensor loss_of(int mb, const Tensors& outputs, const StepData& data) const;
+  // An inputs-only stash entry's backward roots: its forward again, with grad.
+  Tensors replay_forward(int k, int mb, StashEntry& entry, const StepData& data);
+  // Tied parameters (see TiedParameter): each local copy's gradient is taken
+  // out before a step (per tie, per entry), then every copy gets what it held
+  // plus the sum over the holders of the step's gradients; after a failure,
+  // what it held plus whatever the step added.
+  std::vector<Tensors> take_tied_gradients();
+  void sum_tied_gradients(const std::vector<Tensors>& before);
+  void add_back_tied_gradients(const std::vector<Tensors>& before);
   void check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,
                     const schedules::Schedule& schedule, const std::string& action) const;
 
   std::vector<std::shared_ptr<Stage>> stages_;
+  std::vector<TiedParameter> ties_;
   std::vector<int> local_;  // indices of the stages this process runs
   std::unique_ptr<Transport> transport_;
   std::vector<std::optional<c10::Stream>> streams_;  // per stage, on accelerators

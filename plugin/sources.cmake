@@ -12,10 +12,12 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
   ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/runtime_actions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_random.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_rollback.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tied_parameters.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_versions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/workers.cpp)
 include(${CMAKE_CURRENT_LIST_DIR}/transport/sources.cmake)

@@ -7,6 +7,7 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace conveyor {
 
@@ -22,21 +23,36 @@ Stage::Stage(int index, std::vector<std::pair<std::string, torch::nn::AnyModule>
   for (auto& [name, layer] : layers_) {
     layer.ptr()->to(device_);
     module_->push_back(name, layer);
+    tensors_layers_.push_back(dynamic_cast<TensorsLayer*>(layer.ptr().get()));
   }
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& p : module_->named_parameters()) {
+    if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
     names_.push_back(p.key());
     params_.push_back(p.value());
   }
   live_ = params_;
 }
 
-at::Tensor Stage::forward(const at::Tensor& input) const {
-  at::Tensor x = input;
+Tensors Stage::forward(Tensors x) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string& name = layers_[i].first;
     torch::nn::AnyModule layer = layers_[i].second;  // forward() is non-const; the copy shares the module
     try {
-      x = layer.forward<at::Tensor>(x);
+      if (TensorsLayer* list_layer = tensors_layers_[i]) {
+        const int64_t want = list_layer->num_inputs();
+        if (want >= 0 && want != static_cast<int64_t>(x.size())) {
+          throw std::invalid_argument("it takes " + std::to_string(want) + " tensor" + (want == 1 ? "" : "s") +
+                                      ", but " + std::to_string(x.size()) + " reach it");
+        }
+        x = list_layer->forward(std::move(x));
+      } else {
+        if (x.size() != 1) {
+          throw std::invalid_argument("it takes one tensor, but " + std::to_string(x.size()) +
+                                      " reach it (make it a conveyor::TensorsLayer, or wrap it in conveyor::OnSlot)");
+        }
+        x[0] = layer.forward<at::Tensor>(x[0]);
+      }
     } catch (const std::exception& e) {
       std::ostringstream os;
       os << "layer " << name << " (";

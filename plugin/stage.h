@@ -1,7 +1,9 @@
 #pragma once
 // Stage: a contiguous slice of a Sequential's layers placed on one device. It
 // shares the layer modules with the user's model (nothing is copied), and runs
-// them one by one so that a failure names the layer that raised it.
+// them one by one so that a failure names the layer that raised it. Between
+// layers it passes a list of tensors (Tensors, ops/adapters.h): a plain layer
+// takes exactly one, a TensorsLayer the whole list.
 //
 // Weights. The optimizer owns the stage's *live* weights. Normally those are
 // the layers' own parameters. A schedule with weight stashing needs a
@@ -12,6 +14,7 @@
 // must see. Between steps the parameters share the live weights' storage, so
 // the user's model and inference always see the latest values.
 
+#include "ops/adapters.h"
 #include "plugin/stage_random.h"
 
 #include <ATen/core/Tensor.h>
@@ -42,8 +45,9 @@ class Stage {
 
   // Runs the layers in order. A failing layer is reported as
   // "layer 2 (torch::nn::Linear(...)): <what it said>"; the runtime adds the
-  // stage, micro-batch and action.
-  at::Tensor forward(const at::Tensor& input) const;
+  // stage, micro-batch and action. So is a layer given a number of tensors
+  // it does not take.
+  Tensors forward(Tensors inputs) const;
 
   int index() const { return index_; }
   const c10::Device& device() const { return device_; }
@@ -54,7 +58,9 @@ class Stage {
   torch::nn::Sequential module() const { return module_; }
 
   // --- weights -----------------------------------------------------------
-  // The live weights (what an optimizer steps), with the layers' names.
+  // The live weights (what an optimizer steps), with the layers' names. A
+  // tensor registered twice in the stage's layers (weights tied within the
+  // stage) is listed once, under its first name.
   const std::vector<at::Tensor>& live() const { return live_; }
   const std::vector<std::string>& names() const { return names_; }
   // Gives the optimizer its own live tensors (weight stashing); idempotent.
@@ -96,6 +102,7 @@ class Stage {
   int64_t first_layer_;
   c10::Device device_;
   std::vector<std::pair<std::string, torch::nn::AnyModule>> layers_;
+  std::vector<TensorsLayer*> tensors_layers_;  // per layer: itself if it takes a list, else null
   torch::nn::Sequential module_;
   std::vector<at::Tensor> params_;  // the layers' parameters, in order
   std::vector<std::string> names_;

@@ -21,7 +21,7 @@
 
 namespace conveyor::testing {
 
-using Tensors = std::map<std::string, at::Tensor>;
+using TensorMap = std::map<std::string, at::Tensor>;
 
 constexpr int kBatch = 8;
 constexpr int kMicrobatches = 4;
@@ -50,17 +50,17 @@ inline OptimizerFactory sgd_momentum() {
   };
 }
 
-inline void write_tensors(const std::string& path, const Tensors& tensors) {
+inline void write_tensors(const std::string& path, const TensorMap& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, t] : tensors) dict.insert(name, t.detach().clone());
   const std::vector<char> bytes = torch::pickle_save(dict);
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-inline Tensors read_tensors(const std::string& path) {
+inline TensorMap read_tensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Tensors out;
+  TensorMap out;
   if (bytes.empty()) return out;
   for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
     out[item.key().toStringRef()] = item.value().toTensor();
@@ -68,20 +68,20 @@ inline Tensors read_tensors(const std::string& path) {
   return out;
 }
 
-inline Tensors grads_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  Tensors out;
+inline TensorMap grads_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  TensorMap out;
   for (const auto& [name, p] : named) out[name] = p.grad();
   return out;
 }
 
-inline Tensors values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  Tensors out;
+inline TensorMap values_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  TensorMap out;
   for (const auto& [name, p] : named) out[name] = p;
   return out;
 }
 
-inline Tensors values_of(const torch::nn::Sequential& model) {
-  Tensors out;
+inline TensorMap values_of(const torch::nn::Sequential& model) {
+  TensorMap out;
   for (const auto& p : model->named_parameters()) out[p.key()] = p.value();
   return out;
 }
@@ -134,7 +134,7 @@ inline void pipelines(Worker& w) {
   for (const char* schedule : {"gpipe", "1f1b"}) {
     DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule(schedule), groups);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
-    Tensors grads = grads_of(pipe.named_parameters());
+    TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
     write_tensors(w.file(schedule), grads);
   }
@@ -176,7 +176,7 @@ inline void hybrid(Worker& w) {
   write_tensors(w.file("hybrid"), values_of(pipe.named_parameters()));
   pipe.gather_model();
   if (pipe.is_logging_rank()) {
-    Tensors whole = values_of(pipe.model());
+    TensorMap whole = values_of(pipe.model());
     whole["losses"] = torch::tensor(losses, at::kDouble);
     write_tensors(w.out + "/hybrid-gathered.pt", whole);
   }
@@ -239,6 +239,8 @@ inline void faulty(Worker& w) {
   }
 }
 
+inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
+
 inline int run_worker(const std::string& role) {
   torch::set_num_threads(1);
   Worker w;
@@ -250,6 +252,7 @@ inline int run_worker(const std::string& role) {
       pipelines(w);
       data_parallel(w);
       declared_shape_mismatch(w);
+      several_tensors(w);
     } else if (role == "four") {
       pipelines(w);
       hybrid(w);

@@ -4,6 +4,7 @@
 // compare that with the single-process runtime or plain single-process training.
 
 #include "distributed_roles.h"
+#include "distributed_tensor_roles.h"
 #include "rank_launcher.h"
 
 #include <filesystem>
@@ -25,15 +26,15 @@ std::string scratch(const std::string& name) {
 // ---------------------------------------------------------------------------
 // References and comparisons.
 
-Tensors merged(const std::string& out, const std::string& what, int world) {
-  Tensors all;
+TensorMap merged(const std::string& out, const std::string& what, int world) {
+  TensorMap all;
   for (int r = 0; r < world; ++r) {
     for (auto& [name, t] : read_tensors(out + "/" + what + "-rank" + std::to_string(r) + ".pt")) all[name] = t;
   }
   return all;
 }
 
-void expect_equal(const Tensors& got, const Tensors& want, const std::string& where) {
+void expect_equal(const TensorMap& got, const TensorMap& want, const std::string& where) {
   ASSERT_EQ(got.size(), want.size()) << where;
   for (const auto& [name, w] : want) {
     const auto it = got.find(name);
@@ -44,16 +45,16 @@ void expect_equal(const Tensors& got, const Tensors& want, const std::string& wh
   }
 }
 
-Tensors in_process_grads(const char* schedule, int stages) {
+TensorMap in_process_grads(const char* schedule, int stages) {
   Pipeline pipe(seeded_mlp(), PipelineOptions().stages(stages).microbatches(kMicrobatches).schedule(schedule));
   const Data d = global_batch(0);
   const StepResult r = pipe.train_step(d.x, d.y, mse);
-  Tensors grads = grads_of(pipe.named_parameters());
+  TensorMap grads = grads_of(pipe.named_parameters());
   grads["loss"] = at::full({1}, r.loss, at::kDouble);
   return grads;
 }
 
-Tensors in_process_pipedream(int stages) {
+TensorMap in_process_pipedream(int stages) {
   Pipeline pipe(
       seeded_mlp(),
       PipelineOptions().stages(stages).microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()));
@@ -65,7 +66,7 @@ Tensors in_process_pipedream(int stages) {
 }
 
 // Plain training on the global batch: what data parallelism must reproduce.
-Tensors single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
+TensorMap single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
   auto model = seeded_mlp();
   torch::optim::SGD sgd(model->parameters(), lr);
   for (int step = 0; step < kSteps; ++step) {
@@ -125,8 +126,8 @@ TEST_F(TwoRanks, EachRankCheckpointsItsStageAndResumesExactly) {
   expect_success(exits_);
   for (int r = 0; r < 2; ++r) {
     const std::string rank = "-rank" + std::to_string(r) + ".pt";
-    const Tensors next = read_tensors(out_ + "/pipedream-next" + rank);
-    const Tensors resumed = read_tensors(out_ + "/pipedream-resumed" + rank);
+    const TensorMap next = read_tensors(out_ + "/pipedream-next" + rank);
+    const TensorMap resumed = read_tensors(out_ + "/pipedream-resumed" + rank);
     ASSERT_FALSE(next.empty()) << "rank " << r;
     ASSERT_EQ(next.size(), resumed.size()) << "rank " << r;
     for (const auto& [name, t] : next) {
@@ -143,7 +144,7 @@ TEST_F(TwoRanks, EachRankCheckpointsItsStageAndResumesExactly) {
 
 TEST_F(TwoRanks, AllReduceDataParallelEqualsSingleProcessTraining) {
   expect_success(exits_);
-  const Tensors want = single_process_sgd(0.1);
+  const TensorMap want = single_process_sgd(0.1);
   for (int r = 0; r < 2; ++r) {
     expect_equal(read_tensors(out_ + "/ddp-rank" + std::to_string(r) + ".pt"), want, "ddp rank " + std::to_string(r));
   }
@@ -156,6 +157,37 @@ TEST_F(TwoRanks, AnActivationOfAnotherShapeThanDeclaredNamesBothStages) {
   EXPECT_THAT(message, HasSubstr("stage 1 failed in 1F0"));
   EXPECT_THAT(message, HasSubstr("the activation of micro-batch 0 from rank 0 (stage 0) does not match what stage 1 "
                                  "expects: it is [4, 16] Double, but the declared shape is [-1, 7]"));
+}
+
+TEST_F(TwoRanks, SeveralTensorsCrossProcessesAsInProcess) {
+  expect_success(exits_);
+  const Data d = global_batch(0);
+  Pipeline two(seeded_two_input(), PipelineOptions().stages(2).microbatches(kMicrobatches));
+  two.train_step(two_input_batch(), Tensors{d.y}, mse_of_first);
+  expect_equal(merged(out_, "two-input", 2), grads_of(two.named_parameters()), "two inputs K=2");
+
+  // Micro-batches of lengths 3, 7, 2, 5 in one step, no shape declared.
+  Pipeline bucketed(seeded_lstm_lm(), PipelineOptions().stages(2).microbatches(kMicrobatches));
+  const auto [inputs, targets] = bucketed_batches();
+  bucketed.train_microbatches(inputs, targets, lm_loss_of_first);
+  expect_equal(merged(out_, "bucketed", 2), grads_of(bucketed.named_parameters()), "bucketed K=2");
+}
+
+TEST_F(TwoRanks, TiedWeightsInTwoProcessesStayBitIdenticalAndMatchInProcess) {
+  expect_success(exits_);
+  const TensorMap got = merged(out_, "tied", 2);
+  ASSERT_TRUE(got.count("0.weight") && got.count("2.weight"));
+  EXPECT_TRUE(torch::equal(got.at("0.weight"), got.at("2.weight"))) << "the copies drifted apart";
+  auto sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
+  };
+  Pipeline pipe(seeded_tied_lm(), tied_lm_options().stages(2).optimizer(sgd));
+  for (int step = 0; step < kTiedSteps; ++step) {
+    const auto [x, y] = tied_lm_batch(step);
+    pipe.train_step(x, y, lm_loss);
+  }
+  expect_equal(got, values_of(pipe.named_parameters()), "tied LM K=2 after 5 steps");
+  EXPECT_FALSE(torch::equal(got.at("0.weight"), values_of(seeded_tied_lm()).at("0.weight"))) << "it did not train";
 }
 
 class FourRanks : public Job {
@@ -186,9 +218,9 @@ TEST_F(FourRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
 TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
   expect_success(exits_);
   std::vector<double> losses;
-  const Tensors want = single_process_sgd(0.1, &losses);
+  const TensorMap want = single_process_sgd(0.1, &losses);
   for (int replica = 0; replica < 2; ++replica) {
-    Tensors got;
+    TensorMap got;
     for (int stage = 0; stage < 2; ++stage) {
       for (auto& [name, t] : read_tensors(out_ + "/hybrid-rank" + std::to_string(replica * 2 + stage) + ".pt")) {
         got[name] = t;
@@ -198,7 +230,7 @@ TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
   }
   // The logging rank holds the whole model after gather_model(), and the
   // global losses.
-  Tensors gathered = read_tensors(out_ + "/hybrid-gathered.pt");
+  TensorMap gathered = read_tensors(out_ + "/hybrid-gathered.pt");
   const at::Tensor got_losses = gathered["losses"];
   gathered.erase("losses");
   expect_equal(gathered, want, "gathered on rank 0");
@@ -208,9 +240,9 @@ TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
 
 TEST_F(FourRanks, HybridPipeDreamOnTheSameDataEqualsOnePipeline) {
   expect_success(exits_);
-  const Tensors want = in_process_pipedream(2);
+  const TensorMap want = in_process_pipedream(2);
   for (int replica = 0; replica < 2; ++replica) {
-    Tensors got;
+    TensorMap got;
     for (int stage = 0; stage < 2; ++stage) {
       const std::string file = out_ + "/hybrid-pipedream-rank" + std::to_string(replica * 2 + stage) + ".pt";
       for (auto& [name, t] : read_tensors(file)) got[name] = t;

@@ -145,9 +145,22 @@ double DistributedPipeline::learning_rate(double base) const {
 }
 
 StepResult DistributedPipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
+  return finish_step([&] { return pipeline_->train_step(input, target, loss_fn); });
+}
+
+StepResult DistributedPipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
+  return finish_step([&] { return pipeline_->train_step(inputs, targets, loss_fn); });
+}
+
+StepResult DistributedPipeline::train_microbatches(const std::vector<Tensors>& inputs,
+                                                  const std::vector<Tensors>& targets, const TensorsLossFn& loss_fn) {
+  return finish_step([&] { return pipeline_->train_microbatches(inputs, targets, loss_fn); });
+}
+
+StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& step) {
   StepResult result;
   try {
-    result = pipeline_->train_step(input, target, loss_fn);
+    result = step();
   } catch (...) {
     // Whatever failed, the peers are mid-step: this job cannot go on.
     groups_->mark_failed();
@@ -167,6 +180,15 @@ StepResult DistributedPipeline::train_step(const at::Tensor& input, const at::Te
 at::Tensor DistributedPipeline::forward(const at::Tensor& input) {
   try {
     return pipeline_->forward(input);
+  } catch (...) {
+    groups_->mark_failed();
+    throw;
+  }
+}
+
+Tensors DistributedPipeline::forward(const Tensors& inputs) {
+  try {
+    return pipeline_->forward(inputs);
   } catch (...) {
     groups_->mark_failed();
     throw;

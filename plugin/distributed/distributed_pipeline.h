@@ -92,10 +92,16 @@ class DistributedPipeline {
   // gradients are left averaged across replicas for the caller's optimizer.
   // StepResult::loss is the global batch's loss, on every rank.
   StepResult train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
+  // Several inputs, outputs or targets (Pipeline::train_step over Tensors).
+  StepResult train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn);
+  // Micro-batches the caller made (Pipeline::train_microbatches).
+  StepResult train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
+                                const TensorsLossFn& loss_fn);
 
   // Inference through this replica's pipeline: the output on the last stage,
-  // an undefined tensor on the others.
+  // an undefined tensor (an empty list) on the others.
   at::Tensor forward(const at::Tensor& input);
+  Tensors forward(const Tensors& inputs);
 
   // This rank's stage's live weights (what an optimizer steps).
   std::vector<at::Tensor> parameters() const { return pipeline_->parameters(); }
@@ -118,7 +124,9 @@ class DistributedPipeline {
   ProcessGroups& groups() { return *groups_; }
 
  private:
-  std::vector<at::Tensor> stage_tensors(int stage) const;  // weights then buffers of a stage's layers in model_
+  std::vector<at::Tensor> stage_tensors(int stage) const;
+  // Runs `step` on this rank's pipeline, then reduces across replicas.
+  StepResult finish_step(const std::function<StepResult()>& step);  // weights then buffers of a stage's layers in model_
 
   torch::nn::Sequential model_;
   std::shared_ptr<ProcessGroups> groups_;

@@ -1,4 +1,5 @@
 #include "plugin/transport/c10d.h"
+#include "plugin/transport/c10d_state.h"
 
 #include "plugin/errors.h"
 
@@ -15,119 +16,6 @@
 
 namespace conveyor {
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
-using c10d::Work;
-
-constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
-constexpr int64_t kMaxDims = 12;
-enum HeaderField : int64_t {
-  kMagicField,
-  kChannel,
-  kMicrobatch,
-  kFrom,
-  kSequence,
-  kDefined,
-  kDtype,
-  kRoute,
-  kNdim,
-  kSizes
-};
-constexpr int64_t kHeaderLength = kSizes + kMaxDims;
-
-// How a payload travels: none (undefined or empty tensor), through host memory
-// on the main group, or on the accelerator group.
-enum Route : int64_t { kNoPayload = 0, kHostRoute = 1, kDeviceRoute = 2 };
-
-int header_tag(Channel channel, int mb) { return 4 * mb + (channel == Channel::kGradient ? 2 : 0); }
-
-std::string shape_text(at::IntArrayRef sizes) {
-  std::ostringstream os;
-  os << sizes;
-  return os.str();
-}
-
-}  // namespace
-
-struct C10dTransport::State {
-  struct Posted {
-    c10::intrusive_ptr<Work> header, payload;
-    at::Tensor header_buffer, payload_buffer;  // alive until delivered
-    Channel channel;
-    int mb, to;
-  };
-
-  c10::intrusive_ptr<c10d::Backend> group, device_group;
-  C10dTransportOptions options;
-  std::string prefix;  // "rank 3 (stage 1)"
-
-  mutable std::mutex mutex;
-  std::vector<Posted> posted;
-  std::map<int, std::pair<std::vector<int64_t>, c10::ScalarType>> sent_activations;  // mb -> what went out
-  std::map<Channel, int64_t> device_sent, device_received;  // ordered accelerator payloads per channel
-  std::vector<c10::intrusive_ptr<Work>> waiting;            // blocking waits abort() can wake
-  std::string failure;
-
-  std::string stage_name(int stage) const {
-    const int rank = stage >= 0 && stage < static_cast<int>(options.ranks.size()) ? options.ranks[stage] : -1;
-    return "rank " + std::to_string(rank) + " (stage " + std::to_string(stage) + ")";
-  }
-
-  // Records the first failure and throws it; later calls rethrow it.
-  [[noreturn]] void fail(const std::string& message, bool timeout = false) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (failure.empty()) failure = message;
-    }
-    if (timeout) throw TimeoutError(message);
-    throw std::runtime_error(message);
-  }
-
-  void check_usable() {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!failure.empty()) {
-      throw std::runtime_error(prefix + ": the transport failed earlier and cannot be used again (" + failure + ")");
-    }
-  }
-
-  // Waits for `work` until `deadline`. `what` completes "waiting for ...".
-  void wait(const c10::intrusive_ptr<Work>& work, Clock::time_point deadline, int peer, const std::string& what) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!failure.empty()) throw AbortedError(prefix + ": aborted (" + failure + ")");
-      waiting.push_back(work);
-    }
-    const auto start = Clock::now();
-    const auto remaining =
-        std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - start));
-    bool completed = false;
-    std::string reason;
-    try {
-      completed = work->wait(remaining);
-    } catch (const std::exception& e) {
-      reason = message_of(e);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      waiting.erase(std::remove(waiting.begin(), waiting.end(), work), waiting.end());
-    }
-    if (completed && reason.empty()) return;
-    if (reason.empty()) throw AbortedError(prefix + ": aborted while waiting for " + what);
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    std::ostringstream os;
-    const bool timed_out = Clock::now() + std::chrono::milliseconds(10) >= deadline;
-    os << prefix << ": ";
-    if (timed_out) {
-      os << "timed out after " << options.timeout.count() << " ms waiting for " << what;
-    } else {
-      os << "lost the connection after " << waited.count() << " ms waiting for " << what << ", "
-         << (peer >= 0 ? "which" : "a peer") << " has probably exited";
-    }
-    os << " [" << reason << "]";
-    fail(os.str(), timed_out);
-  }
-};
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intrusive_ptr<c10d::Backend> device_group,
                              C10dTransportOptions options)
@@ -163,64 +51,80 @@ std::string C10dTransport::failure() const {
   return state_->failure;
 }
 
-void C10dTransport::send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) {
+void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensors& tensors) {
   State& s = *state_;
   s.check_usable();
   const int expected_to = channel == Channel::kActivation ? from + 1 : from - 1;
   TORCH_CHECK(from == s.options.stage && to == expected_to && to >= 0 && to < static_cast<int>(s.options.ranks.size()),
               "conveyor: ", s.prefix, " cannot send the ", channel_name(channel), " from stage ", from, " to stage ",
               to);
-  const at::Tensor t = tensor.defined() ? tensor.detach() : tensor;
-  TORCH_CHECK(!t.defined() || t.dim() <= kMaxDims, "conveyor: ", s.prefix, ": the ", channel_name(channel),
-              " of micro-batch ", mb, " has ", t.dim(), " dimensions; at most ", kMaxDims, " cross stages");
-
   State::Posted message;
-  message.channel = channel;
-  message.mb = mb;
+  message.what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb);
   message.to = to;
-  Route route = kNoPayload;
-  if (t.defined() && t.numel() > 0) {
-    route = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
-    message.payload_buffer = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
-  }
+  TORCH_CHECK(tensors.size() <= static_cast<size_t>(kMaxTensors), "conveyor: ", s.prefix, ": ", message.what, " has ",
+              tensors.size(), " tensors; at most ", kMaxTensors, " cross a stage boundary");
+
   at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
   int64_t* h = header.data_ptr<int64_t>();
   h[kMagicField] = kMagic;
   h[kChannel] = static_cast<int64_t>(channel);
   h[kMicrobatch] = mb;
   h[kFrom] = from;
-  h[kRoute] = route;
-  h[kDefined] = t.defined() ? 1 : 0;
-  if (t.defined()) {
-    h[kDtype] = static_cast<int64_t>(t.scalar_type());
-    h[kNdim] = t.dim();
-    for (int64_t d = 0; d < t.dim(); ++d) h[kSizes + d] = t.size(d);
+  h[kCount] = static_cast<int64_t>(tensors.size());
+  std::vector<Sent> sent(tensors.size());
+  std::vector<int64_t> records;
+  std::vector<std::pair<Route, at::Tensor>> payloads;
+  int64_t at = kPreambleLength;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor t = tensors[i].defined() ? tensors[i].detach() : tensors[i];
+    const int64_t ndim = t.defined() ? t.dim() : 0;
+    TORCH_CHECK(at + kSizes + ndim <= kHeaderLength, "conveyor: ", s.prefix, ": ", message.what, " has ",
+                tensors.size(), " tensors with too many dimensions in all to describe in one message (",
+                kHeaderLength - kPreambleLength, " values: ", kSizes, " per tensor plus one per dimension)");
+    int64_t* r = h + at;
+    records.push_back(at);
+    at += kSizes + ndim;
+    Route route = kNoPayload;
+    r[kDefined] = t.defined() ? 1 : 0;
+    if (t.defined()) {
+      r[kDtype] = static_cast<int64_t>(t.scalar_type());
+      r[kNdim] = ndim;
+      for (int64_t d = 0; d < ndim; ++d) r[kSizes + d] = t.size(d);
+      sent[i] = {true, t.sizes().vec(), t.scalar_type()};
+      if (t.numel() > 0) route = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
+    }
+    r[kRoute] = route;
+    at::Tensor payload;
+    if (route != kNoPayload) payload = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
+    payloads.emplace_back(route, std::move(payload));
   }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (route == kDeviceRoute) h[kSequence] = s.device_sent[channel]++;
-    if (channel == Channel::kActivation && t.defined()) {
-      s.sent_activations[mb] = {t.sizes().vec(), t.scalar_type()};
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      if (payloads[i].first == kDeviceRoute) h[records[i] + kSequence] = s.device_sent[channel]++;
     }
+    if (channel == Channel::kActivation) s.sent_activations[mb] = std::move(sent);
   }
-  message.header_buffer = header;
   const int tag = header_tag(channel, mb);
   try {
-    std::vector<at::Tensor> header_list{header};
-    message.header = s.group->send(header_list, to, tag);
-    if (route != kNoPayload) {
-      std::vector<at::Tensor> payload_list{message.payload_buffer};
-      message.payload = (route == kDeviceRoute ? s.device_group : s.group)->send(payload_list, to, tag + 1);
+    std::vector<at::Tensor> list{header};
+    message.works.push_back(s.group->send(list, to, tag));
+    message.buffers.push_back(header);
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      const auto& [route, payload] = payloads[i];
+      if (route == kNoPayload) continue;
+      list = {payload};
+      message.works.push_back((route == kDeviceRoute ? s.device_group : s.group)->send(list, to, tag + 1 + int(i)));
+      message.buffers.push_back(payload);
     }
   } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not send the " + channel_name(channel) + " of micro-batch " + std::to_string(mb) +
-           " to " + s.stage_name(to) + " [" + message_of(e) + "]");
+    s.fail(s.prefix + ": could not send " + message.what + " to " + s.stage_name(to) + " [" + message_of(e) + "]");
   }
   std::lock_guard<std::mutex> lock(s.mutex);
   s.posted.push_back(std::move(message));
 }
 
-at::Tensor C10dTransport::recv(Channel channel, int from, int to, int mb) {
+Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
   State& s = *state_;
   s.check_usable();
   const int expected_from = channel == Channel::kActivation ? to - 1 : to + 1;
@@ -250,70 +154,123 @@ at::Tensor C10dTransport::recv(Channel channel, int from, int to, int mb) {
     mismatch("its header is not a conveyor message for this channel and micro-batch (is " + s.stage_name(from) +
              " running the same schedule?)");
   }
-  if (!h[kDefined]) return at::Tensor();
-  const int64_t ndim = h[kNdim];
-  if (ndim < 0 || ndim > kMaxDims || h[kDtype] < 0 || h[kDtype] >= static_cast<int64_t>(c10::ScalarType::NumOptions)) {
-    mismatch("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " + std::to_string(h[kDtype]) + ")");
+  const int64_t count = h[kCount];
+  if (count < 0 || count > kMaxTensors) mismatch("its header is corrupt (" + std::to_string(count) + " tensors)");
+
+  // What arrives: every record read and checked before any payload is taken.
+  struct Incoming {
+    Sent shape;
+    Route route = kNoPayload;
+    int64_t sequence = 0;
+  };
+  std::vector<Incoming> incoming(static_cast<size_t>(count));
+  int64_t at = kPreambleLength;
+  for (auto& in : incoming) {
+    const int64_t* r = h + at;
+    if (at + kSizes > kHeaderLength) mismatch("its header is corrupt (records run past its end)");
+    in.shape.defined = r[kDefined] != 0;
+    if (!in.shape.defined) {
+      at += kSizes;
+      continue;
+    }
+    const int64_t ndim = r[kNdim];
+    if (ndim < 0 || at + kSizes + ndim > kHeaderLength || r[kDtype] < 0 ||
+        r[kDtype] >= static_cast<int64_t>(c10::ScalarType::NumOptions) || r[kRoute] < kNoPayload ||
+        r[kRoute] > kDeviceRoute) {
+      mismatch("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " + std::to_string(r[kDtype]) +
+               ")");
+    }
+    in.shape.sizes.assign(r + kSizes, r + kSizes + ndim);
+    in.shape.dtype = static_cast<c10::ScalarType>(r[kDtype]);
+    in.route = static_cast<Route>(r[kRoute]);
+    in.sequence = r[kSequence];
+    at += kSizes + ndim;
   }
-  const std::vector<int64_t> sizes(h + kSizes, h + kSizes + ndim);
-  const auto dtype = static_cast<c10::ScalarType>(h[kDtype]);
-  const std::string got = shape_text(sizes) + " " + c10::toString(dtype);
+  const auto text = [](const Sent& t) {
+    return t.defined ? shape_text(t.sizes) + " " + c10::toString(t.dtype) : std::string("nothing");
+  };
 
   if (channel == Channel::kGradient) {
-    std::pair<std::vector<int64_t>, c10::ScalarType> sent;
+    std::vector<Sent> sent;
     bool known = false;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
       const auto it = s.sent_activations.find(mb);
       if (it != s.sent_activations.end()) {
-        sent = it->second;
+        sent = std::move(it->second);
         known = true;
         s.sent_activations.erase(it);
       }
     }
-    if (known && (sent.first != sizes || sent.second != dtype)) {
-      mismatch("it is " + got + ", but " + s.prefix + " sent an activation of " + shape_text(sent.first) + " " +
-               c10::toString(sent.second));
+    if (known && sent.size() != incoming.size()) {
+      mismatch("it has " + std::to_string(incoming.size()) + " tensors, but " + s.prefix + " sent " +
+               std::to_string(sent.size()));
     }
-  } else {
+    for (size_t i = 0; known && i < incoming.size(); ++i) {
+      const Sent& got = incoming[i].shape;
+      if (got.defined && (!sent[i].defined || sent[i].sizes != got.sizes || sent[i].dtype != got.dtype)) {
+        mismatch("its tensor " + std::to_string(i) + " is " + text(got) + ", but " + s.prefix +
+                 " sent an activation of " + text(sent[i]));
+      }
+    }
+  } else if (!incoming.empty() && incoming[0].shape.defined) {
     const auto& declared = s.options.activation_shapes;
     const size_t sender = static_cast<size_t>(from);
+    const Sent& first = incoming[0].shape;
     if (sender < declared.size() && !declared[sender].empty()) {
       const auto& want = declared[sender];
-      bool ok = want.size() == sizes.size();
-      for (size_t d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == sizes[d];
-      if (!ok) mismatch("it is " + got + ", but the declared shape is " + shape_text(want) + " (-1: any size)");
+      bool ok = want.size() == first.sizes.size();
+      for (size_t d = 0; ok && d < want.size(); ++d) ok = want[d] < 0 || want[d] == first.sizes[d];
+      if (!ok) mismatch("it is " + text(first) + ", but the declared shape is " + shape_text(want) + " (-1: any size)");
     }
-    if (s.options.activation_dtype && *s.options.activation_dtype != dtype) {
-      mismatch("it is " + got + ", but the declared dtype is " + c10::toString(*s.options.activation_dtype));
+  }
+  if (channel == Channel::kActivation && s.options.activation_dtype) {
+    for (const auto& in : incoming) {
+      if (in.shape.defined && c10::isFloatingType(in.shape.dtype) && in.shape.dtype != *s.options.activation_dtype) {
+        mismatch("it holds " + text(in.shape) + ", but the declared dtype is " +
+                 c10::toString(*s.options.activation_dtype));
+      }
     }
   }
 
-  const auto route = static_cast<Route>(h[kRoute]);
-  const auto options = at::TensorOptions().dtype(dtype);
-  if (route == kNoPayload) return at::empty(sizes, options.device(s.options.device));
-  if (route == kDeviceRoute) {
-    if (!s.device_group) mismatch("it was sent on an accelerator group this stage does not have");
-    int64_t expected = 0;
-    {
-      std::lock_guard<std::mutex> lock(s.mutex);
-      expected = s.device_received[channel]++;
+  // Post every payload's receive, then wait for them all.
+  Tensors tensors(incoming.size());
+  std::vector<std::pair<c10::intrusive_ptr<Work>, size_t>> pending;
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const Incoming& in = incoming[i];
+    if (!in.shape.defined) continue;
+    const auto options = at::TensorOptions().dtype(in.shape.dtype);
+    if (in.route == kNoPayload) {
+      tensors[i] = at::empty(in.shape.sizes, options.device(s.options.device));
+      continue;
     }
-    if (h[kSequence] != expected) {
-      mismatch("accelerator messages must be taken in the order they were sent (got number " +
-               std::to_string(h[kSequence]) + ", expected " + std::to_string(expected) + ")");
+    if (in.route == kDeviceRoute) {
+      if (!s.device_group) mismatch("it was sent on an accelerator group this stage does not have");
+      int64_t expected = 0;
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        expected = s.device_received[channel]++;
+      }
+      if (in.sequence != expected) {
+        mismatch("accelerator messages must be taken in the order they were sent (got number " +
+                 std::to_string(in.sequence) + ", expected " + std::to_string(expected) + ")");
+      }
+    }
+    tensors[i] = at::empty(in.shape.sizes,
+                           options.device(in.route == kDeviceRoute ? s.options.device : c10::Device(c10::kCPU)));
+    try {
+      std::vector<at::Tensor> list{tensors[i]};
+      pending.emplace_back((in.route == kDeviceRoute ? s.device_group : s.group)->recv(list, from, tag + 1 + int(i)),
+                           i);
+    } catch (const std::exception& e) {
+      s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
     }
   }
-  at::Tensor payload = route == kDeviceRoute ? at::empty(sizes, options.device(s.options.device))
-                                             : at::empty(sizes, options.device(c10::kCPU));
-  try {
-    std::vector<at::Tensor> payload_list{payload};
-    work = (route == kDeviceRoute ? s.device_group : s.group)->recv(payload_list, from, tag + 1);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
+  for (const auto& [payload, i] : pending) {
+    s.wait(payload, deadline, from, what);
+    if (tensors[i].device() != s.options.device) tensors[i] = tensors[i].to(s.options.device);
   }
-  s.wait(work, deadline, from, what);
-  return payload.device() == s.options.device ? payload : payload.to(s.options.device);
+  return tensors;
 }
 
 void C10dTransport::barrier(int stage, int index) {
@@ -339,10 +296,7 @@ void C10dTransport::abort() {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.failure.empty()) s.failure = s.prefix + ": the step was stopped by a failure on this rank";
     pending = s.waiting;
-    for (const auto& p : s.posted) {
-      pending.push_back(p.header);
-      if (p.payload) pending.push_back(p.payload);
-    }
+    for (const auto& p : s.posted) pending.insert(pending.end(), p.works.begin(), p.works.end());
     s.posted.clear();
   }
   for (const auto& work : pending) {
@@ -363,10 +317,7 @@ void C10dTransport::finish_step() {
   }
   const auto deadline = Clock::now() + s.options.timeout;
   for (const auto& p : posted) {
-    const std::string what = std::string("the ") + channel_name(p.channel) + " of micro-batch " + std::to_string(p.mb) +
-                             " to be taken by " + s.stage_name(p.to);
-    s.wait(p.header, deadline, p.to, what);
-    if (p.payload) s.wait(p.payload, deadline, p.to, what);
+    for (const auto& work : p.works) s.wait(work, deadline, p.to, p.what + " to be taken by " + s.stage_name(p.to));
   }
 }
 

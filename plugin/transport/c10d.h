@@ -4,14 +4,19 @@
 // of one pipeline carries the messages (ProcessGroupGloo; on CUDA tensors the
 // payload goes over a second group, ProcessGroupNCCL, when there is one).
 //
-// Wire format. Every message is a fixed int64 header followed, when the
-// tensor has elements, by the payload:
+// Wire format. A message (the tensors of one boundary, for one micro-batch)
+// is a fixed-size int64 header, then one payload per tensor that has
+// elements:
 //
-//   [magic, channel, micro-batch, from stage, sequence, defined, dtype, ndim, size_0 .. size_{n-1}]
+//   [magic, channel, micro-batch, from stage, count,
+//    then per tensor: defined, dtype, route, sequence, ndim, size_0 .. size_{ndim-1}]
 //
-// An undefined tensor ("no gradient") is a header with defined = 0. The header
-// travels on tag 4*mb + 2*channel, the payload on that tag + 1, so channels and
-// micro-batches never mix, whatever order a schedule receives them in.
+// An undefined tensor ("no gradient") is a record with defined = 0. Each
+// message has its own block of tags (header, then one per tensor), so
+// channels and micro-batches never mix, whatever order a schedule receives
+// them in, and no shape needs declaring: each micro-batch may differ
+// (bucketing). A message carries at most kMaxTensors tensors and as many
+// dimensions as fit the header.
 //
 // Sends never block: a message stays posted until its receiver takes it, and
 // the sender keeps the tensor alive until then (it holds it anyway: the stash
@@ -55,11 +60,11 @@ struct C10dTransportOptions {
   // Upper bound on every blocking wait (a receive, a barrier, flush()).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Optional declaration of what stage k sends to stage k + 1: entry k is the
-  // activation's shape, -1 for a dimension that may vary (the batch); an empty
-  // entry (or a missing one) declares nothing. A received activation of another
-  // shape is an error naming both stages.
+  // shape of its first activation tensor, -1 for a dimension that may vary;
+  // an empty entry (or a missing one) declares nothing. A received activation
+  // of another shape is an error naming both stages.
   std::vector<std::vector<int64_t>> activation_shapes;
-  // When set, every activation must have this dtype.
+  // When set, every floating activation tensor must have this dtype.
   std::optional<c10::ScalarType> activation_dtype;
 };
 
@@ -72,8 +77,10 @@ class C10dTransport final : public Transport {
                 C10dTransportOptions options);
   ~C10dTransport() override;
 
-  void send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) override;
-  at::Tensor recv(Channel channel, int from, int to, int mb) override;
+  static constexpr int kMaxTensors = 63;
+
+  void send(Channel channel, int from, int to, int mb, const Tensors& tensors) override;
+  Tensors recv(Channel channel, int from, int to, int mb) override;
   // A barrier of the pipeline group, bounded by the timeout.
   void barrier(int stage, int index) override;
   void abort() override;
@@ -82,6 +89,10 @@ class C10dTransport final : public Transport {
   // Waits, at most the timeout, until every message this stage posted has
   // been received. Throws (and fails the transport) otherwise.
   void finish_step() override;
+  // Tied parameters (Transport): the holders send their tensor to the first
+  // holder, which adds them in stage order and sends the sum back.
+  at::Tensor sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor) override;
+  at::Tensor first_holders_value(int tie, const std::vector<int>& holders, const at::Tensor& tensor) override;
   // The first failure, empty while there has been none.
   std::string failure() const;
   bool failed() const { return !failure().empty(); }

@@ -25,8 +25,8 @@ namespace conveyor {
 namespace {
 
 struct Message {
-  at::Tensor tensor;
-  std::shared_ptr<c10::Event> ready;  // set when the tensor is on an accelerator
+  Tensors tensors;
+  std::shared_ptr<c10::Event> ready;  // set when a tensor is on an accelerator (one event: one stream made them)
 };
 
 bool is_accelerator(const c10::Device& device) { return device.type() != c10::DeviceType::CPU; }
@@ -50,11 +50,14 @@ class InProcessTransport final : public Transport {
     }
   }
 
-  void send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) override {
-    Message message{tensor, nullptr};
-    if (tensor.defined() && is_accelerator(tensor.device())) {
-      message.ready = std::make_shared<c10::Event>(tensor.device().type());
-      message.ready->record(current_stream(tensor.device()));
+  void send(Channel channel, int from, int to, int mb, const Tensors& tensors) override {
+    Message message{tensors, nullptr};
+    for (const auto& tensor : tensors) {
+      if (tensor.defined() && is_accelerator(tensor.device())) {
+        message.ready = std::make_shared<c10::Event>(tensor.device().type());
+        message.ready->record(current_stream(tensor.device()));
+        break;
+      }
     }
     mailbox(channel, from, to).put(mb, std::move(message), deadline(), [&] {
       std::ostringstream os;
@@ -65,15 +68,17 @@ class InProcessTransport final : public Transport {
     });
   }
 
-  at::Tensor recv(Channel channel, int from, int to, int mb) override {
+  Tensors recv(Channel channel, int from, int to, int mb) override {
     Message message = mailbox(channel, from, to).take(mb, deadline(), [&] {
       std::ostringstream os;
       os << "stage " << to << " timed out after " << timeout_.count() << " ms waiting for the " << channel_name(channel)
          << " of micro-batch " << mb << " from stage " << from;
       return os.str();
     });
-    if (!message.tensor.defined()) return message.tensor;
-    return deliver(message, devices_.at(to), to);
+    for (auto& tensor : message.tensors) {
+      if (tensor.defined()) tensor = deliver(tensor, message.ready, devices_.at(to), to);
+    }
+    return std::move(message.tensors);
   }
 
   void barrier(int stage, int index) override {
@@ -117,12 +122,12 @@ class InProcessTransport final : public Transport {
 
   Mailbox<Message>::Clock::time_point deadline() const { return Mailbox<Message>::Clock::now() + timeout_; }
 
-  at::Tensor deliver(const Message& message, const c10::Device& dest, int to) {
-    const at::Tensor& tensor = message.tensor;
+  at::Tensor deliver(const at::Tensor& tensor, const std::shared_ptr<c10::Event>& ready, const c10::Device& dest,
+                     int to) {
     if (tensor.device() == dest) {
-      if (message.ready) {
+      if (ready) {
         const c10::Stream consumer = current_stream(dest);
-        message.ready->block(consumer);
+        ready->block(consumer);
         record_stream(tensor, consumer);
       }
       return tensor;
@@ -132,7 +137,7 @@ class InProcessTransport final : public Transport {
     const c10::Device copy_device = is_accelerator(dest) ? dest : tensor.device();
     if (!is_accelerator(copy_device)) return tensor.to(dest);
     const c10::Stream copy_stream = side_stream(to, copy_device);
-    if (message.ready) message.ready->block(copy_stream);
+    if (ready) ready->block(copy_stream);
     at::Tensor out;
     {
       c10::StreamGuard guard(copy_stream);

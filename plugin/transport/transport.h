@@ -1,9 +1,13 @@
 #pragma once
-// Transport: how a stage hands an activation (forward) or a gradient
-// (backward) of one micro-batch to its neighbour. The runtime calls send/recv
+// Transport: how a stage hands the activations (forward) or gradients
+// (backward) of one micro-batch to its neighbour: a list of tensors, one per
+// slot of the boundary (Tensors, ops/adapters.h), shapes free to differ from
+// one micro-batch to the next. The runtime calls send/recv
 // and barrier inside a step, reset() before it and finish_step() after it;
 // in_process.cpp holds the threads' transport (device copies on side
 // streams), c10d.h the processes' one.
+
+#include "ops/adapters.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -26,15 +30,15 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  // Hands micro-batch `mb`'s tensor from stage `from` to stage `to`. Blocks
+  // Hands micro-batch `mb`'s tensors from stage `from` to stage `to`. Blocks
   // while that channel holds `capacity` undelivered messages, at most until the
-  // timeout. An undefined tensor is a valid message ("no gradient").
-  virtual void send(Channel channel, int from, int to, int mb, const at::Tensor& tensor) = 0;
+  // timeout. An undefined tensor is a valid slot ("no gradient").
+  virtual void send(Channel channel, int from, int to, int mb, const Tensors& tensors) = 0;
 
   // Blocks until micro-batch `mb`'s message from `from` arrives, at most until
-  // the timeout. The tensor is on stage `to`'s device, and work queued on the
-  // receiver's current stream after this call sees it complete.
-  virtual at::Tensor recv(Channel channel, int from, int to, int mb) = 0;
+  // the timeout. The tensors are on stage `to`'s device, and work queued on the
+  // receiver's current stream after this call sees them complete.
+  virtual Tensors recv(Channel channel, int from, int to, int mb) = 0;
 
   // A lock-step barrier: returns once every stage has called barrier(_, index),
   // at most until the timeout.
@@ -52,6 +56,16 @@ class Transport {
   // step, so a step whose messages did not arrive changes no weights.
   // In-process there is nothing to wait for.
   virtual void finish_step() {}
+
+  // Tied parameters held by stages of other processes. `holders` are the
+  // stages that hold one logical parameter, ascending; `tie` numbers it among
+  // the pipeline's ties; this process's stage is one of the holders.
+  // sum_over_holders returns the sum of every holder's `tensor` (a gradient),
+  // the same bits on every holder; first_holders_value returns the first
+  // holder's `tensor` (the initial value). In-process every holder is local
+  // and the runtime needs neither: the defaults refuse.
+  virtual at::Tensor sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor);
+  virtual at::Tensor first_holders_value(int tie, const std::vector<int>& holders, const at::Tensor& tensor);
 };
 
 // Threads of one process; stage k's tensors live on stage_devices[k].

@@ -1,0 +1,54 @@
+#pragma once
+// What one Runtime::run keeps while its stage threads work (runtime.cpp runs
+// the step, runtime_actions.cpp the actions). Internal to the runtime.
+
+#include "plugin/activation_stash.h"
+#include "plugin/runtime.h"
+#include "plugin/step_result.h"
+#include "plugin/weight_versions.h"
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+namespace conveyor {
+
+using Clock = std::chrono::steady_clock;
+
+struct Runtime::StepContext {
+  struct PerStage {
+    ActivationStash stash;
+    WeightVersions versions;
+    double busy_seconds = 0;
+    // Seconds the current action spent blocked in the transport before and
+    // after its compute: not busy time.
+    double wait_in = 0, wait_out = 0;
+    std::vector<TraceEvent> trace;
+    at::Tensor loss_sum;
+    int updates = 0;
+  };
+  explicit StepContext(int k) : stages(k) {}
+  std::vector<PerStage> stages;
+  std::vector<Tensors>* outputs = nullptr;
+  Clock::time_point start = Clock::now();
+  std::atomic<bool> failed{false};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+};
+
+
+// Runs a blocking transport call, adding its duration to `seconds`.
+template <typename Fn>
+auto waited(double& seconds, Fn&& fn) {
+  const auto t0 = Clock::now();
+  struct Add {
+    double& seconds;
+    Clock::time_point t0;
+    ~Add() { seconds += std::chrono::duration<double>(Clock::now() - t0).count(); }
+  } add{seconds, t0};
+  return fn();
+}
+
+}  // namespace conveyor

@@ -1,0 +1,140 @@
+#pragma once
+// Internal to the c10d transport (c10d.cpp: messages; c10d_ties.cpp: tied
+// parameters): its wire constants and shared state.
+
+#include "plugin/errors.h"
+#include "plugin/transport/c10d.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+namespace c10d_wire {
+
+using Clock = std::chrono::steady_clock;
+using c10d::Work;
+
+inline constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
+// Header: a preamble, then one record per tensor.
+enum Preamble : int64_t { kMagicField, kChannel, kMicrobatch, kFrom, kCount, kPreambleLength };
+enum Record : int64_t { kDefined, kDtype, kRoute, kSequence, kNdim, kSizes };
+inline constexpr int64_t kHeaderLength = 256;
+
+// How a payload travels: none (undefined or empty tensor), through host memory
+// on the main group, or on the accelerator group.
+enum Route : int64_t { kNoPayload = 0, kHostRoute = 1, kDeviceRoute = 2 };
+
+// Each message has a block of tags: the header's, then one per tensor. Ties
+// use tags above every message's.
+inline constexpr int kTagsPerMessage = C10dTransport::kMaxTensors + 1;
+inline constexpr int kTieTags = 1 << 30;
+inline int header_tag(Channel channel, int mb) { return (2 * mb + (channel == Channel::kGradient ? 1 : 0)) * kTagsPerMessage; }
+
+// What one tensor of a message was: for checking a gradient against the activation it answers.
+struct Sent {
+  bool defined = false;
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+inline std::string shape_text(at::IntArrayRef sizes) {
+  std::ostringstream os;
+  os << sizes;
+  return os.str();
+}
+
+}  // namespace c10d_wire
+
+using namespace c10d_wire;
+
+struct C10dTransport::State {
+  struct Posted {
+    std::vector<c10::intrusive_ptr<Work>> works;  // the header's, then each payload's
+    Tensors buffers;                               // alive until delivered
+    std::string what;                              // "the activation of micro-batch 3"
+    int to = 0;
+  };
+
+  c10::intrusive_ptr<c10d::Backend> group, device_group;
+  C10dTransportOptions options;
+  std::string prefix;  // "rank 3 (stage 1)"
+
+  mutable std::mutex mutex;
+  std::vector<Posted> posted;
+  std::map<int, std::vector<Sent>> sent_activations;  // mb -> what went out
+  std::map<Channel, int64_t> device_sent, device_received;  // ordered accelerator payloads per channel
+  std::vector<c10::intrusive_ptr<Work>> waiting;            // blocking waits abort() can wake
+  std::string failure;
+
+  std::string stage_name(int stage) const {
+    const int rank = stage >= 0 && stage < static_cast<int>(options.ranks.size()) ? options.ranks[stage] : -1;
+    return "rank " + std::to_string(rank) + " (stage " + std::to_string(stage) + ")";
+  }
+
+  // Records the first failure and throws it; later calls rethrow it.
+  [[noreturn]] void fail(const std::string& message, bool timeout = false) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failure.empty()) failure = message;
+    }
+    if (timeout) throw TimeoutError(message);
+    throw std::runtime_error(message);
+  }
+
+  void check_usable() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!failure.empty()) {
+      throw std::runtime_error(prefix + ": the transport failed earlier and cannot be used again (" + failure + ")");
+    }
+  }
+
+  // Waits for `work` until `deadline`. `what` completes "waiting for ...".
+  void wait(const c10::intrusive_ptr<Work>& work, Clock::time_point deadline, int peer, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!failure.empty()) throw AbortedError(prefix + ": aborted (" + failure + ")");
+      waiting.push_back(work);
+    }
+    const auto start = Clock::now();
+    const auto remaining =
+        std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(deadline - start));
+    bool completed = false;
+    std::string reason;
+    try {
+      completed = work->wait(remaining);
+    } catch (const std::exception& e) {
+      reason = message_of(e);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      waiting.erase(std::remove(waiting.begin(), waiting.end(), work), waiting.end());
+    }
+    if (completed && reason.empty()) return;
+    if (reason.empty()) throw AbortedError(prefix + ": aborted while waiting for " + what);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    std::ostringstream os;
+    const bool timed_out = Clock::now() + std::chrono::milliseconds(10) >= deadline;
+    os << prefix << ": ";
+    if (timed_out) {
+      os << "timed out after " << options.timeout.count() << " ms waiting for " << what;
+    } else {
+      os << "lost the connection after " << waited.count() << " ms waiting for " << what << ", "
+         << (peer >= 0 ? "which" : "a peer") << " has probably exited";
+    }
+    os << " [" << reason << "]";
+    fail(os.str(), timed_out);
+  }
+};
+
+}  // namespace conveyor
