@@ -28,50 +28,42 @@
 //   random numbers from its own streams: PipelineOptions::stage_rng),
 //   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
 //   which train_step steps; the asynchronous schedules need it) with lr
-//   (required), momentum (sgd) and weight_decay.
+//   (required), momentum (sgd) and weight_decay, shared_inputs and
+//   shared_targets (indices of inputs or targets that go whole to every
+//   micro-batch), tied_parameters (a list of lists of parameter names, as
+//   named_parameters() gives them: PipelineOptions::tied_parameters; a
+//   tensor the model uses in several stages, as after
+//   `self.proj.weight = self.emb.weight`, is tied by itself).
+//
+// train_step and forward take a tensor or a tuple of tensors (a model of
+// several inputs; targets likewise); forward returns a tensor, or a tuple
+// when the model returns several. The built-in losses read the first output
+// and target; a scripted loss module is called as loss(*outputs, *targets).
 
 #include "ops/swap.h"
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/script/python_options.h"
 #include "plugin/script/torchscript.h"
 
 #include <c10/util/Exception.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <chrono>
-#include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
 namespace {
 
-using Options = c10::Dict<std::string, c10::IValue>;
+using Options = PythonOptions;
 
 const std::set<std::string> kKnownOptions = {
     "stages",    "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
     "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
-    "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay"};
-
-// Python's name for what a value is, for messages.
-std::string python_type(const c10::IValue& v) {
-  if (v.isString()) return "str";
-  if (v.isBool()) return "bool";
-  if (v.isInt()) return "int";
-  if (v.isDouble()) return "float";
-  if (v.isTensor()) return "Tensor";
-  if (v.isNone()) return "None";
-  if (v.isList()) return "list";
-  if (v.isGenericDict()) return "dict";
-  if (v.isTuple()) return "tuple";
-  if (v.isObject()) return v.toObjectRef().type()->is_module() ? "ScriptModule" : "object";
-  return v.tagKind();
-}
+    "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay", "shared_inputs",
+    "shared_targets", "tied_parameters"};
 
 // Bad arguments reach Python as ValueError, failures in a step as RuntimeError.
 template <typename Fn>
@@ -83,112 +75,13 @@ auto python_errors(Fn&& fn) -> decltype(fn()) {
   }
 }
 
-std::invalid_argument bad_option(const std::string& key, const std::string& expected, const c10::IValue& got) {
-  std::ostringstream os;
-  os << "conveyor.Pipeline: option '" << key << "' must be " << expected << ", got " << python_type(got);
-  if (got.isString()) os << " '" << got.toStringRef() << "'";
-  return std::invalid_argument(os.str());
+at::Tensor first_of(const Tensors& tensors, const char* what) {
+  TORCH_CHECK_VALUE(!tensors.empty() && tensors[0].defined(), "conveyor.Pipeline: the built-in loss needs a ", what);
+  return tensors[0];
 }
 
-// A whole string read as a number by `parse` (std::stoll, std::stod), or nullopt.
-template <typename T, typename Parse>
-std::optional<T> parse_whole(const std::string& text, Parse parse) {
-  try {
-    size_t used = 0;
-    const T x = parse(text, &used);
-    if (used == text.size()) return x;
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
-int64_t as_int(const std::string& key, const c10::IValue& v) {
-  if (v.isInt()) return v.toInt();
-  const auto stoll = [](const std::string& t, size_t* used) { return std::stoll(t, used); };
-  if (v.isString()) {
-    if (const auto n = parse_whole<int64_t>(v.toStringRef(), stoll)) return *n;
-  }
-  throw bad_option(key, "an int", v);
-}
-
-double as_double(const std::string& key, const c10::IValue& v) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  const auto stod = [](const std::string& t, size_t* used) { return std::stod(t, used); };
-  if (v.isString()) {
-    if (const auto x = parse_whole<double>(v.toStringRef(), stod)) return *x;
-  }
-  throw bad_option(key, "a float", v);
-}
-
-bool as_bool(const std::string& key, const c10::IValue& v) {
-  if (v.isBool()) return v.toBool();
-  if (v.isString() && (v.toStringRef() == "true" || v.toStringRef() == "false")) return v.toStringRef() == "true";
-  throw bad_option(key, "a bool", v);
-}
-
-std::string as_string(const std::string& key, const c10::IValue& v) {
-  if (!v.isString()) throw bad_option(key, "a str", v);
-  return v.toStringRef();
-}
-
-std::vector<std::string> as_strings(const std::string& key, const c10::IValue& v) {
-  std::vector<std::string> out;
-  if (v.isString()) {
-    std::istringstream in(v.toStringRef());
-    for (std::string item; std::getline(in, item, ',');) {
-      if (!item.empty()) out.push_back(item);
-    }
-    return out;
-  }
-  if (!v.isList()) throw bad_option(key, "a list of str or a comma-separated str", v);
-  for (const c10::IValue& item : v.toListRef()) out.push_back(as_string(key, item));
-  return out;
-}
-
-// The optimizer factory the options "optimizer", "lr", "momentum" and
-// "weight_decay" describe (null without "optimizer").
-OptimizerFactory optimizer_from(const Options& options) {
-  const auto get = [&](const char* key, double fallback) {
-    return options.contains(key) ? as_double(key, options.at(key)) : fallback;
-  };
-  if (!options.contains("optimizer")) {
-    for (const char* key : {"lr", "momentum", "weight_decay"}) {
-      if (options.contains(key)) {
-        throw std::invalid_argument(std::string("conveyor.Pipeline: option '") + key +
-                                    "' sets the pipeline's own optimizer: give 'optimizer' too (or step a torch.optim "
-                                    "optimizer over parameters() yourself)");
-      }
-    }
-    return nullptr;
-  }
-  const std::string name = as_string("optimizer", options.at("optimizer"));
-  if (!options.contains("lr")) throw std::invalid_argument("conveyor.Pipeline: option 'optimizer' needs 'lr'");
-  const double lr = get("lr", 0), momentum = get("momentum", 0);
-  const double weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0.0);  // torch.optim's defaults
-  if (name == "sgd") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(
-          p, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
-    };
-  }
-  if (options.contains("momentum")) {
-    throw std::invalid_argument("conveyor.Pipeline: option 'momentum' is for optimizer 'sgd', not '" + name + "'");
-  }
-  if (name == "adam") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr).weight_decay(weight_decay));
-    };
-  }
-  if (name == "adamw") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
-    };
-  }
-  throw bad_option("optimizer", "\"sgd\", \"adam\" or \"adamw\"", options.at("optimizer"));
-}
-
-at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
+at::Tensor cross_entropy(const Tensors& outputs, const Tensors& targets) {
+  const at::Tensor out = first_of(outputs, "model output"), target = first_of(targets, "target");
   return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), target.reshape({-1}));
 }
 
@@ -200,12 +93,18 @@ class PythonPipeline : public torch::CustomClassHolder {
 
   // One step: accumulates the batch's gradients into parameters()' .grad
   // (zero them first, as with loss.backward()) and returns the loss.
-  double train_step(const at::Tensor& input, const at::Tensor& target) {
-    return python_errors([&] { return pipe_->train_step(input, target, loss_).loss; });
+  double train_step(const c10::IValue& input, const c10::IValue& target) {
+    return python_errors(
+        [&] { return pipe_->train_step(as_tensors("input", input), as_tensors("target", target), loss_).loss; });
   }
 
-  at::Tensor forward(const at::Tensor& input) {
-    return python_errors([&] { return pipe_->forward(input); });
+  c10::IValue forward(const c10::IValue& input) {
+    return python_errors([&]() -> c10::IValue {
+      const Tensors out = pipe_->forward(as_tensors("input", input));
+      if (out.size() == 1) return out[0];
+      std::vector<c10::IValue> items(out.begin(), out.end());
+      return c10::ivalue::Tuple::create(std::move(items));
+    });
   }
 
   std::vector<at::Tensor> parameters() const { return pipe_->parameters(); }
@@ -273,7 +172,10 @@ class PythonPipeline : public torch::CustomClassHolder {
     std::vector<std::string> split_points;
     ScriptLayerOptions layer_options;
     bool fused_ops = false;
-    loss_ = [](const at::Tensor& out, const at::Tensor& target) { return torch::mse_loss(out, target); };
+    std::vector<std::vector<std::string>> tied_by_model_name;
+    loss_ = [](const Tensors& out, const Tensors& target) {
+      return torch::mse_loss(first_of(out, "model output"), first_of(target, "target"));
+    };
     for (const auto& entry : options) {
       const std::string& key = entry.key();
       const c10::IValue& v = entry.value();
@@ -305,10 +207,18 @@ class PythonPipeline : public torch::CustomClassHolder {
       }
       if (key == "loss") set_loss(v);
       if (key == "fused_ops") fused_ops = as_bool(key, v);
+      if (key == "shared_inputs") opts.shared_inputs(as_ints(key, v));
+      if (key == "shared_targets") opts.shared_targets(as_ints(key, v));
+      if (key == "tied_parameters") {
+        if (!v.isList()) throw bad_option(key, "a list of lists of parameter names", v);
+        std::vector<std::vector<std::string>> groups;
+        for (const c10::IValue& group : v.toListRef()) groups.push_back(as_strings(key, group));
+        tied_by_model_name = std::move(groups);
+      }
     }
     opts.optimizer(optimizer_from(options));
     if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
-    pipe_ = make_script_pipeline(model_, opts, split_points, layer_options);
+    pipe_ = make_script_pipeline(model_, opts, split_points, layer_options, tied_by_model_name);
   }
 
   void set_loss(const c10::IValue& v) {
@@ -321,8 +231,10 @@ class PythonPipeline : public torch::CustomClassHolder {
       }
     } else if (v.isObject() && v.toObjectRef().type()->is_module()) {
       torch::jit::Module module(v.toObject());
-      loss_ = [module](const at::Tensor& out, const at::Tensor& target) mutable {
-        return module.forward({out, target}).toTensor();
+      loss_ = [module](const Tensors& outputs, const Tensors& targets) mutable {
+        std::vector<c10::IValue> args(outputs.begin(), outputs.end());
+        args.insert(args.end(), targets.begin(), targets.end());
+        return module.forward(std::move(args)).toTensor();
       };
       return;
     }
@@ -332,7 +244,7 @@ class PythonPipeline : public torch::CustomClassHolder {
   torch::jit::Module model_;
   std::string fused_ops_report_ = "fused_ops is off\n";
   std::unique_ptr<Pipeline> pipe_;
-  LossFn loss_;
+  TensorsLossFn loss_;
 };
 
 }  // namespace

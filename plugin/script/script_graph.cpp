@@ -1,8 +1,11 @@
 #include "plugin/script/script_graph.h"
 
+#include "plugin/script/script_nodes.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,63 +23,11 @@ using torch::jit::Module;
 using torch::jit::Node;
 using torch::jit::Value;
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
-
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> parts;
-  std::istringstream in(path);
-  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
-  return parts;
-}
-
-// A node's kind and, where the model kept its source, the line that made it:
-// "aten::add at model.py:12 (\"return x + self.body(x)\")".
-std::string where(const Node* n) {
-  std::ostringstream os;
-  os << n->kind().toQualString();
-  torch::jit::SourceRange range = n->sourceRange();
-  if (auto original = range.findSourceRangeThatGenerated()) range = *original;
-  if (range.source()) {
-    if (auto loc = range.file_line_col()) os << " at " << std::get<0>(*loc) << ":" << std::get<1>(*loc);
-    std::string text = range.text().str();
-    text = text.substr(0, text.find('\n'));
-    if (text.size() > 80) text = text.substr(0, 77) + "...";
-    if (!text.empty()) os << " (\"" << text << "\")";
-  }
-  return os.str();
-}
-
-// The dotted path of a submodule or attribute reached from self by GetAttrs.
-std::optional<std::string> path_of(const Value* v, const Value* self) {
-  if (v == self) return std::string();
-  if (v->node()->kind() != c10::prim::GetAttr) return std::nullopt;
-  const auto parent = path_of(v->node()->input(0), self);
-  if (!parent) return std::nullopt;
-  const std::string& name = v->node()->s(c10::attr::name);
-  return parent->empty() ? name : *parent + "." + name;
-}
-
-// Constants and attribute reads are copied into every segment that uses
-// them, so they never count as values crossing a cut.
-bool movable(const Node* n, const Value* self) {
-  return n->kind() == c10::prim::Constant ||
-         (n->kind() == c10::prim::GetAttr && path_of(n->output(), self).has_value());
-}
-
-std::optional<std::string> called_path(const Node* n, const Value* self) {
-  if (n->kind() != c10::prim::CallMethod || n->s(c10::attr::name) != "forward") return std::nullopt;
-  return path_of(n->input(0), self);
-}
-
 // A private copy of the forward graph and its top-level nodes in order.
 struct ForwardGraph {
   std::shared_ptr<Graph> graph;
   Value* self = nullptr;
-  Value* input = nullptr;
+  std::vector<Value*> inputs;  // the forward's arguments besides self
   std::vector<Node*> nodes;
   std::unordered_map<const Node*, size_t> index;
   std::set<std::string> inlined;
@@ -106,7 +57,9 @@ struct ForwardGraph {
       }
       return false;
     };
-    if (crosses(input)) live.push_back(input);
+    for (Value* input : inputs) {
+      if (crosses(input)) live.push_back(input);
+    }
     for (size_t i = 0; i < cut && i < nodes.size(); ++i) {
       if (movable(nodes[i], self)) continue;
       for (Value* out : nodes[i]->outputs()) {
@@ -116,7 +69,10 @@ struct ForwardGraph {
     return live;
   }
   std::string describe(const Value* v) const {
-    return "%" + v->debugName() + (v == input ? " (the input)" : " from " + where(v->node()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (v == inputs[i]) return "%" + v->debugName() + " (argument " + std::to_string(i + 1) + " of the forward)";
+    }
+    return "%" + v->debugName() + " (" + v->type()->repr_str() + ") from " + where(v->node());
   }
 };
 
@@ -126,25 +82,27 @@ ForwardGraph forward_graph(const Module& model) {
   ForwardGraph f;
   f.graph = model.get_method("forward").graph()->copy();
   const auto inputs = f.graph->inputs();
-  if (inputs.size() != 2) {
-    std::vector<std::string> names;
-    for (size_t i = 1; i < inputs.size(); ++i) names.push_back(inputs[i]->debugName());
-    throw std::invalid_argument("conveyor: the model's forward takes " + std::to_string(inputs.size() - 1) +
-                                " arguments besides self (" + join(names) + "), but a pipeline feeds it one tensor");
-  }
+  if (inputs.size() < 2) throw std::invalid_argument("conveyor: the model's forward takes no argument besides self");
   f.self = inputs[0];
-  f.input = inputs[1];
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (!inputs[i]->type()->isSubtypeOf(*c10::TensorType::get())) {
+      throw std::invalid_argument("conveyor: argument " + std::to_string(i) + " ('" + inputs[i]->debugName() +
+                                  "') of the model's forward is a " + inputs[i]->type()->repr_str() +
+                                  ", but a pipeline feeds a model tensors only");
+    }
+    f.inputs.push_back(inputs[i]);
+  }
   f.refresh();
   return f;
 }
 
-// Top-level calls before which exactly one tensor is live: where a cut works.
+// Top-level calls before which only tensors are live: where a cut works.
 std::string possible_split_points(const ForwardGraph& f) {
   std::vector<std::string> names;
   for (size_t i = f.first_work() + 1; i < f.nodes.size(); ++i) {
     const auto path = called_path(f.nodes[i], f.self);
     const auto live = f.live_at(i);
-    if (path && live.size() == 1 && live[0]->type()->isSubtypeOf(*c10::TensorType::get())) names.push_back(*path);
+    if (path && std::all_of(live.begin(), live.end(), is_tensor)) names.push_back(*path);
   }
   if (names.empty()) return "no top-level submodule call works as a split point here; name nested submodules instead";
   return "split points that work here: " + join(names);
@@ -156,7 +114,7 @@ std::string possible_split_points(const ForwardGraph& f) {
       "itself: " +
       found +
       ". Give split points instead: the names of the submodules whose calls begin new stages, "
-      "with one tensor crossing each cut (" +
+      "with only tensors crossing each cut (" +
       possible_split_points(f) + ")");
 }
 
@@ -220,12 +178,13 @@ void collect_state(const Block* block, const Value* self, const Module& model, S
   }
 }
 
-ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end, Value* in, Value* out,
-                           std::string description) {
+// A segment takes (self, *ins) and returns its one out, or a tuple of several.
+ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end,
+                           const std::vector<Value*>& ins, const std::vector<Value*>& outs, std::string description) {
   auto g = std::make_shared<Graph>();
   Value* self = g->addInput("self")->setType(f.self->type());
-  Value* x = g->addInput("x")->setType(in->type());
-  std::unordered_map<Value*, Value*> env{{f.self, self}, {in, x}};
+  std::unordered_map<Value*, Value*> env{{f.self, self}};
+  for (size_t i = 0; i < ins.size(); ++i) env[ins[i]] = g->addInput("x" + std::to_string(i))->setType(ins[i]->type());
   std::function<Value*(Value*)> map = [&](Value* v) -> Value* {
     if (auto it = env.find(v); it != env.end()) return it->second;
     Node* n = v->node();
@@ -240,9 +199,16 @@ ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t be
     Node* copy = g->insertNode(g->createClone(n, map));
     for (size_t j = 0; j < n->outputs().size(); ++j) env[n->output(j)] = copy->output(j);
   }
-  g->registerOutput(map(out));
+  if (outs.size() == 1) {
+    g->registerOutput(map(outs[0]));
+  } else {
+    std::vector<Value*> values;
+    for (Value* out : outs) values.push_back(map(out));
+    g->registerOutput(g->insertNode(g->createTuple(values))->output());
+  }
 
   ScriptSegment s;
+  s.num_inputs = ins.size();
   s.description = std::move(description);
   s.function = std::make_shared<torch::jit::GraphFunction>(c10::QualifiedName("conveyor.segment"), g, nullptr);
   collect_state(g->block(), self, model, s);
@@ -276,7 +242,15 @@ Module submodule_of(const Module& model, const std::string& path) {
 
 std::vector<std::string> chain_of_calls(const Module& model) {
   const ForwardGraph f = forward_graph(model);
-  Value* expected = f.input;
+  if (f.inputs.size() != 1) {
+    std::vector<std::string> names;
+    for (const Value* v : f.inputs) names.push_back(v->debugName());
+    throw std::invalid_argument("conveyor: the model's forward takes " + std::to_string(f.inputs.size()) +
+                                " arguments besides self (" + join(names) + "); without split points a model is cut " +
+                                "only as a plain chain of one argument: give split points (the names of the " +
+                                "submodules whose calls begin new stages) and every value live across a cut travels");
+  }
+  Value* expected = f.inputs[0];
   std::string expected_from = "the input";
   std::set<std::string> seen;
   std::vector<std::string> paths;
@@ -333,7 +307,7 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
 
   const size_t first_work = f.first_work();
   std::vector<size_t> cuts;
-  std::vector<Value*> crossing;
+  std::vector<std::vector<Value*>> crossing;
   for (size_t i = 0; i < split_points.size(); ++i) {
     const std::string& sp = split_points[i];
     std::vector<size_t> at;
@@ -357,17 +331,16 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
                                   "would be empty; the first stage begins at the input by itself");
     }
     const auto live = f.live_at(at[0]);
-    if (live.size() != 1 || !live[0]->type()->isSubtypeOf(*c10::TensorType::get())) {
-      std::vector<std::string> described;
-      for (const Value* v : live) described.push_back(f.describe(v));
-      throw std::invalid_argument("conveyor: split point '" + sp + "': " + std::to_string(live.size()) +
-                                  " values cross the cut before it (" + join(described) +
-                                  "), but a stage passes "
-                                  "exactly one tensor to the next; " +
-                                  possible_split_points(f));
+    for (const Value* v : live) {
+      if (!is_tensor(v)) {
+        throw std::invalid_argument("conveyor: split point '" + sp + "': " + f.describe(v) +
+                                    " is made before the cut and used after it, but only tensors travel between " +
+                                    "stages; compute it after the cut, or make it a tensor (" +
+                                    possible_split_points(f) + ")");
+      }
     }
     cuts.push_back(at[0]);
-    crossing.push_back(live[0]);
+    crossing.push_back(live);
   }
 
   std::vector<ScriptSegment> segments;
@@ -376,8 +349,8 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
   for (size_t k = 0; k <= n; ++k) {
     const size_t begin = k == 0 ? 0 : cuts[k - 1];
     const size_t end = k == n ? f.nodes.size() : cuts[k];
-    Value* in = k == 0 ? f.input : crossing[k - 1];
-    Value* out = k == n ? f.graph->outputs()[0] : crossing[k];
+    const std::vector<Value*>& in = k == 0 ? f.inputs : crossing[k - 1];
+    const std::vector<Value*> out = k == n ? std::vector<Value*>{f.graph->outputs()[0]} : crossing[k];
     const std::string description =
         k == 0   ? "the forward up to '" + split_points[0] + "'"
         : k == n ? "the forward from '" + split_points[k - 1] + "' on"

@@ -22,11 +22,13 @@ torch::jit::Module submodule_of(const torch::jit::Module& model, const std::stri
 // input), the last one's output returned, nothing else computed.
 std::vector<std::string> chain_of_calls(const torch::jit::Module& model);
 
-// One stage's part of the forward: `function` takes (model, x) and returns
-// the one tensor that crosses into the next stage (the model's output for
-// the last).
+// One stage's part of the forward: `function` takes (model, *tensors live
+// across the cut before it; the forward's arguments for the first) and
+// returns the tensors live across the cut after it (one, or a tuple of
+// several; the model's output for the last).
 struct ScriptSegment {
   std::shared_ptr<torch::jit::GraphFunction> function;
+  size_t num_inputs = 1;
   std::vector<std::string> state;       // parameters and buffers it reads, dotted
   std::vector<std::string> submodules;  // submodules it calls
   std::string description;              // "the forward from 'encoder.layer2' up to 'decoder'"

@@ -1,5 +1,7 @@
 #include "plugin/script/script_layer.h"
 
+#include "plugin/script/script_nodes.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
@@ -9,17 +11,6 @@
 namespace conveyor {
 
 namespace {
-
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> parts;
-  std::string::size_type start = 0;
-  while (true) {
-    const auto dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot - start));
-    if (dot == std::string::npos) return parts;
-    start = dot + 1;
-  }
-}
 
 // The submodule of `root` at `path` ("" is root itself).
 torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path) {
@@ -42,6 +33,17 @@ void set_script_training(const torch::jit::Module& m, bool on, bool recursive) {
 }
 
 }  // namespace
+
+// Holds the registered parameters and buffers below a ScriptLayer, one per
+// path component, so names read like the TorchScript model's.
+class ScriptState : public torch::nn::Module {
+ public:
+  ScriptState() : torch::nn::Module("conveyor::ScriptState") {}
+  void replace_parameter(const std::string& name, const at::Tensor& tensor) {
+    TORCH_CHECK(parameters_.contains(name), "conveyor: no parameter '", name, "' to replace");
+    parameters_[name] = tensor;
+  }
+};
 
 ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module, std::string prefix, ScriptLayerOptions options)
     : owner_(std::move(module)), prefix_(std::move(prefix)), options_(options) {
@@ -81,7 +83,7 @@ void ScriptLayerImpl::register_state(const std::vector<std::string>& names) {
       if (const auto* found = children.find(parts[i])) {
         child = *found;
       } else {
-        child = holder->register_module(parts[i], std::make_shared<torch::nn::Module>("conveyor::ScriptState"));
+        child = holder->register_module(parts[i], std::make_shared<ScriptState>());
       }
       holder = child.get();
     }
@@ -99,25 +101,57 @@ void ScriptLayerImpl::register_state(const std::vector<std::string>& names) {
   }
 }
 
-at::Tensor ScriptLayerImpl::forward(const at::Tensor& input) {
+Tensors ScriptLayerImpl::forward(Tensors inputs) {
   torch::jit::GraphOptimizerEnabledGuard optimize(options_.optimize);
   c10::IValue out;
   if (segment_) {
-    torch::jit::Stack stack{owner_._ivalue(), input};
+    torch::jit::Stack stack{owner_._ivalue()};
+    for (auto& t : inputs) stack.emplace_back(std::move(t));
     segment_->run(stack);
     TORCH_CHECK(stack.size() == 1, "conveyor: a TorchScript segment left ", stack.size(), " values, expected 1");
     out = std::move(stack.back());
   } else {
-    out = owner_.forward({input});
+    out = owner_.forward({std::move(inputs.at(0))});
   }
+  Tensors outputs;
   if (out.isTuple()) {
     const auto& elements = out.toTupleRef().elements();
     TORCH_CHECK(!elements.empty(), "conveyor: TorchScript ", description_, " returned an empty tuple");
-    out = elements[0];
+    const size_t kept = segment_ ? elements.size() : 1;
+    for (size_t i = 0; i < kept; ++i) {
+      TORCH_CHECK(elements[i].isTensor(), "conveyor: TorchScript ", description_, " returned a ",
+                  elements[i].tagKind(), " as element ", i, " of its tuple, but only tensors travel between layers");
+      outputs.push_back(elements[i].toTensor());
+    }
+    return outputs;
   }
   TORCH_CHECK(out.isTensor(), "conveyor: TorchScript ", description_, " returned a ", out.tagKind(),
-              ", but a pipeline layer must return a tensor (or a tuple whose element 0 is one)");
-  return out.toTensor();
+              ", but a pipeline layer must return a tensor (or a tuple of tensors)");
+  outputs.push_back(out.toTensor());
+  return outputs;
+}
+
+int64_t ScriptLayerImpl::num_inputs() const {
+  return segment_ ? static_cast<int64_t>(segment_->graph()->inputs().size()) - 1 : 1;
+}
+
+void ScriptLayerImpl::rebind_parameter(const std::string& name, const at::Tensor& replacement) {
+  const auto parts = split_path(name);
+  torch::nn::Module* holder = this;
+  std::string parent;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    holder = holder->named_children()[parts[i]].get();
+    parent += (i ? "." : "") + parts[i];
+  }
+  auto* state = dynamic_cast<ScriptState*>(holder);
+  TORCH_CHECK(state != nullptr || holder == this, "conveyor: ", description_, " holds no parameter '", name, "'");
+  if (state) {
+    state->replace_parameter(parts.back(), replacement);
+  } else {
+    TORCH_CHECK(parameters_.contains(parts.back()), "conveyor: ", description_, " holds no parameter '", name, "'");
+    parameters_[parts.back()] = replacement;
+  }
+  submodule_at(owner_, parent).setattr(parts.back(), replacement);
 }
 
 void ScriptLayerImpl::train(bool on) {

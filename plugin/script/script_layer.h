@@ -8,9 +8,16 @@
 // rebinds each registered tensor's data in place, moves the TorchScript
 // model's tensors with it.
 //
-// The layer passes one tensor on, like every pipeline layer: if the
-// TorchScript code returns a tuple, element 0 is kept and the rest dropped
-// (as FirstOutput does for torch::nn::LSTM in ops/adapters.h).
+// A layer of a whole submodule (a link of a chain) takes one tensor and
+// passes one on: if the submodule returns a tuple, element 0 is kept and the
+// rest dropped (as FirstOutput does for torch::nn::LSTM in ops/adapters.h).
+// A segment of the forward takes the tensors live across the cut before it
+// and returns those live across the cut after it (the last: every tensor of
+// the model's output, a tuple's elements in order).
+//
+// Tied weights: a parameter this layer shares with a layer of another stage
+// can be given a copy (rebind_parameter), which the layer registers and its
+// TorchScript code then reads; the pipeline keeps the copies identical.
 //
 // Parameters keep their TorchScript names below the layer
 // ("layer2.weight" inside a layer for "encoder"), each dotted name being a
@@ -27,7 +34,9 @@
 // plan it made first: code that already ran optimized elsewhere in the
 // process, outside a ScriptLayer, may stay optimized.)
 
+#include "ops/adapters.h"
 #include "plugin/model_names.h"
+#include "plugin/tied_parameters.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
@@ -47,7 +56,7 @@ struct ScriptLayerOptions {
   bool optimize = false;
 };
 
-class ScriptLayerImpl : public torch::nn::Module, public ModelPath {
+class ScriptLayerImpl : public torch::nn::Module, public ModelPath, public TensorsLayer, public RebindsParameters {
  public:
   // The whole of `module`: its forward, all its parameters and buffers.
   // `prefix` is its path in the model it came from ("encoder.layer2").
@@ -62,7 +71,9 @@ class ScriptLayerImpl : public torch::nn::Module, public ModelPath {
                   const std::vector<std::string>& state, std::vector<std::string> submodules, std::string description,
                   ScriptLayerOptions options = {});
 
-  at::Tensor forward(const at::Tensor& input);
+  Tensors forward(Tensors inputs) override;
+  int64_t num_inputs() const override;
+  void rebind_parameter(const std::string& name, const at::Tensor& replacement) override;
 
   // Sets the training flag of the TorchScript code this layer runs (dropout,
   // batch norm read it) and of the registered holders.

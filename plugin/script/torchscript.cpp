@@ -25,6 +25,20 @@ std::string layer_name(const std::string& path) {
   return name;
 }
 
+// "emb.weight" in the TorchScript model -> "stage0.emb.weight" among the layers.
+std::string layer_parameter_name(const torch::nn::Sequential& layers, const std::string& model_name) {
+  for (const auto& item : layers->named_children()) {
+    const auto* layer = dynamic_cast<const ScriptLayerImpl*>(item.value().get());
+    if (!layer) continue;
+    const std::string prefix = layer->prefix().empty() ? "" : layer->prefix() + ".";
+    if (model_name.rfind(prefix, 0) != 0) continue;
+    const std::string relative = model_name.substr(prefix.size());
+    if (item.value()->named_parameters().find(relative)) return item.key() + "." + relative;
+  }
+  throw std::invalid_argument("conveyor: tied_parameters names '" + model_name + "', which is no parameter that " +
+                              "the model's forward uses");
+}
+
 }  // namespace
 
 torch::jit::Module load_script(const std::string& path) {
@@ -87,7 +101,8 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points,
-                                               ScriptLayerOptions layer_options) {
+                                               ScriptLayerOptions layer_options,
+                                               const std::vector<std::vector<std::string>>& tied_parameters) {
   if (!split_points.empty()) {
     const int stages = static_cast<int>(split_points.size()) + 1;
     if (!options.boundaries().empty()) {
@@ -100,8 +115,15 @@ std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, Pipelin
     }
     options.boundaries(split_point_boundaries(split_points));
   }
-  return std::make_unique<Pipeline>(sequential_from_script(std::move(model), split_points, layer_options),
-                                    std::move(options));
+  torch::nn::Sequential layers = sequential_from_script(std::move(model), split_points, layer_options);
+  auto tied = options.tied_parameters();
+  for (const auto& group : tied_parameters) {
+    std::vector<std::string> names;
+    for (const auto& name : group) names.push_back(layer_parameter_name(layers, name));
+    tied.push_back(std::move(names));
+  }
+  options.tied_parameters(std::move(tied));
+  return std::make_unique<Pipeline>(layers, std::move(options));
 }
 
 }  // namespace conveyor

@@ -17,7 +17,10 @@
 //
 // With split points, each names the submodule whose call begins a new stage;
 // what lies between two split points may be any code (residual adds,
-// branches, tensor ops) as long as exactly one tensor crosses each cut. A
+// branches, tensor ops), and the forward may take several tensors: every
+// value made before a cut and used after it travels to the next stage (an
+// encoder's output that a later decoder layer reads rides along through the
+// stages between), as long as it is a tensor. A
 // nested name ("encoder.layer2") cuts inside its parent's forward, which is
 // inlined for that; the parent must be called once. Each stage is then one
 // layer running its segment of the forward graph, and the parameters keep
@@ -50,8 +53,8 @@ torch::jit::Module load_script(const std::string& path);
 
 // The model as layers (see above). Throws std::invalid_argument naming what
 // stands in the way: the node that breaks the chain (kind and source line),
-// a split point that names no submodule, split points out of order, a cut
-// that more than one value crosses.
+// a split point that names no submodule, split points out of order, a
+// non-tensor value live across a cut.
 torch::nn::Sequential sequential_from_script(torch::jit::Module model,
                                              const std::vector<std::string>& split_points = {},
                                              ScriptLayerOptions layer_options = {});
@@ -62,8 +65,13 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 
 // sequential_from_script + a Pipeline. With split points, options.stages()
 // must be 0 or split_points.size() + 1, and options.boundaries() empty.
+// `tied_parameters` are groups of parameters named as in the TorchScript
+// model ("emb.weight"), added to options.tied_parameters() (which name them
+// as the pipeline's layers do). A tensor the model uses in several stages is
+// tied by itself: each later stage's layer gets a copy.
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points = {},
-                                               ScriptLayerOptions layer_options = {});
+                                               ScriptLayerOptions layer_options = {},
+                                               const std::vector<std::vector<std::string>>& tied_parameters = {});
 
 }  // namespace conveyor

@@ -15,6 +15,13 @@ float64 so the tests can compare gradients to 1e-10.
                   inside the blocks
   nonchain.pt     scripted; a residual add at the top level (no chain)
   dropout_mlp.pt  scripted chain with dropout in its first half
+  two_input.pt    scripted; forward(x, mask): the mask is read in every stage
+  seq2seq.pt      scripted LSTM encoder-decoder with attention; forward(src,
+                  tgt): both decoder attention layers read the encoder's output
+  resnet_scripted.pt  resnet.pt's model scripted (cut inside a block)
+  non_tensor_cut.pt   scripted; an int made in stage 0 is used in stage 1
+  tied_lm.pt      scripted LSTM language model whose projection is the
+                  embedding's weight (self.proj.weight = self.embed.weight)
   corrupt.pt      mlp.pt cut in half
   not_script.pt   torch.save of a dict of tensors
 """
@@ -154,6 +161,69 @@ class DropoutMlp(nn.Module):
         return self.fc2(self.act(self.drop(self.fc1(x))))
 
 
+class TwoInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 3)
+
+    def forward(self, x, mask):
+        h = torch.tanh(self.a(x)) * mask
+        h = torch.tanh(self.b(h)) * mask + x
+        return self.c(h)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.out = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, h, memory):
+        weights = torch.softmax(torch.bmm(h, memory.transpose(1, 2)), dim=-1)
+        return torch.tanh(self.out(torch.cat([h, torch.bmm(weights, memory)], dim=-1)))
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, vocab=30, hidden=10):
+        super().__init__()
+        self.src_embed = nn.Embedding(vocab, hidden)
+        self.encoder = LstmOutput(hidden, hidden)
+        self.tgt_embed = nn.Embedding(vocab, hidden)
+        self.dec1 = LstmOutput(hidden, hidden)
+        self.attn1 = Attention(hidden)
+        self.dec2 = LstmOutput(hidden, hidden)
+        self.attn2 = Attention(hidden)
+        self.proj = nn.Linear(hidden, vocab)
+
+    def forward(self, src, tgt):
+        memory = self.encoder(self.src_embed(src))
+        h = self.attn1(self.dec1(self.tgt_embed(tgt)), memory)
+        h = self.attn2(self.dec2(h), memory)
+        return self.proj(h)
+
+
+class NonTensorCut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        n: int = x.size(1) // 2
+        h = self.a(x)
+        return self.b(h)[:, :n]
+
+
+class TiedLm(LstmLm):
+    def __init__(self, vocab=40):
+        super().__init__(vocab)
+        self.embed = nn.Embedding(vocab, 12)
+        self.rnn1 = LstmOutput(12, 12)
+        self.proj = nn.Linear(12, vocab, bias=False)
+        self.proj.weight = self.embed.weight
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outdir", help="directory to write the fixtures into (created if missing)")
@@ -173,6 +243,12 @@ def main():
     torch.jit.save(torch.jit.trace(resnet, torch.randn(2, 3, 8, 8, dtype=torch.float64)), path("resnet.pt"))
     torch.jit.save(torch.jit.script(NonChain().double()), path("nonchain.pt"))
     torch.jit.save(torch.jit.script(DropoutMlp().double()), path("dropout_mlp.pt"))
+
+    torch.jit.save(torch.jit.script(TwoInput().double()), path("two_input.pt"))
+    torch.jit.save(torch.jit.script(Seq2Seq().double()), path("seq2seq.pt"))
+    torch.jit.save(torch.jit.script(ResNet().double()), path("resnet_scripted.pt"))
+    torch.jit.save(torch.jit.script(NonTensorCut().double()), path("non_tensor_cut.pt"))
+    torch.jit.save(torch.jit.script(TiedLm().double()), path("tied_lm.pt"))
 
     with open(path("mlp.pt"), "rb") as f:
         data = f.read()

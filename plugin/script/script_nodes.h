@@ -1,0 +1,33 @@
+#pragma once
+// What the graph cutting (script_graph.cpp) asks of single nodes and values
+// of a TorchScript forward graph: where a node came from, which submodule or
+// attribute a value is, what may be copied into every segment.
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+std::string join(const std::vector<std::string>& items);  // "a, b, c"
+std::vector<std::string> split_path(const std::string& path);  // "a.b" -> {"a", "b"}
+
+// A node's kind and, where the model kept its source, the line that made it:
+// "aten::add at model.py:12 (\"return x + self.body(x)\")".
+std::string where(const torch::jit::Node* n);
+
+// The dotted path of a submodule or attribute reached from self by GetAttrs.
+std::optional<std::string> path_of(const torch::jit::Value* v, const torch::jit::Value* self);
+
+// Constants and attribute reads are copied into every segment that uses
+// them, so they never count as values crossing a cut.
+bool movable(const torch::jit::Node* n, const torch::jit::Value* self);
+
+// The submodule whose forward `n` calls, if it is such a call.
+std::optional<std::string> called_path(const torch::jit::Node* n, const torch::jit::Value* self);
+
+bool is_tensor(const torch::jit::Value* v);
+
+}  // namespace conveyor
