@@ -12,7 +12,8 @@
 //    the backward replays every stage's forward from its kept input with the
 //    live weights (version t) before differentiating.
 //
-// The pipelined runtime must reproduce these updates bit for bit.
+// The pipelined runtime must reproduce these updates bit for bit. Models may
+// pass lists of tensors between layers (TensorsLayer), as the pipeline does.
 
 #include "plugin/conveyor.h"
 
@@ -23,6 +24,18 @@
 #include <vector>
 
 namespace conveyor::testing {
+
+// The layers of `s` in order on a list, as a stage runs them.
+inline Tensors forward_tensors(const torch::nn::Sequential& s, Tensors x) {
+  for (const auto& layer : *s) {
+    if (auto* list_layer = dynamic_cast<TensorsLayer*>(layer.ptr().get())) {
+      x = list_layer->forward(std::move(x));
+    } else {
+      x = {torch::nn::AnyModule(layer).forward<at::Tensor>(x.at(0))};
+    }
+  }
+  return x;
+}
 
 enum class Method { kStashed, kStashedVerticalSync, kFeaturesReplay };
 
@@ -38,6 +51,13 @@ class ReferenceTrainer {
 
   // One train_step: the micro-batches are mini-batches, in order.
   void step(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets, const LossFn& loss_fn) {
+    std::vector<Tensors> in, tg;
+    for (const auto& t : inputs) in.push_back({t});
+    for (const auto& t : targets) tg.push_back({t});
+    step(in, tg, [&](const Tensors& out, const Tensors& target) { return loss_fn(out[0], target[0]); });
+  }
+
+  void step(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets, const TensorsLossFn& loss_fn) {
     const int num = static_cast<int>(stages_.size());
     // history[k][v]: stage k's weights after v updates in this step.
     std::vector<std::vector<std::vector<at::Tensor>>> history(num);
@@ -52,8 +72,8 @@ class ReferenceTrainer {
         replay_step(inputs[t], targets[t], loss_fn, history, version);
       } else {
         for (int k = 0; k < num; ++k) load(k, history[k][version[k]]);
-        at::Tensor x = inputs[t];
-        for (auto& s : stages_) x = s->forward(x);
+        Tensors x = inputs[t];
+        for (auto& s : stages_) x = forward_tensors(s, std::move(x));
         loss_fn(x, targets[t]).backward();
         for (int k = 0; k < num; ++k) load(k, history[k].back());
       }
@@ -70,30 +90,43 @@ class ReferenceTrainer {
   }
 
  private:
-  void replay_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn,
+  void replay_step(const Tensors& input, const Tensors& target, const TensorsLossFn& loss_fn,
                    const std::vector<std::vector<std::vector<at::Tensor>>>& history, const std::vector<int>& version) {
     const int num = static_cast<int>(stages_.size());
-    std::vector<at::Tensor> kept(num);
+    std::vector<Tensors> kept(num);
     {
       torch::NoGradGuard no_grad;
-      at::Tensor x = input;
+      Tensors x = input;
       for (int k = 0; k < num; ++k) {
         kept[k] = x;
         load(k, history[k][version[k]]);
-        x = stages_[k]->forward(x);
+        x = forward_tensors(stages_[k], x);
       }
     }
     for (int k = 0; k < num; ++k) load(k, history[k].back());
-    at::Tensor delta;
+    Tensors delta;  // the gradient of stage k's outputs, a slot each
     for (int k = num - 1; k >= 0; --k) {
-      at::Tensor x = k > 0 ? kept[k].detach().requires_grad_(true) : kept[k];
-      at::Tensor y = stages_[k]->forward(x);
+      Tensors x = kept[k];
+      for (auto& t : x) {
+        if (k > 0 && t.defined() && t.is_floating_point()) t = t.detach().requires_grad_(true);
+      }
+      const Tensors y = forward_tensors(stages_[k], x);
       if (k == num - 1) {
         loss_fn(y, target).backward();
       } else {
-        y.backward(delta);
+        Tensors roots, grads;
+        for (size_t i = 0; i < y.size(); ++i) {
+          if (y[i].defined() && y[i].requires_grad() && delta[i].defined()) {
+            roots.push_back(y[i]);
+            grads.push_back(delta[i]);
+          }
+        }
+        if (!roots.empty()) torch::autograd::backward(roots, grads);
       }
-      if (k > 0) delta = x.grad();
+      delta.assign(x.size(), at::Tensor());
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (x[i].defined() && x[i].requires_grad()) delta[i] = x[i].grad();
+      }
     }
   }
 
