@@ -245,9 +245,8 @@ StepResult Pipeline::train_step(const Tensors& inputs, const Tensors& targets, c
        << " but the target has " << n_targets;
     throw std::invalid_argument(os.str());
   }
-  const auto parts = at::arange(n).tensor_split(m);
-  std::vector<int64_t> samples;
-  for (const auto& part : parts) samples.push_back(part.numel());
+  std::vector<int64_t> samples;  // as tensor_split cuts: the first n % m one larger
+  for (int i = 0; i < m; ++i) samples.push_back(n / m + (i < n % m ? 1 : 0));
   return train(data, samples, loss_fn);
 }
 

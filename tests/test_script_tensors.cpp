@@ -92,6 +92,14 @@ TEST(ScriptTensors, ANonTensorAcrossACutIsRefusedNamingItAndTheCut) {
   EXPECT_THAT(msg, AllOf(HasSubstr("split point 'b'"), HasSubstr("(int)"), HasSubstr("only tensors travel")));
 }
 
+TEST(ScriptTensors, AModuleCalledInTwoStagesIsRefusedNamingItsWeight) {
+  REQUIRE_FIXTURES();
+  // Its own code reads its weight, so no stage can be given a copy of it.
+  const std::string msg = error_of([&] { sequential_from_script(load_script(fixture("shared_call.pt")), {"mid"}); });
+  EXPECT_THAT(msg, AllOf(HasSubstr("'shared.weight' is used by stage 0 and, inside a submodule it calls, by stage 1"),
+                         HasSubstr("keep the calls in one stage")));
+}
+
 TEST(ScriptTensors, SeveralArgumentsWithoutSplitPointsAskForThem) {
   REQUIRE_FIXTURES();
   const std::string msg = error_of([&] { sequential_from_script(load_script(fixture("two_input.pt"))); });
@@ -137,6 +145,30 @@ TEST(ScriptTensors, AWeightTiedAcrossStagesIsUntiedIntoIdenticalCopies) {
   }
   EXPECT_TRUE(torch::equal(params["embed.weight"], params["proj.weight"]));
   EXPECT_FALSE(torch::equal(params["embed.weight"], ref.attr("embed").toModule().attr("weight").toTensor()));
+}
+
+// The output layer reads the embedding's own attribute (F.linear(h,
+// self.embed.weight)) in the last stage, while stage 0 calls the embedding:
+// the last stage's segment is fed its own copy instead of the attribute.
+TEST(ScriptTensors, AnAttributeReadInTwoStagesIsFedAsATiedCopy) {
+  REQUIRE_FIXTURES();
+  torch::manual_seed(9);
+  const at::Tensor tokens = torch::randint(40, {6, 5}), y = torch::randint(40, {6, 5});
+  torch::jit::Module ref = load_script(fixture("tied_head_lm.pt"));
+  cross_entropy_of({ref.forward({tokens}).toTensor()}, {y}).backward();
+  const at::Tensor ref_grad = ref.attr("embed").toModule().attr("weight").toTensor().grad();
+  for (const auto& cut : std::vector<std::vector<std::string>>{{"rnn2"}, {"rnn1", "rnn2"}}) {
+    const auto pipe =
+        make_script_pipeline(load_script(fixture("tied_head_lm.pt")), PipelineOptions().microbatches(3), cut);
+    ASSERT_EQ(pipe->tied_parameters().size(), 1u);
+    pipe->train_step(Tensors{tokens}, Tensors{y}, cross_entropy_of);
+    const at::Tensor& first = pipe->stage(0).live()[0];
+    const at::Tensor& last = pipe->stage(pipe->num_stages() - 1).live().back();
+    ASSERT_TRUE(first.sizes().equals(last.sizes()));
+    EXPECT_NE(first.unsafeGetTensorImpl(), last.unsafeGetTensorImpl());
+    EXPECT_LE((first.grad() - ref_grad).abs().max().item<double>(), 1e-10) << cut.size() + 1 << " stages";
+    EXPECT_TRUE(torch::equal(first.grad(), last.grad()));
+  }
 }
 
 }  // namespace

@@ -148,16 +148,22 @@ void add_module_state(const Module& model, const std::string& path, std::vector<
 }
 
 // The parameters and buffers a segment reads and the submodules it runs.
-void collect_state(const Block* block, const Value* self, const Module& model, ScriptSegment& s) {
+// `direct` receives the names it reads itself (a GetAttr chain from self),
+// `in_calls` those that the code of a module it calls may read.
+void collect_state(const Block* block, const Value* self, const Module& model, ScriptSegment& s,
+                   std::set<std::string>& direct, std::set<std::string>& in_calls) {
+  const auto add_module = [&](const std::string& path) {
+    const size_t before = s.state.size();
+    add_module_state(model, path, s.state);
+    in_calls.insert(s.state.begin() + static_cast<std::ptrdiff_t>(before), s.state.end());
+    s.submodules.push_back(path);
+  };
   for (const Node* n : block->nodes()) {
-    for (const Block* sub : n->blocks()) collect_state(sub, self, model, s);
+    for (const Block* sub : n->blocks()) collect_state(sub, self, model, s, direct, in_calls);
     if (n->kind() != c10::prim::GetAttr) {
       // A method of the model itself may read anything the model holds.
       for (const Value* in : n->inputs()) {
-        if (in == self) {
-          add_module_state(model, "", s.state);
-          s.submodules.push_back("");
-        }
+        if (in == self) add_module("");
       }
       continue;
     }
@@ -167,20 +173,38 @@ void collect_state(const Block* block, const Value* self, const Module& model, S
     if (cls && cls->is_module()) {
       bool only_attribute_reads = true;
       for (const auto& use : n->output()->uses()) only_attribute_reads &= use.user->kind() == c10::prim::GetAttr;
-      if (only_attribute_reads) continue;
-      add_module_state(model, *path, s.state);
-      s.submodules.push_back(*path);
+      if (!only_attribute_reads) add_module(*path);
     } else {
       const Module parent = submodule_of(model, *path_of(n->input(0), self));
       const auto slot = parent.type()->findAttributeSlot(n->s(c10::attr::name));
-      if (slot && (parent.type()->is_parameter(*slot) || parent.type()->is_buffer(*slot))) s.state.push_back(*path);
+      if (slot && (parent.type()->is_parameter(*slot) || parent.type()->is_buffer(*slot))) {
+        s.state.push_back(*path);
+        direct.insert(*path);
+      }
+    }
+  }
+}
+
+// Replaces every read of the attribute at `path` in `block` by `value`.
+void feed_attribute(Block* block, const Value* self, const std::string& path, Value* value) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (Block* sub : n->blocks()) feed_attribute(sub, self, path, value);
+    if (n->kind() == c10::prim::GetAttr && path_of(n->output(), self) == path) {
+      n->output()->replaceAllUsesWith(value);
+      n->destroy();
     }
   }
 }
 
 // A segment takes (self, *ins) and returns its one out, or a tuple of several.
+// `claimed` maps the parameters and buffers of earlier segments to their
+// stage: one this segment reads directly becomes an input of its own (a
+// tied weight, fed the stage's own copy); one it reads through a call is an
+// error.
 ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end,
-                           const std::vector<Value*>& ins, const std::vector<Value*>& outs, std::string description) {
+                           const std::vector<Value*>& ins, const std::vector<Value*>& outs, std::string description,
+                           const std::map<std::string, size_t>& claimed, size_t stage) {
   auto g = std::make_shared<Graph>();
   Value* self = g->addInput("self")->setType(f.self->type());
   std::unordered_map<Value*, Value*> env{{f.self, self}};
@@ -210,14 +234,32 @@ ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t be
   ScriptSegment s;
   s.num_inputs = ins.size();
   s.description = std::move(description);
-  s.function = std::make_shared<torch::jit::GraphFunction>(c10::QualifiedName("conveyor.segment"), g, nullptr);
-  collect_state(g->block(), self, model, s);
+  std::set<std::string> direct, in_calls;
+  collect_state(g->block(), self, model, s, direct, in_calls);
   std::set<std::string> seen;
   std::vector<std::string> unique;
   for (auto& name : s.state) {
     if (seen.insert(name).second) unique.push_back(std::move(name));
   }
   s.state = std::move(unique);
+  for (const auto& name : s.state) {
+    const auto it = claimed.find(name);
+    if (it == claimed.end()) continue;
+    if (in_calls.count(name)) {
+      throw std::invalid_argument(
+          "conveyor: '" + name + "' is used by stage " + std::to_string(it->second) + " and, inside a submodule it " +
+          "calls, by stage " + std::to_string(stage) + "; a stage can be given its own copy of a tied weight only " +
+          "where its code reads the weight itself (as F.linear(h, self.embed.weight)): choose split points that keep " +
+          "the calls in one stage");
+    }
+    Value* fed = g->addInput("tied" + std::to_string(s.fed.size()));
+    for (const Node* n : g->nodes()) {
+      if (n->kind() == c10::prim::GetAttr && path_of(n->output(), self) == name) fed->setType(n->output()->type());
+    }
+    feed_attribute(g->block(), self, name, fed);
+    s.fed.push_back(name);
+  }
+  s.function = std::make_shared<torch::jit::GraphFunction>(c10::QualifiedName("conveyor.segment"), g, nullptr);
   return s;
 }
 
@@ -355,16 +397,8 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
         k == 0   ? "the forward up to '" + split_points[0] + "'"
         : k == n ? "the forward from '" + split_points[k - 1] + "' on"
                  : "the forward from '" + split_points[k - 1] + "' up to '" + split_points[k] + "'";
-    segments.push_back(make_segment(f, model, begin, end, in, out, description));
-    for (const auto& name : segments.back().state) {
-      const auto [it, inserted] = stage_of.emplace(name, k);
-      if (!inserted) {
-        throw std::invalid_argument("conveyor: '" + name + "' is used by stage " + std::to_string(it->second) +
-                                    " and stage " + std::to_string(k) +
-                                    ", but a tensor can belong to one stage "
-                                    "only (tied weights?); choose split points that keep its uses in one stage");
-      }
-    }
+    segments.push_back(make_segment(f, model, begin, end, in, out, description, stage_of, k));
+    for (const auto& name : segments.back().state) stage_of.emplace(name, k);
   }
   return segments;
 }

@@ -30,6 +30,9 @@ struct ScriptSegment {
   std::shared_ptr<torch::jit::GraphFunction> function;
   size_t num_inputs = 1;
   std::vector<std::string> state;       // parameters and buffers it reads, dotted
+  // Those of `state` that an earlier segment reads too (a tied weight): the
+  // function takes them as extra arguments after the tensors, in this order.
+  std::vector<std::string> fed;
   std::vector<std::string> submodules;  // submodules it calls
   std::string description;              // "the forward from 'encoder.layer2' up to 'decoder'"
 };

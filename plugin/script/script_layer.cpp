@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -57,15 +58,24 @@ ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module module, std::string prefix, 
 
 ScriptLayerImpl::ScriptLayerImpl(torch::jit::Module owner, std::shared_ptr<torch::jit::GraphFunction> segment,
                                  const std::vector<std::string>& state, std::vector<std::string> submodules,
-                                 std::string description, ScriptLayerOptions options)
+                                 std::string description, ScriptLayerOptions options, std::vector<std::string> fed)
     : owner_(std::move(owner)),
       segment_(std::move(segment)),
       state_(state),
       submodules_(std::move(submodules)),
+      fed_(std::move(fed)),
       description_(std::move(description)),
       options_(options) {
   TORCH_CHECK(segment_ != nullptr, "conveyor: ScriptLayer needs a segment function");
   register_state(state_);
+  const auto params = named_parameters();
+  const auto buffers = named_buffers();
+  for (const auto& name : fed_) {
+    const at::Tensor* t = params.find(name);
+    if (!t) t = buffers.find(name);
+    TORCH_CHECK(t != nullptr, "conveyor: ", description_, " is fed '", name, "', which it does not hold");
+    fed_tensors_.push_back(*t);
+  }
   torch::nn::Module::train(owner_.is_training());
 }
 
@@ -107,6 +117,7 @@ Tensors ScriptLayerImpl::forward(Tensors inputs) {
   if (segment_) {
     torch::jit::Stack stack{owner_._ivalue()};
     for (auto& t : inputs) stack.emplace_back(std::move(t));
+    for (const auto& t : fed_tensors_) stack.emplace_back(t);
     segment_->run(stack);
     TORCH_CHECK(stack.size() == 1, "conveyor: a TorchScript segment left ", stack.size(), " values, expected 1");
     out = std::move(stack.back());
@@ -132,7 +143,7 @@ Tensors ScriptLayerImpl::forward(Tensors inputs) {
 }
 
 int64_t ScriptLayerImpl::num_inputs() const {
-  return segment_ ? static_cast<int64_t>(segment_->graph()->inputs().size()) - 1 : 1;
+  return segment_ ? static_cast<int64_t>(segment_->graph()->inputs().size() - 1 - fed_.size()) : 1;
 }
 
 void ScriptLayerImpl::rebind_parameter(const std::string& name, const at::Tensor& replacement) {
@@ -151,7 +162,12 @@ void ScriptLayerImpl::rebind_parameter(const std::string& name, const at::Tensor
     TORCH_CHECK(parameters_.contains(parts.back()), "conveyor: ", description_, " holds no parameter '", name, "'");
     parameters_[parts.back()] = replacement;
   }
-  submodule_at(owner_, parent).setattr(parts.back(), replacement);
+  const auto fed = std::find(fed_.begin(), fed_.end(), name);
+  if (fed != fed_.end()) {
+    fed_tensors_[fed - fed_.begin()] = replacement;  // the owner's attribute stays the earlier stage's
+  } else {
+    submodule_at(owner_, parent).setattr(parts.back(), replacement);
+  }
 }
 
 void ScriptLayerImpl::train(bool on) {
@@ -169,7 +185,8 @@ std::shared_ptr<torch::nn::Module> ScriptLayerImpl::clone(const std::optional<to
   std::shared_ptr<ScriptLayerImpl> copy;
   if (segment_) {
     // deepcopy keeps the class type, so the segment's graph applies to the copy.
-    copy = std::make_shared<ScriptLayerImpl>(owner_.deepcopy(), segment_, state_, submodules_, description_, options_);
+    copy = std::make_shared<ScriptLayerImpl>(owner_.deepcopy(), segment_, state_, submodules_, description_, options_,
+                                             fed_);
   } else {
     copy = std::make_shared<ScriptLayerImpl>(owner_.deepcopy(), prefix_, options_);
   }

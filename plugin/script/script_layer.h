@@ -66,10 +66,13 @@ class ScriptLayerImpl : public torch::nn::Module, public ModelPath, public Tenso
   // tensor passed on. `state` names the parameters and buffers the segment
   // reads (dotted, relative to owner) and `submodules` the submodules it
   // calls (their training flag follows train()). `description` says which
-  // part of the forward this is, for messages.
+  // part of the forward this is, for messages. `fed` names those of `state`
+  // that the segment takes as arguments after the tensors instead of reading
+  // them from owner (weights tied to an earlier stage's): the layer passes
+  // the tensors it registers under those names.
   ScriptLayerImpl(torch::jit::Module owner, std::shared_ptr<torch::jit::GraphFunction> segment,
                   const std::vector<std::string>& state, std::vector<std::string> submodules, std::string description,
-                  ScriptLayerOptions options = {});
+                  ScriptLayerOptions options = {}, std::vector<std::string> fed = {});
 
   Tensors forward(Tensors inputs) override;
   int64_t num_inputs() const override;
@@ -96,6 +99,8 @@ class ScriptLayerImpl : public torch::nn::Module, public ModelPath, public Tenso
   std::shared_ptr<torch::jit::GraphFunction> segment_;  // null: owner_'s forward
   std::vector<std::string> state_;                      // only for segments
   std::vector<std::string> submodules_;                 // only for segments
+  std::vector<std::string> fed_;                        // only for segments
+  std::vector<at::Tensor> fed_tensors_;                 // what this layer registers under fed_
   std::string prefix_;
   std::string description_;
   ScriptLayerOptions options_;

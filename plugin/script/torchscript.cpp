@@ -88,7 +88,8 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model, const std
     const ScriptSegment& s = segments[k];
     layers->push_back(
         "stage" + std::to_string(k),
-        torch::nn::AnyModule(ScriptLayer(model, s.function, s.state, s.submodules, s.description, layer_options)));
+        torch::nn::AnyModule(
+            ScriptLayer(model, s.function, s.state, s.submodules, s.description, layer_options, s.fed)));
   }
   return layers;
 }

@@ -68,7 +68,9 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 // `tied_parameters` are groups of parameters named as in the TorchScript
 // model ("emb.weight"), added to options.tied_parameters() (which name them
 // as the pipeline's layers do). A tensor the model uses in several stages is
-// tied by itself: each later stage's layer gets a copy.
+// tied by itself: each later stage's layer gets a copy (under another
+// attribute, as after proj.weight = embed.weight, or fed to its segment, as
+// when a later stage reads self.embed.weight itself).
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points = {},
                                                ScriptLayerOptions layer_options = {},

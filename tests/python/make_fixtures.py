@@ -22,6 +22,9 @@ float64 so the tests can compare gradients to 1e-10.
   non_tensor_cut.pt   scripted; an int made in stage 0 is used in stage 1
   tied_lm.pt      scripted LSTM language model whose projection is the
                   embedding's weight (self.proj.weight = self.embed.weight)
+  shared_call.pt  scripted; one Linear called before and after another
+  tied_head_lm.pt scripted LSTM language model whose output is
+                  F.linear(h, self.embed.weight): one attribute, two stages
   corrupt.pt      mlp.pt cut in half
   not_script.pt   torch.save of a dict of tensors
 """
@@ -224,6 +227,28 @@ class TiedLm(LstmLm):
         self.proj.weight = self.embed.weight
 
 
+class SharedCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+        self.mid = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.shared(torch.tanh(self.mid(self.shared(x))))
+
+
+class TiedHeadLm(nn.Module):
+    def __init__(self, vocab=40):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 12)
+        self.rnn1 = LstmOutput(12, 12)
+        self.rnn2 = LstmOutput(12, 12)
+
+    def forward(self, tokens):
+        h = self.rnn2(self.rnn1(self.embed(tokens)))
+        return torch.nn.functional.linear(h, self.embed.weight)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outdir", help="directory to write the fixtures into (created if missing)")
@@ -249,6 +274,8 @@ def main():
     torch.jit.save(torch.jit.script(ResNet().double()), path("resnet_scripted.pt"))
     torch.jit.save(torch.jit.script(NonTensorCut().double()), path("non_tensor_cut.pt"))
     torch.jit.save(torch.jit.script(TiedLm().double()), path("tied_lm.pt"))
+    torch.jit.save(torch.jit.script(TiedHeadLm().double()), path("tied_head_lm.pt"))
+    torch.jit.save(torch.jit.script(SharedCall().double()), path("shared_call.pt"))
 
     with open(path("mlp.pt"), "rb") as f:
         data = f.read()
