@@ -185,19 +185,6 @@ void collect_state(const Block* block, const Value* self, const Module& model, S
   }
 }
 
-// Replaces every read of the attribute at `path` in `block` by `value`.
-void feed_attribute(Block* block, const Value* self, const std::string& path, Value* value) {
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    Node* n = *it++;
-    for (Block* sub : n->blocks()) feed_attribute(sub, self, path, value);
-    if (n->kind() == c10::prim::GetAttr && path_of(n->output(), self) == path) {
-      n->output()->replaceAllUsesWith(value);
-      n->destroy();
-    }
-  }
-}
-
-// A segment takes (self, *ins) and returns its one out, or a tuple of several.
 // `claimed` maps the parameters and buffers of earlier segments to their
 // stage: one this segment reads directly becomes an input of its own (a
 // tied weight, fed the stage's own copy); one it reads through a call is an

@@ -4,6 +4,7 @@
 
 namespace conveyor {
 
+using torch::jit::Block;
 using torch::jit::Node;
 using torch::jit::Value;
 
@@ -54,6 +55,18 @@ std::optional<std::string> called_path(const Node* n, const Value* self) {
   return path_of(n->input(0), self);
 }
 
+void feed_attribute(torch::jit::Block* block, const Value* self, const std::string& path, Value* value) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (Block* sub : n->blocks()) feed_attribute(sub, self, path, value);
+    if (n->kind() == c10::prim::GetAttr && path_of(n->output(), self) == path) {
+      n->output()->replaceAllUsesWith(value);
+      n->destroy();
+    }
+  }
+}
+
+// A segment takes (self, *ins) and returns its one out, or a tuple of several.
 bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
 
 }  // namespace conveyor

@@ -30,4 +30,9 @@ std::optional<std::string> called_path(const torch::jit::Node* n, const torch::j
 
 bool is_tensor(const torch::jit::Value* v);
 
+// Replaces every read of the attribute at `path` in `block` (and the blocks
+// inside it) by `value`.
+void feed_attribute(torch::jit::Block* block, const torch::jit::Value* self, const std::string& path,
+                    torch::jit::Value* value);
+
 }  // namespace conveyor
