@@ -39,11 +39,16 @@ std::vector<TiedNames> find_tied_parameters(const std::vector<std::pair<std::str
                                             const StagePlan& plan,
                                             const std::vector<std::vector<std::string>>& declared, bool untie) {
   std::map<std::string, Holder> by_name;
-  std::map<const c10::TensorImpl*, std::vector<std::string>> by_tensor;  // names in layer order
+  // Names per tensor in layer order, tensors in order of first appearance:
+  // every process of a job numbers the ties alike.
+  std::map<const c10::TensorImpl*, std::vector<std::string>> by_tensor;
+  std::vector<const c10::TensorImpl*> tensor_order;
   for (size_t i = 0; i < layers.size(); ++i) {
     for (const auto& p : layers[i].second.ptr()->named_parameters()) {
       Holder h{stage_of_layer(plan, i), i, layers[i].first + "." + p.key(), p.key(), p.value()};
-      by_tensor[p.value().unsafeGetTensorImpl()].push_back(h.name);
+      auto& names = by_tensor[p.value().unsafeGetTensorImpl()];
+      if (names.empty()) tensor_order.push_back(p.value().unsafeGetTensorImpl());
+      names.push_back(h.name);
       by_name.emplace(h.name, std::move(h));
     }
   }
@@ -75,7 +80,8 @@ std::vector<TiedNames> find_tied_parameters(const std::vector<std::pair<std::str
     }
   }
   // The same tensor registered in layers of several stages.
-  for (const auto& [impl, names] : by_tensor) {
+  for (const c10::TensorImpl* impl : tensor_order) {
+    const auto& names = by_tensor.at(impl);
     std::set<int> stages;
     for (const auto& name : names) stages.insert(by_name.at(name).stage);
     if (stages.size() < 2) continue;
