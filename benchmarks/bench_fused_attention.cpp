@@ -3,7 +3,11 @@
 // warm-up. On CUDA: bfloat16, SDPA with the flash backend forced and with the
 // default backend choice, timed with CUDA events. Without CUDA: the CPU
 // reference against SDPA on CPU, at a small size, timed with a steady clock.
+// "dispatched" is conveyor::dispatched_attention, which FusedMultiheadAttention calls:
+// the path the dispatch table picks (ops/dispatch/fused_dispatch.h);
+// --table-out writes the measured rows of such a table.
 
+#include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_attention/fused_attention.h"
 
 #include <torch/torch.h>
@@ -17,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -27,11 +32,12 @@ namespace {
 struct Options {
   int64_t batch = 8;
   int64_t heads = 16;
-  std::vector<int64_t> seq_lens = {1024, 4096};
+  std::vector<int64_t> seq_lens = {512, 1024, 2048, 4096, 8192};
   std::vector<int64_t> head_dims = {64, 128};
   int warmup = 3;
   int iters = 10;
   bool cpu = false;
+  std::string table_out;
 };
 
 void print_help() {
@@ -40,11 +46,14 @@ void print_help() {
       "\n"
       "  --batch N        batch size (default 8; 2 on CPU)\n"
       "  --heads N        heads (default 16; 4 on CPU)\n"
-      "  --seq A,B,...    sequence lengths (default 1024,4096; 256,512 on CPU)\n"
+      "  --seq A,B,...    sequence lengths (default 512,...,8192; 64,128,256,512 on CPU)\n"
       "  --head-dim A,..  head dims (default 64,128; 64 on CPU)\n"
       "  --warmup N       untimed runs first (default 3)\n"
       "  --iters N        timed runs; the median is reported (default 10)\n"
       "  --cpu            run the CPU comparison even when CUDA is present\n"
+      "  --table-out F    write a dispatch-table row per shape and mode (forward, training)\n"
+      "                   to F: conveyor where it is over 3%% faster than SDPA's default\n"
+      "                   choice, else reference\n"
       "  --help           this text\n"
       "\n"
       "FLOPs: forward 4*B*H*S^2*D (halved when causal), backward 2.5x forward.\n"
@@ -93,6 +102,8 @@ Options parse(int argc, char** argv, bool cuda) {
       o.iters = std::max(1, std::stoi(value()));
     } else if (a == "--cpu") {
       o.cpu = true;
+    } else if (a == "--table-out") {
+      o.table_out = value();
     } else {
       std::fprintf(stderr, "unknown argument %s (see --help)\n", a.c_str());
       std::exit(2);
@@ -101,16 +112,20 @@ Options parse(int argc, char** argv, bool cuda) {
   if ((o.cpu || !cuda) && !sizes_given) {  // the math path forms S x S scores: keep it small
     o.batch = 2;
     o.heads = 4;
-    o.seq_lens = {256, 512};
+    o.seq_lens = {64, 128, 256, 512};
     o.head_dims = {64};
   }
   return o;
 }
 
-// Milliseconds of one call of f, median over `iters` after `warmup` calls.
-double median_ms(const std::function<void()>& f, const Options& o, bool cuda) {
-  for (int i = 0; i < o.warmup; ++i) f();
-  std::vector<double> times;
+// Milliseconds of one call of each of fs, median over `iters` runs after
+// `warmup` rounds; the runs alternate (fs[0], fs[1], ..., then again), so a
+// slow spell of the machine hits every kernel alike.
+std::vector<double> median_ms(const std::vector<std::function<void()>>& fs, const Options& o, bool cuda) {
+  for (int i = 0; i < o.warmup; ++i) {
+    for (const auto& f : fs) f();
+  }
+  std::vector<std::vector<double>> times(fs.size());
 #ifdef CONVEYOR_WITH_CUDA
   if (cuda) {
     cudaEvent_t start, stop;
@@ -118,13 +133,15 @@ double median_ms(const std::function<void()>& f, const Options& o, bool cuda) {
     cudaEventCreate(&stop);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     for (int i = 0; i < o.iters; ++i) {
-      cudaEventRecord(start, stream);
-      f();
-      cudaEventRecord(stop, stream);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      times.push_back(ms);
+      for (size_t k = 0; k < fs.size(); ++k) {
+        cudaEventRecord(start, stream);
+        fs[k]();
+        cudaEventRecord(stop, stream);
+        cudaEventSynchronize(stop);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        times[k].push_back(ms);
+      }
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
@@ -132,13 +149,19 @@ double median_ms(const std::function<void()>& f, const Options& o, bool cuda) {
 #endif
   if (!cuda) {
     for (int i = 0; i < o.iters; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      for (size_t k = 0; k < fs.size(); ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fs[k]();
+        times[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
     }
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
 using Attention = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>;
@@ -148,27 +171,38 @@ struct Row {
   double forward_ms = 0, training_ms = 0, max_diff = 0;
 };
 
-Row measure(const std::string& name, const Attention& attention, const at::Tensor& q, const at::Tensor& k,
-            const at::Tensor& v, const at::Tensor& grad, bool causal, const at::Tensor& reference, const Options& o,
-            bool cuda) {
-  Row row{name};
-  {
-    torch::NoGradGuard no_grad;
-    row.forward_ms = median_ms([&] { attention(q, k, v, causal); }, o, cuda);
-    if (reference.defined()) {
-      row.max_diff = (attention(q, k, v, causal).to(torch::kFloat) - reference).abs().max().item<double>();
-    }
-  }
+// Forward (no grad) and forward+backward times of every kernel, alternated.
+std::vector<Row> measure(const std::vector<std::pair<std::string, Attention>>& kernels, const at::Tensor& q,
+                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& grad, bool causal,
+                         const at::Tensor& reference, const Options& o, bool cuda) {
+  std::vector<Row> rows;
+  std::vector<std::function<void()>> forwards, trainings;
   const at::Tensor qg = q.detach().requires_grad_(true);
   const at::Tensor kg = k.detach().requires_grad_(true);
   const at::Tensor vg = v.detach().requires_grad_(true);
-  row.training_ms = median_ms(
-      [&] {
-        for (const at::Tensor& t : {qg, kg, vg}) t.mutable_grad().reset();
-        attention(qg, kg, vg, causal).backward(grad);
-      },
-      o, cuda);
-  return row;
+  for (const auto& [name, attention] : kernels) {
+    Row row{name};
+    {
+      torch::NoGradGuard no_grad;
+      row.max_diff = (attention(q, k, v, causal).to(torch::kFloat) - reference).abs().max().item<double>();
+    }
+    rows.push_back(row);
+    forwards.push_back([&, attention] {
+      torch::NoGradGuard no_grad;
+      attention(q, k, v, causal);
+    });
+    trainings.push_back([&, attention] {
+      for (const at::Tensor& t : {qg, kg, vg}) t.mutable_grad().reset();
+      attention(qg, kg, vg, causal).backward(grad);
+    });
+  }
+  const auto forward_ms = median_ms(forwards, o, cuda);
+  const auto training_ms = median_ms(trainings, o, cuda);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i].forward_ms = forward_ms[i];
+    rows[i].training_ms = training_ms[i];
+  }
+  return rows;
 }
 
 // Rates in TFLOP/s on CUDA, GFLOP/s on CPU (flops_per_unit = 1e12 or 1e9).
@@ -208,6 +242,21 @@ int main(int argc, char** argv) {
   const Attention fused = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
     return conveyor::fused_attention(q, k, v, std::nullopt, causal);
   };
+  const Attention dispatched = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+    return conveyor::dispatched_attention(q, k, v, std::nullopt, causal);
+  };
+  std::ofstream table;
+  if (!o.table_out.empty()) {
+    table.open(o.table_out);
+    if (!table) {
+      std::fprintf(stderr, "bench_fused_attention: cannot write %s\n", o.table_out.c_str());
+      return 2;
+    }
+    table << "# bench_fused_attention on " << conveyor::dispatch_device_name(device) << ": median of " << o.iters
+          << " runs\n";
+  }
+  const std::string device_token = conveyor::dispatch_device_token(conveyor::dispatch_device_name(device));
+  const std::string dtype_name = conveyor::dispatch_dtype_name(dtype);
   const Attention sdpa = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
   };
@@ -219,6 +268,23 @@ int main(int argc, char** argv) {
     ctx.setSDPUseMemEfficient(mem0);
     ctx.setSDPUseMath(math0);
     ctx.setSDPUseCuDNN(cudnn0);
+  };
+
+  // SDPA with the flash backend alone, the others restored after each call.
+  const Attention sdpa_flash = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+    ctx.setSDPUseFlash(true);
+    ctx.setSDPUseMemEfficient(false);
+    ctx.setSDPUseMath(false);
+    ctx.setSDPUseCuDNN(false);
+    at::Tensor out;
+    try {
+      out = sdpa(q, k, v, causal);
+    } catch (...) {
+      restore_backends();
+      throw;
+    }
+    restore_backends();
+    return out;
   };
 
   torch::manual_seed(0);
@@ -237,16 +303,11 @@ int main(int argc, char** argv) {
         }
         std::vector<Row> rows;
         try {
-          rows.push_back(measure("conveyor", fused, q, k, v, grad, causal, reference, o, cuda));
-          if (cuda) {
-            ctx.setSDPUseFlash(true);
-            ctx.setSDPUseMemEfficient(false);
-            ctx.setSDPUseMath(false);
-            ctx.setSDPUseCuDNN(false);
-            rows.push_back(measure("sdpa flash", sdpa, q, k, v, grad, causal, reference, o, cuda));
-            restore_backends();
-          }
-          rows.push_back(measure(cuda ? "sdpa default" : "sdpa", sdpa, q, k, v, grad, causal, reference, o, cuda));
+          std::vector<std::pair<std::string, Attention>> kernels{{"conveyor", fused}};
+          if (cuda) kernels.emplace_back("sdpa flash", sdpa_flash);
+          kernels.emplace_back(cuda ? "sdpa default" : "sdpa", sdpa);
+          kernels.emplace_back("dispatched", dispatched);
+          rows = measure(kernels, q, k, v, grad, causal, reference, o, cuda);
         } catch (const std::exception& e) {
           restore_backends();
           std::printf("%6lld %4lld %-6s | failed: %s\n", static_cast<long long>(s), static_cast<long long>(d),
@@ -254,6 +315,20 @@ int main(int argc, char** argv) {
           continue;
         }
         print_rows(rows, o, s, d, causal, cuda ? 1e12 : 1e9);
+        const Row& ours = rows.front();
+        const Row& sdpa_default = rows[rows.size() - 2];
+        for (const bool train : {false, true}) {
+          if (!table.is_open()) break;
+          const double fused_ms = train ? ours.training_ms : ours.forward_ms;
+          const double reference_ms = train ? sdpa_default.training_ms : sdpa_default.forward_ms;
+          conveyor::DispatchRow row{"attention", device_token, dtype_name,
+                                    fused_ms * 1.03 < reference_ms ? conveyor::FusedPath::kFused
+                                                                   : conveyor::FusedPath::kReference};
+          row.shape = {{"batch_heads", double(o.batch * o.heads)}, {"seq_q", double(s)}, {"seq_k", double(s)},
+                       {"head_dim", double(d)}, {"causal", causal ? 1.0 : 0.0}, {"train", train ? 1.0 : 0.0}};
+          row.measured = {{"fused_ms", fused_ms}, {"reference_ms", reference_ms}};
+          table << row.str() << "\n";
+        }
       }
     }
   }

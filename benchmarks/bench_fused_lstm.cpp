@@ -1,6 +1,9 @@
 // conveyor::FusedLSTM against torch::nn::LSTM (cuDNN on CUDA): forward and
-// forward+backward throughput in tokens/s, same dtype, same weights.
-// Run with --help for the flags.
+// forward+backward throughput in tokens/s, same dtype, same weights; the
+// fused kernel forced, and FusedLSTM as dispatched by the table
+// (ops/dispatch/fused_dispatch.h). --table-out writes the measured rows of a
+// dispatch table. Run with --help for the flags.
+#include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_lstm/fused_lstm_module.h"
 
 #include <torch/torch.h>
@@ -15,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,11 +34,13 @@ struct Flags {
   int repeats = 10;
   std::string dtype = "all";  // bf16, fp32 or all
   bool force_cpu = false;
+  bool grid = false;      // the dispatch grid of shapes instead of the showcase ones
+  std::string table_out;  // write dispatch-table rows here
 };
 
 void print_help(const char* argv0) {
   std::printf(
-      "Usage: %s [--warmup N] [--repeats N] [--dtype bf16|fp32|all] [--cpu]\n\n"
+      "Usage: %s [--warmup N] [--repeats N] [--dtype bf16|fp32|all] [--cpu] [--grid] [--table-out FILE]\n\n"
       "Times conveyor::FusedLSTM against torch::nn::LSTM with the same weights and dtype,\n"
       "forward only (no grad) and forward+backward, and prints tokens/s (batch*seq per\n"
       "second; the median of --repeats runs after --warmup runs).\n\n"
@@ -45,7 +51,16 @@ void print_help(const char* argv0) {
       "  --warmup N   untimed runs before timing (default 3)\n"
       "  --repeats N  timed runs; the median is reported (default 10)\n"
       "  --dtype D    bf16, fp32 or all (default all; CPU runs fp32 only)\n"
-      "  --cpu        use the CPU even when CUDA is available\n",
+      "  --cpu        use the CPU even when CUDA is available\n"
+      "  --grid       the dispatch grid: batch 1..128 x hidden 256..1024 x layers 1,2 on CUDA\n"
+      "               (batch 1..64 x hidden 64..256, one layer, on the CPU), seq 50 (20 on CPU)\n"
+      "  --table-out F  write a dispatch-table row per shape, dtype and mode to F: fused where\n"
+      "               it is over 3%% faster than torch, else reference (ops/dispatch/\n"
+      "               fused_dispatch_table.txt is made so)\n\n"
+      "Columns: fused = the fused kernel forced; torch = torch::nn::LSTM; dispatched =\n"
+      "FusedLSTM as the current dispatch table sends it (what swap_fused_ops gives a model);\n"
+      "disp/torch is its time over torch's (<= 1.03 is the target). The three alternate\n"
+      "run by run, so a slow spell of the machine hits all three.\n",
       argv0);
 }
 
@@ -70,6 +85,10 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
       }
     } else if (arg == "--cpu") {
       flags.force_cpu = true;
+    } else if (arg == "--grid") {
+      flags.grid = true;
+    } else if (arg == "--table-out") {
+      flags.table_out = value();
     } else {
       throw std::invalid_argument("unknown flag " + arg + " (see --help)");
     }
@@ -82,10 +101,15 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// Median milliseconds of fn over `repeats` runs after `warmup` runs.
-double time_ms(const torch::Device& device, const Flags& flags, const std::function<void()>& fn) {
-  for (int i = 0; i < flags.warmup; ++i) fn();
-  std::vector<double> ms;
+// Milliseconds of one call of each of fns: their runs alternate (fns[0],
+// fns[1], ... then again), so a slow spell of the machine hits all alike; the
+// median of `repeats` runs each, after `warmup` rounds.
+std::vector<double> time_ms(const torch::Device& device, const Flags& flags,
+                            const std::vector<std::function<void()>>& fns) {
+  for (int i = 0; i < flags.warmup; ++i) {
+    for (const auto& fn : fns) fn();
+  }
+  std::vector<std::vector<double>> ms(fns.size());
 #ifdef CONVEYOR_WITH_CUDA
   if (device.is_cuda()) {
     cudaEvent_t start, stop;
@@ -94,30 +118,38 @@ double time_ms(const torch::Device& device, const Flags& flags, const std::funct
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int i = 0; i < flags.repeats; ++i) {
-      C10_CUDA_CHECK(cudaEventRecord(start, stream));
-      fn();
-      C10_CUDA_CHECK(cudaEventRecord(stop, stream));
-      C10_CUDA_CHECK(cudaEventSynchronize(stop));
-      float elapsed = 0;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-      ms.push_back(elapsed);
+      for (size_t f = 0; f < fns.size(); ++f) {
+        C10_CUDA_CHECK(cudaEventRecord(start, stream));
+        fns[f]();
+        C10_CUDA_CHECK(cudaEventRecord(stop, stream));
+        C10_CUDA_CHECK(cudaEventSynchronize(stop));
+        float elapsed = 0;
+        C10_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+        ms[f].push_back(elapsed);
+      }
     }
     C10_CUDA_CHECK(cudaEventDestroy(start));
     C10_CUDA_CHECK(cudaEventDestroy(stop));
-    return median(ms);
   }
 #endif
-  (void)device;
-  for (int i = 0; i < flags.repeats; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  if (!device.is_cuda()) {
+    for (int i = 0; i < flags.repeats; ++i) {
+      for (size_t f = 0; f < fns.size(); ++f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fns[f]();
+        ms[f].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
   }
-  return median(ms);
+  std::vector<double> medians;
+  for (auto& m : ms) medians.push_back(median(m));
+  return medians;
 }
 
+constexpr double kMargin = 1.03;  // a table row says fused when fused * 1.03 < torch
+
 struct Timing {
-  double fused_ms, torch_ms;
+  double fused_ms, torch_ms, dispatched_ms;
 };
 
 template <typename Module>
@@ -146,8 +178,14 @@ Timing run_case(const Shape& s, torch::Dtype dtype, const torch::Device& device,
   const auto tensor_options = torch::TensorOptions().dtype(dtype).device(device);
   const at::Tensor x = torch::randn({s.seq, s.batch, s.hidden}, tensor_options);
   const at::Tensor grad = torch::randn({s.seq, s.batch, s.hidden}, tensor_options);
-  return {time_ms(device, flags, step(fused, x, grad, backward)),
-          time_ms(device, flags, step(reference, x, grad, backward))};
+  const auto fused_step = step(fused, x, grad, backward);
+  const auto forced = [&fused_step] {
+    conveyor::ScopedDispatch fused_kernel(conveyor::DispatchPolicy::kFused);
+    fused_step();
+  };
+  const auto ms = time_ms(device, flags, {forced, step(reference, x, grad, backward), fused_step});
+  Timing t{ms[0], ms[1], ms[2]};
+  return t;
 }
 
 }  // namespace
@@ -168,14 +206,23 @@ int main(int argc, char** argv) {
 #endif
   std::vector<Shape> shapes;
   std::vector<std::pair<std::string, torch::Dtype>> dtypes;
+  if (flags.grid) {
+    for (int64_t layers : use_cuda ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1}) {
+      for (int64_t hidden : use_cuda ? std::vector<int64_t>{256, 512, 1024} : std::vector<int64_t>{64, 256}) {
+        for (int64_t batch : use_cuda ? std::vector<int64_t>{1, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 4, 16, 64}) {
+          shapes.push_back({batch, use_cuda ? 50 : 20, hidden, layers});
+        }
+      }
+    }
+  }
   if (use_cuda) {
-    shapes = {{64, 35, 650, 2}, {128, 50, 1024, 4}, {8, 100, 1024, 2}, {1, 100, 512, 1}};
+    if (!flags.grid) shapes = {{64, 35, 650, 2}, {128, 50, 1024, 4}, {8, 100, 1024, 2}, {1, 100, 512, 1}};
     if (flags.dtype != "fp32") dtypes.emplace_back("bf16", torch::kBFloat16);
     if (flags.dtype != "bf16") dtypes.emplace_back("fp32", torch::kFloat32);
     std::printf("device: CUDA; reference: torch::nn::LSTM (cuDNN), cuDNN TF32 %s\n",
                 at::globalContext().allowTF32CuDNN() ? "allowed (torch default)" : "off");
   } else {
-    shapes = {{16, 35, 256, 2}, {4, 35, 128, 1}};
+    if (!flags.grid) shapes = {{16, 35, 256, 2}, {4, 35, 128, 1}};
     dtypes.emplace_back("fp32", torch::kFloat32);
     std::printf("device: CPU (%s); fused = the CPU reference path, reference = torch::nn::LSTM on CPU\n",
                 flags.force_cpu ? "--cpu" : "no CUDA device available");
@@ -183,17 +230,40 @@ int main(int argc, char** argv) {
   const torch::Device device = use_cuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   torch::manual_seed(0);
 
-  std::printf("%-5s %6s %5s %6s %6s  %-8s %10s %10s %14s %14s %8s\n", "dtype", "batch", "seq", "hidden", "layers",
-              "mode", "fused ms", "torch ms", "fused tok/s", "torch tok/s", "speedup");
+  std::ofstream table;
+  if (!flags.table_out.empty()) {
+    table.open(flags.table_out);
+    if (!table) {
+      std::fprintf(stderr, "bench_fused_lstm: cannot write %s\n", flags.table_out.c_str());
+      return 2;
+    }
+    table << "# bench_fused_lstm" << (flags.grid ? " --grid" : "") << " on " << conveyor::dispatch_device_name(device)
+          << ": median of " << flags.repeats << " runs\n";
+  }
+  const std::string device_token = conveyor::dispatch_device_token(conveyor::dispatch_device_name(device));
+  std::printf("%-5s %6s %5s %6s %6s  %-8s %10s %10s %10s %14s %14s %8s %10s\n", "dtype", "batch", "seq", "hidden",
+              "layers", "mode", "fused ms", "torch ms", "disp ms", "fused tok/s", "torch tok/s", "speedup",
+              "disp/torch");
   for (const auto& [name, dtype] : dtypes) {
     for (const auto& s : shapes) {
       for (bool backward : {false, true}) {
         const Timing t = run_case(s, dtype, device, backward, flags);
         const double tokens = static_cast<double>(s.batch * s.seq);
-        std::printf("%-5s %6lld %5lld %6lld %6lld  %-8s %10.3f %10.3f %14.0f %14.0f %7.2fx\n", name.c_str(),
-                    static_cast<long long>(s.batch), static_cast<long long>(s.seq), static_cast<long long>(s.hidden),
-                    static_cast<long long>(s.layers), backward ? "fwd+bwd" : "fwd", t.fused_ms, t.torch_ms,
-                    tokens / (t.fused_ms / 1e3), tokens / (t.torch_ms / 1e3), t.torch_ms / t.fused_ms);
+        std::printf("%-5s %6lld %5lld %6lld %6lld  %-8s %10.3f %10.3f %10.3f %14.0f %14.0f %7.2fx %10.3f\n",
+                    name.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.seq),
+                    static_cast<long long>(s.hidden), static_cast<long long>(s.layers), backward ? "fwd+bwd" : "fwd",
+                    t.fused_ms, t.torch_ms, t.dispatched_ms, tokens / (t.fused_ms / 1e3), tokens / (t.torch_ms / 1e3),
+                    t.torch_ms / t.fused_ms, t.dispatched_ms / t.torch_ms);
+        if (table.is_open()) {
+          // The fused kernel only where it is clearly faster: the replaced op is the safe default.
+          conveyor::DispatchRow row{"lstm", device_token, name,
+                                    t.fused_ms * kMargin < t.torch_ms ? conveyor::FusedPath::kFused
+                                                                      : conveyor::FusedPath::kReference};
+          row.shape = {{"batch", double(s.batch)}, {"seq", double(s.seq)},       {"input", double(s.hidden)},
+                       {"hidden", double(s.hidden)}, {"layers", double(s.layers)}, {"train", backward ? 1.0 : 0.0}};
+          row.measured = {{"fused_ms", t.fused_ms}, {"reference_ms", t.torch_ms}};
+          table << row.str() << "\n";
+        }
         std::fflush(stdout);
       }
     }

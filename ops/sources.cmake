@@ -6,6 +6,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/swap.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensors_layers.cpp)
+include(${CMAKE_CURRENT_LIST_DIR}/dispatch/sources.cmake)
 if(CONVEYOR_WITH_CUDA)
   target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cuda.cu)
 endif()

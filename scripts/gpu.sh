@@ -15,7 +15,9 @@
 #       <= 200), small shapes; the benchmarks' large ones never run under a
 #       sanitizer. Only Conveyor's kernels are instrumented (--kernel-name).
 #   bash scripts/gpu.sh bench
-#       the two op benchmarks; reuses the build folder when it is there (a warm
+#       the two op benchmarks, which also write this GPU's dispatch-table rows
+#       (dispatch-lstm.txt, dispatch-attention.txt; two more files in $OUT);
+#       reuses the build folder when it is there (a warm
 #       machine keeps it between calls), else builds just them first.
 #   bash scripts/gpu.sh configure
 #       the configure step alone; needs no GPU (a check on any machine with
@@ -31,7 +33,7 @@
 # Each step runs under `timeout`, and the phase as a whole keeps to a budget
 # (CONVEYOR_GPU_BUDGET_S, default 540 s): a step gets at most what is left,
 # and one that cannot start in time is reported SKIPPED. Results go to $OUT
-# (default <build>/out), two files a phase, written as each step ends:
+# (default <build>/out), two files a phase (bench adds its two tables), written as each step ends:
 #   summary-<phase>.txt  device and tools, PASS/FAIL/TIMEOUT per step, seconds
 #   logs-<phase>.txt     every step's full log (over 4 MiB: head and tail)
 # The script exits 1 and names the failed steps if any step did not pass.
@@ -302,7 +304,12 @@ fi
 
 # --- bench: the op benchmarks ------------------------------------------------------
 # shellcheck disable=SC2086  # the extra flags are meant to split into words
-step bench_fused_lstm 240 - "$build/benchmarks/bench_fused_lstm" ${CONVEYOR_BENCH_LSTM_ARGS:-}
+# Each also writes the rows of a dispatch table for this GPU (dispatch-*.txt in
+# $OUT): append them to ops/dispatch/fused_dispatch_table.txt to make the
+# fused ops take the faster path here (ops/dispatch/fused_dispatch.h).
+step bench_fused_lstm 240 - "$build/benchmarks/bench_fused_lstm" --grid --table-out "$out/dispatch-lstm.txt" \
+  ${CONVEYOR_BENCH_LSTM_ARGS:-}
 # shellcheck disable=SC2086
-step bench_fused_attention 240 - "$build/benchmarks/bench_fused_attention" ${CONVEYOR_BENCH_ATTENTION_ARGS:-}
+step bench_fused_attention 240 - "$build/benchmarks/bench_fused_attention" \
+  --table-out "$out/dispatch-attention.txt" ${CONVEYOR_BENCH_ATTENTION_ARGS:-}
 finish

@@ -16,6 +16,13 @@
 namespace conveyor {
 namespace {
 
+// These tests exercise the fused kernels themselves: every call runs them,
+// whatever the dispatch table would choose (gtest_discover_tests runs each
+// test in its own process, so this holds for every test of the binary;
+// test_fused_attention_dispatch.cpp tests the table's choices).
+const conveyor::ScopedDispatch kFusedKernelsUnderTest{conveyor::DispatchPolicy::kFused};
+
+
 using ::testing::HasSubstr;
 
 enum class Padding { kNone, kRandom, kWholeBatch, kFirstKey };

@@ -17,6 +17,13 @@
 
 namespace {
 
+// These tests exercise the fused kernels themselves: every call runs them,
+// whatever the dispatch table would choose (gtest_discover_tests runs each
+// test in its own process, so this holds for every test of the binary;
+// test_fused_lstm_dispatch.cpp tests the table's choices).
+const conveyor::ScopedDispatch kFusedKernelsUnderTest{conveyor::DispatchPolicy::kFused};
+
+
 using conveyor::FusedLSTM;
 using conveyor::FusedLSTMImpl;
 using ::testing::HasSubstr;

@@ -3,13 +3,14 @@
 // aten::lstm; LSTMs the fused op cannot run are left alone and reported; the
 // original module keeps its code; a pipeline of the swapped model keeps the
 // unsplit model's gradients.
+#include "ops/dispatch/fused_dispatch.h"
 #include "ops/swap.h"
 #include "plugin/script/torchscript.h"
 
+#include "op_call_counter.h"
 #include "script_fixtures.h"
 #include "test_models.h"
 
-#include <ATen/record_function.h>
 #include <torch/csrc/jit/api/function_impl.h>
 
 #include <map>
@@ -45,28 +46,6 @@ torch::jit::Module submodule(const torch::jit::Module& model, const std::string&
   return m;
 }
 
-// Counts the calls of the fused kernel op made on this thread while alive.
-class FusedCallCounter {
- public:
-  FusedCallCounter() {
-    count() = 0;
-    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start).needsInputs(false));
-  }
-  ~FusedCallCounter() { at::removeCallback(handle_); }
-  int calls() const { return count(); }
-
- private:
-  static int& count() {
-    thread_local int n = 0;
-    return n;
-  }
-  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    if (std::string(fn.name()) == "conveyor::fused_lstm") ++count();
-    return nullptr;
-  }
-  at::CallbackHandle handle_;
-};
-
 // Output and every parameter's gradient, from a fresh backward.
 std::pair<at::Tensor, std::map<std::string, at::Tensor>> run(torch::jit::Module& model, const at::Tensor& tokens,
                                                              const at::Tensor& targets) {
@@ -82,11 +61,12 @@ void expect_same_results(torch::jit::Module& original, torch::jit::Module& swapp
   torch::manual_seed(5);
   const at::Tensor tokens = torch::randint(testing::kVocab, {4, 7});
   const at::Tensor targets = torch::randint(testing::kVocab, {4, 7});
-  FusedCallCounter counter;
+  const ScopedDispatch fused_kernels(DispatchPolicy::kFused);  // what the counter checks for
+  const testing::OpCallCounter counter({"conveyor::fused_lstm"});
   const auto [want_out, want_grads] = run(original, tokens, targets);
-  EXPECT_EQ(counter.calls(), 0) << where << ": the original model ran the fused op";
+  EXPECT_EQ(counter.calls("conveyor::fused_lstm"), 0) << where << ": the original model ran the fused op";
   const auto [got_out, got_grads] = run(swapped, tokens, targets);
-  EXPECT_GE(counter.calls(), 1) << where << ": the swapped model did not run the fused op";
+  EXPECT_GE(counter.calls("conveyor::fused_lstm"), 1) << where << ": the swapped model did not run the fused op";
   EXPECT_LE((got_out - want_out).abs().max().item<double>(), 1e-10) << where;
   ASSERT_EQ(got_grads.size(), want_grads.size()) << where;
   for (const auto& [name, grad] : want_grads) {
@@ -135,6 +115,7 @@ TEST(ScriptSwap, TracedLstmsRunFusedWithTheSameOutputsAndGradients) {
 
 TEST(ScriptSwap, APipelineOfTheSwappedModelKeepsTheUnsplitGradients) {
   REQUIRE_FIXTURES();
+  const ScopedDispatch fused_kernels(DispatchPolicy::kFused);  // the stages run the fused kernel itself
   torch::manual_seed(3);
   const at::Tensor tokens = torch::randint(testing::kVocab, {6, 5});
   const at::Tensor targets = torch::randint(testing::kVocab, {6, 5});

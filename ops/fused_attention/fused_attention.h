@@ -20,6 +20,8 @@
 // CUDA kernel for the tensors' device and record autograd where it applies.
 // From Python: torch.ops.conveyor.fused_attention(q, k, v, mask, causal, scale).
 
+#include "ops/dispatch/fused_dispatch.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -42,5 +44,18 @@ std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& key_padding_mask, bool causal, std::optional<double> scale);
+
+// What FusedMultiheadAttention runs: fused_attention, or
+// at::scaled_dot_product_attention (PyTorch's own backend choice) where the
+// dispatch table finds it faster for this device, dtype and shape
+// (ops/dispatch/fused_dispatch.h). A key-padding mask always runs the fused
+// kernel where one exists (SDPA would give NaN for fully masked rows).
+at::Tensor dispatched_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& key_padding_mask = std::nullopt, bool causal = false,
+                                std::optional<double> scale = std::nullopt);
+
+// The choice dispatched_attention() makes for these arguments, with its reason.
+DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& key_padding_mask, bool causal);
 
 }  // namespace conveyor

@@ -215,8 +215,8 @@ at::Tensor FusedMultiheadAttentionImpl::fused_forward(const at::Tensor& query, c
   // [len, N, E] -> [N, H, len, head_dim]
   auto split_heads = [&](const at::Tensor& t) { return t.reshape({t.size(0), N, H, head_dim}).permute({1, 2, 0, 3}); };
   const at::Tensor attended =
-      fused_attention(split_heads(q), split_heads(k), split_heads(v),
-                      mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, causal_now, std::nullopt);
+      dispatched_attention(split_heads(q), split_heads(k), split_heads(v),
+                           mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, causal_now, std::nullopt);
   return out_proj(attended.permute({2, 0, 1, 3}).reshape({L, N, E}));
 }
 

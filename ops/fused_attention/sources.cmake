@@ -6,6 +6,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/fused_attention_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_attention_autograd.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_attention_module.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_attention_dispatch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_attention_swap.cpp
   ${CMAKE_CURRENT_LIST_DIR}/encoder_layer.cpp)
 if(CONVEYOR_WITH_CUDA)

@@ -17,6 +17,8 @@
 //
 // The module that uses it is conveyor::FusedLSTM (fused_lstm_module.h).
 
+#include "ops/dispatch/fused_dispatch.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -36,5 +38,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_layers(const at::Tenso
                                                                  const at::Tensor& c0, at::TensorList weights,
                                                                  bool has_biases, int64_t num_layers, double dropout,
                                                                  bool train);
+
+// The LSTM that FusedLSTM and the swapped aten::lstm run: fused_lstm_layers or
+// at::lstm (cuDNN on CUDA), whichever the dispatch table says is faster for
+// this device, dtype and shape (ops/dispatch/fused_dispatch.h). Same
+// arguments and results as fused_lstm_layers.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers(const at::Tensor& input, const at::Tensor& h0,
+                                                           const at::Tensor& c0, at::TensorList weights,
+                                                           bool has_biases, int64_t num_layers, double dropout,
+                                                           bool train);
+
+// The choice lstm_layers makes for these arguments, with its reason.
+DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
+                         int64_t num_layers);
+
+// Whether this build has a fused LSTM kernel for the device and dtype.
+bool fused_lstm_kernel_available(const c10::Device& device, c10::ScalarType dtype);
 
 }  // namespace conveyor

@@ -8,12 +8,12 @@
 //
 // What fused_lstm cannot run (two directions, a projection, a device without
 // a fused kernel) goes to at::lstm, so the node gives torch's result whatever
-// the module's options turn out to be.
+// the module's options turn out to be; the rest goes through lstm_layers,
+// which runs whichever of the two the dispatch table finds faster.
 #include "ops/fused_lstm/fused_lstm_aten.h"
 #include "ops/fused_lstm/fused_lstm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 namespace conveyor {
@@ -27,25 +27,17 @@ std::optional<std::string> aten_lstm_unsupported(bool bidirectional, int64_t num
 
 namespace {
 
-bool has_fused_kernel(const c10::Device& device) {
-  // Whether this build registered CUDA kernels: fixed once the library has loaded.
-  static const bool cuda = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("conveyor::fused_lstm", "")
-                               .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  return device.is_cpu() || (device.is_cuda() && cuda);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
                                                     bool has_biases, int64_t num_layers, double dropout, bool train,
                                                     bool bidirectional, bool batch_first) {
   const bool fused =
       !aten_lstm_unsupported(bidirectional, static_cast<int64_t>(params.size()), has_biases, num_layers) &&
-      input.dim() == 3 && hx.size() == 2 && has_fused_kernel(input.device());
+      input.dim() == 3 && hx.size() == 2;
   if (!fused) {
     return at::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
   }
   const at::Tensor x = batch_first ? input.transpose(0, 1) : input;
-  auto [output, h_n, c_n] = fused_lstm_layers(x, hx[0], hx[1], params, has_biases, num_layers, dropout, train);
+  auto [output, h_n, c_n] = lstm_layers(x, hx[0], hx[1], params, has_biases, num_layers, dropout, train);
   if (batch_first) output = output.transpose(0, 1);
   return {output, h_n, c_n};
 }

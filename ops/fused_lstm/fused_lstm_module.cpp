@@ -133,7 +133,7 @@ std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forwar
   }
 
   auto [output, h_n, c_n] =
-      fused_lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(), is_training());
+      lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(), is_training());
 
   if (batched && options.batch_first()) output = output.transpose(0, 1);
   if (!batched) {

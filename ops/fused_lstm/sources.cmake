@@ -8,6 +8,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/fused_lstm_autograd.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_lstm_module.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_lstm_aten.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_lstm_dispatch.cpp
   ${CMAKE_CURRENT_LIST_DIR}/fused_lstm_swap.cpp)
 if(CONVEYOR_WITH_CUDA)
   target_sources(conveyor PRIVATE

@@ -1,0 +1,116 @@
+// Which path dispatched_attention (what FusedMultiheadAttention and so
+// EncoderLayer run) takes for which shapes and masks, per the dispatch table,
+// and that both paths give the same outputs and gradients.
+#include "ops/dispatch/fused_dispatch.h"
+#include "ops/fused_attention/fused_attention.h"
+#include "ops/fused_attention/fused_attention_module.h"
+
+#include "op_call_counter.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace conveyor {
+namespace {
+
+constexpr const char* kFusedOp = "conveyor::fused_attention";
+constexpr const char* kSdpaOp = "aten::scaled_dot_product_attention";
+
+// Fused for short sequences, SDPA for long ones; causal calls always SDPA.
+const char* const kTable = R"(
+attention cpu fp64 fused     batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causal=0 train=1
+attention cpu fp64 reference batch_heads=4 seq_q=128 seq_k=128 head_dim=16 causal=0 train=1
+attention cpu fp64 reference batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causal=1 train=1
+)";
+
+struct AttentionRun {
+  at::Tensor out, grad_q, grad_k, grad_v;
+  int fused_calls = 0, sdpa_calls = 0;
+};
+
+AttentionRun run(int64_t seq, bool causal, const std::optional<at::Tensor>& mask = std::nullopt) {
+  torch::manual_seed(seq);
+  const auto options = torch::TensorOptions().dtype(torch::kDouble).requires_grad(true);
+  const at::Tensor q = torch::randn({2, 2, seq, 16}, options);
+  const at::Tensor k = torch::randn({2, 2, seq, 16}, options);
+  const at::Tensor v = torch::randn({2, 2, seq, 16}, options);
+  const testing::OpCallCounter counter({kFusedOp, kSdpaOp});
+  AttentionRun r;
+  r.out = dispatched_attention(q, k, v, mask, causal);
+  r.fused_calls = counter.calls(kFusedOp);
+  r.sdpa_calls = counter.calls(kSdpaOp);
+  r.out.pow(2).sum().backward();
+  r.grad_q = q.grad();
+  r.grad_k = k.grad();
+  r.grad_v = v.grad();
+  return r;
+}
+
+void expect_same(const AttentionRun& got, const AttentionRun& want, const std::string& where) {
+  EXPECT_LE((got.out - want.out).abs().max().item<double>(), 1e-10) << where;
+  EXPECT_LE((got.grad_q - want.grad_q).abs().max().item<double>(), 1e-10) << where;
+  EXPECT_LE((got.grad_k - want.grad_k).abs().max().item<double>(), 1e-10) << where;
+  EXPECT_LE((got.grad_v - want.grad_v).abs().max().item<double>(), 1e-10) << where;
+}
+
+TEST(FusedAttentionDispatch, TheTableChoosesThePathPerShapeAndCausality) {
+  const ScopedDispatch table(DispatchPolicy::kTable, DispatchTable::parse(kTable));
+  struct Case {
+    int64_t seq;
+    bool causal;
+    bool fused;
+  };
+  for (const Case c : {Case{8, false, true}, Case{16, false, true}, Case{96, false, false}, Case{8, true, false},
+                       Case{2048, false, false}}) {
+    if (c.seq > 256) {  // too large to run here: the choice alone
+      const auto t = torch::zeros({2, 2, c.seq, 16}, torch::kDouble);
+      EXPECT_EQ(attention_path(t, t, t, std::nullopt, c.causal).path, FusedPath::kReference);
+      continue;
+    }
+    const std::string where = "seq " + std::to_string(c.seq) + (c.causal ? " causal" : "");
+    const AttentionRun got = run(c.seq, c.causal);
+    EXPECT_EQ(got.fused_calls, c.fused ? 1 : 0) << where;
+    EXPECT_EQ(got.sdpa_calls, c.fused ? 0 : 1) << where;
+    AttentionRun other;
+    {
+      const ScopedDispatch flip(c.fused ? DispatchPolicy::kReference : DispatchPolicy::kFused);
+      other = run(c.seq, c.causal);
+      EXPECT_EQ(other.fused_calls, c.fused ? 0 : 1) << where;
+    }
+    expect_same(got, other, where);
+  }
+}
+
+TEST(FusedAttentionDispatch, AKeyPaddingMaskRunsTheFusedKernelWhateverTheTableSays) {
+  const ScopedDispatch reference(DispatchPolicy::kReference);
+  at::Tensor mask = torch::zeros({2, 128}, torch::kBool);
+  mask[0].fill_(true);  // every key of sample 0 hidden: its rows must be 0, not NaN
+  mask[1].slice(0, 100).fill_(true);
+  const AttentionRun got = run(128, false, mask);
+  EXPECT_EQ(got.fused_calls, 1);
+  EXPECT_EQ(got.sdpa_calls, 0);
+  EXPECT_TRUE(got.out.isfinite().all().item<bool>());
+  EXPECT_EQ(got.out[0].abs().max().item<double>(), 0.0);
+  EXPECT_EQ(got.grad_q[0].abs().max().item<double>(), 0.0);
+}
+
+TEST(FusedAttentionDispatch, TheModuleRunsTheTablesPathWithTheSameResults) {
+  const ScopedDispatch table(DispatchPolicy::kTable, DispatchTable::parse(kTable));
+  torch::manual_seed(2);
+  torch::nn::MultiheadAttention mha(torch::nn::MultiheadAttentionOptions(32, 2));  // head_dim 16
+  mha->to(torch::kDouble);
+  FusedMultiheadAttention fused(mha->options);
+  fused->use_parameters_of(*mha);
+  for (const int64_t seq : {8, 128}) {
+    const at::Tensor x = torch::randn({seq, 2, 32}, torch::kDouble);  // [L, N, E]: batch 2 x 2 heads
+    const testing::OpCallCounter counter({kFusedOp, kSdpaOp});
+    const at::Tensor got = std::get<0>(fused->forward(x, x, x, {}, /*need_weights=*/false));
+    EXPECT_EQ(counter.calls(kFusedOp), seq == 8 ? 1 : 0) << "seq " << seq;
+    EXPECT_EQ(counter.calls(kSdpaOp), seq == 8 ? 0 : 1) << "seq " << seq;
+    const at::Tensor want = std::get<0>(mha->forward(x, x, x, {}, /*need_weights=*/false));
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-10) << "seq " << seq;
+  }
+}
+
+}  // namespace
+}  // namespace conveyor
