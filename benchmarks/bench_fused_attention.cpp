@@ -10,12 +10,9 @@
 #include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_attention/fused_attention.h"
 
-#include <torch/torch.h>
+#include "alternated_timing.h"
 
-#ifdef CONVEYOR_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,52 +115,6 @@ Options parse(int argc, char** argv, bool cuda) {
   return o;
 }
 
-// Milliseconds of one call of each of fs, median over `iters` runs after
-// `warmup` rounds; the runs alternate (fs[0], fs[1], ..., then again), so a
-// slow spell of the machine hits every kernel alike.
-std::vector<double> median_ms(const std::vector<std::function<void()>>& fs, const Options& o, bool cuda) {
-  for (int i = 0; i < o.warmup; ++i) {
-    for (const auto& f : fs) f();
-  }
-  std::vector<std::vector<double>> times(fs.size());
-#ifdef CONVEYOR_WITH_CUDA
-  if (cuda) {
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    for (int i = 0; i < o.iters; ++i) {
-      for (size_t k = 0; k < fs.size(); ++k) {
-        cudaEventRecord(start, stream);
-        fs[k]();
-        cudaEventRecord(stop, stream);
-        cudaEventSynchronize(stop);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        times[k].push_back(ms);
-      }
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-#endif
-  if (!cuda) {
-    for (int i = 0; i < o.iters; ++i) {
-      for (size_t k = 0; k < fs.size(); ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fs[k]();
-        times[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-    }
-  }
-  std::vector<double> medians;
-  for (auto& t : times) {
-    std::sort(t.begin(), t.end());
-    medians.push_back(t[t.size() / 2]);
-  }
-  return medians;
-}
-
 using Attention = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool)>;
 
 struct Row {
@@ -196,8 +147,8 @@ std::vector<Row> measure(const std::vector<std::pair<std::string, Attention>>& k
       attention(qg, kg, vg, causal).backward(grad);
     });
   }
-  const auto forward_ms = median_ms(forwards, o, cuda);
-  const auto training_ms = median_ms(trainings, o, cuda);
+  const auto forward_ms = conveyor::bench::alternated_median_ms(cuda, o.warmup, o.iters, forwards);
+  const auto training_ms = conveyor::bench::alternated_median_ms(cuda, o.warmup, o.iters, trainings);
   for (size_t i = 0; i < rows.size(); ++i) {
     rows[i].forward_ms = forward_ms[i];
     rows[i].training_ms = training_ms[i];

@@ -6,13 +6,9 @@
 #include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_lstm/fused_lstm_module.h"
 
-#include <torch/torch.h>
+#include "alternated_timing.h"
 
-#ifdef CONVEYOR_WITH_CUDA
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -96,56 +92,6 @@ bool parse_flags(int argc, char** argv, Flags& flags) {
   return true;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-// Milliseconds of one call of each of fns: their runs alternate (fns[0],
-// fns[1], ... then again), so a slow spell of the machine hits all alike; the
-// median of `repeats` runs each, after `warmup` rounds.
-std::vector<double> time_ms(const torch::Device& device, const Flags& flags,
-                            const std::vector<std::function<void()>>& fns) {
-  for (int i = 0; i < flags.warmup; ++i) {
-    for (const auto& fn : fns) fn();
-  }
-  std::vector<std::vector<double>> ms(fns.size());
-#ifdef CONVEYOR_WITH_CUDA
-  if (device.is_cuda()) {
-    cudaEvent_t start, stop;
-    C10_CUDA_CHECK(cudaEventCreate(&start));
-    C10_CUDA_CHECK(cudaEventCreate(&stop));
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int i = 0; i < flags.repeats; ++i) {
-      for (size_t f = 0; f < fns.size(); ++f) {
-        C10_CUDA_CHECK(cudaEventRecord(start, stream));
-        fns[f]();
-        C10_CUDA_CHECK(cudaEventRecord(stop, stream));
-        C10_CUDA_CHECK(cudaEventSynchronize(stop));
-        float elapsed = 0;
-        C10_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
-        ms[f].push_back(elapsed);
-      }
-    }
-    C10_CUDA_CHECK(cudaEventDestroy(start));
-    C10_CUDA_CHECK(cudaEventDestroy(stop));
-  }
-#endif
-  if (!device.is_cuda()) {
-    for (int i = 0; i < flags.repeats; ++i) {
-      for (size_t f = 0; f < fns.size(); ++f) {
-        const auto t0 = std::chrono::steady_clock::now();
-        fns[f]();
-        ms[f].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-    }
-  }
-  std::vector<double> medians;
-  for (auto& m : ms) medians.push_back(median(m));
-  return medians;
-}
-
 constexpr double kMargin = 1.03;  // a table row says fused when fused * 1.03 < torch
 
 struct Timing {
@@ -183,7 +129,8 @@ Timing run_case(const Shape& s, torch::Dtype dtype, const torch::Device& device,
     conveyor::ScopedDispatch fused_kernel(conveyor::DispatchPolicy::kFused);
     fused_step();
   };
-  const auto ms = time_ms(device, flags, {forced, step(reference, x, grad, backward), fused_step});
+  const auto ms = conveyor::bench::alternated_median_ms(device.is_cuda(), flags.warmup, flags.repeats,
+                                                        {forced, step(reference, x, grad, backward), fused_step});
   Timing t{ms[0], ms[1], ms[2]};
   return t;
 }

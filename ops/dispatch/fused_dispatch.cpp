@@ -1,5 +1,7 @@
 #include "ops/dispatch/fused_dispatch.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #ifdef CONVEYOR_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -257,6 +259,14 @@ std::shared_ptr<const DispatchTable> dispatch_table() {
 }
 
 void set_dispatch_table(DispatchTable table) { install_table(std::make_shared<const DispatchTable>(std::move(table))); }
+
+bool fused_kernel_registered(const char* schema, const c10::Device& device, c10::ScalarType dtype) {
+  const bool dtype_ok = dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 || dtype == c10::kHalf;
+  if (!dtype_ok) return false;
+  if (device.is_cpu()) return true;
+  return device.is_cuda() &&
+         c10::Dispatcher::singleton().findSchemaOrThrow(schema, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
 
 DispatchChoice choose_fused_path(const DispatchQuery& query, bool fused_can_run) {
   if (!fused_can_run) return {FusedPath::kReference, "the fused kernel cannot run this call"};

@@ -122,6 +122,11 @@ void reload_dispatch_settings();
 std::shared_ptr<const DispatchTable> dispatch_table();
 void set_dispatch_table(DispatchTable table);
 
+// Whether the op `schema` ("conveyor::fused_lstm") has a kernel for this
+// device in this build (CPU always; CUDA when the CUDA kernels were built)
+// and takes this dtype (float64, float32, bfloat16, float16).
+bool fused_kernel_registered(const char* schema, const c10::Device& device, c10::ScalarType dtype);
+
 // The path for `query` under the current policy and table. `fused_can_run`
 // is false where the fused kernel cannot run the call (the reference then
 // runs whatever the policy says).

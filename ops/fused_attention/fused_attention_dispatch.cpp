@@ -5,25 +5,13 @@
 #include "ops/fused_attention/fused_attention.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 
 namespace conveyor {
-namespace {
-
-bool fused_kernel_available(const c10::Device& device, c10::ScalarType dtype) {
-  static const bool cuda = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("conveyor::fused_attention_forward", "")
-                               .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  const bool dtype_ok = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
-  return dtype_ok && (device.is_cpu() || (device.is_cuda() && cuda));
-}
-
-}  // namespace
 
 DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& key_padding_mask, bool causal) {
-  const bool can_fuse = fused_kernel_available(q.device(), q.scalar_type());
+  const bool can_fuse = fused_kernel_registered("conveyor::fused_attention_forward", q.device(), q.scalar_type());
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     // SDPA gives NaN where a query's keys are all masked; the fused kernel gives 0.
     if (can_fuse) return {FusedPath::kFused, "a key-padding mask runs the fused kernel"};

@@ -5,7 +5,6 @@
 #include "ops/fused_lstm/fused_lstm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 
 namespace conveyor {
@@ -23,12 +22,7 @@ bool records_autograd(const at::Tensor& input, const at::Tensor& h0, const at::T
 }  // namespace
 
 bool fused_lstm_kernel_available(const c10::Device& device, c10::ScalarType dtype) {
-  // Whether this build registered CUDA kernels: fixed once the library has loaded.
-  static const bool cuda = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("conveyor::fused_lstm", "")
-                               .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-  const bool dtype_ok = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf;
-  return dtype_ok && (device.is_cpu() || (device.is_cuda() && cuda));
+  return fused_kernel_registered("conveyor::fused_lstm", device, dtype);
 }
 
 DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
