@@ -11,40 +11,62 @@ if(NOT _conveyor_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
 endif()
 
 set(CONVEYOR_WITH_CUDA OFF)
+set(_conveyor_have_toolkit OFF)
+# Look for nvcc in every mode: with CONVEYOR_CUDA=OFF no kernel is built, but a
+# CUDA LibTorch's own CMake config still needs the toolkit's headers and cudart.
+include(CheckLanguage)
+# /usr/local/bin/nvcc is often a wrapper script: prefer the toolkit's own
+# binary so CMake can derive the toolkit root from it.
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+  find_program(_conveyor_nvcc nvcc
+    HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin
+    NO_CACHE)
+  if(_conveyor_nvcc)
+    set(CMAKE_CUDA_COMPILER "${_conveyor_nvcc}")
+  endif()
+endif()
 if(NOT _conveyor_cuda_mode STREQUAL "OFF")
-  include(CheckLanguage)
-  # /usr/local/bin/nvcc is often a wrapper script: prefer the toolkit's own
-  # binary so CMake can derive the toolkit root from it.
-  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
-    find_program(_conveyor_nvcc nvcc
-      HINTS "$ENV{CUDA_HOME}/bin" "$ENV{CUDA_PATH}/bin" /usr/local/cuda/bin
-      NO_CACHE)
-    if(_conveyor_nvcc)
-      set(CMAKE_CUDA_COMPILER "${_conveyor_nvcc}")
-    endif()
-  endif()
   check_language(CUDA)
-  # A compiler named on the command line is not checked by check_language.
-  if(CMAKE_CUDA_COMPILER AND NOT EXISTS "${CMAKE_CUDA_COMPILER}")
-    find_program(_conveyor_named_nvcc "${CMAKE_CUDA_COMPILER}" NO_CACHE)
-    if(NOT _conveyor_named_nvcc)
-      unset(CMAKE_CUDA_COMPILER)
-      unset(CMAKE_CUDA_COMPILER CACHE)
-    endif()
+endif()
+# A compiler named on the command line is not checked by check_language.
+if(CMAKE_CUDA_COMPILER AND NOT EXISTS "${CMAKE_CUDA_COMPILER}")
+  find_program(_conveyor_named_nvcc "${CMAKE_CUDA_COMPILER}" NO_CACHE)
+  if(NOT _conveyor_named_nvcc)
+    unset(CMAKE_CUDA_COMPILER)
+    unset(CMAKE_CUDA_COMPILER CACHE)
   endif()
-  if(CMAKE_CUDA_COMPILER)
+endif()
+if(CMAKE_CUDA_COMPILER)
+  set(_conveyor_have_toolkit ON)
+  if(NOT _conveyor_cuda_mode STREQUAL "OFF")
     set(CONVEYOR_WITH_CUDA ON)
-  elseif(_conveyor_cuda_mode STREQUAL "ON")
+  endif()
+elseif(_conveyor_cuda_mode STREQUAL "ON")
+  message(FATAL_ERROR
+    "CONVEYOR_CUDA=ON but no working CUDA compiler (nvcc) was found. "
+    "Install the CUDA toolkit, point CMAKE_CUDA_COMPILER or CUDA_HOME at it, "
+    "or configure with -DCONVEYOR_CUDA=OFF (or AUTO) to build the CPU paths only "
+    "(with a CUDA LibTorch, whose own CMake config needs the toolkit, OFF still needs one: "
+    "use a CPU LibTorch, e.g. CONVEYOR_TORCH_VERSION=2.13.0, where there is none).")
+elseif(NOT _conveyor_cuda_mode STREQUAL "OFF")
+  message(STATUS "conveyor: no nvcc found, building without CUDA kernels")
+endif()
+
+# A CUDA LibTorch's config needs the toolkit even when no kernel is built: say
+# so before it fails with a message that does not name the cause.
+find_file(_conveyor_caffe2_config Caffe2Config.cmake HINTS "${Torch_DIR}/../Caffe2" PATH_SUFFIXES Caffe2 share/cmake/Caffe2
+  NO_CACHE)
+if(_conveyor_caffe2_config AND NOT _conveyor_have_toolkit)
+  file(STRINGS "${_conveyor_caffe2_config}" _conveyor_uses_cuda REGEX "set\\(CAFFE2_USE_CUDA 1\\)")
+  if(_conveyor_uses_cuda)
     message(FATAL_ERROR
-      "CONVEYOR_CUDA=ON but no working CUDA compiler (nvcc) was found. "
-      "Install the CUDA toolkit, point CMAKE_CUDA_COMPILER or CUDA_HOME at it, "
-      "or configure with -DCONVEYOR_CUDA=OFF (or AUTO) to build the CPU paths only.")
-  else()
-    message(STATUS "conveyor: no nvcc found, building without CUDA kernels")
+      "The LibTorch found (${_conveyor_caffe2_config}) is a CUDA build, and its CMake config needs "
+      "a CUDA toolkit (nvcc, headers, cudart) even with CONVEYOR_CUDA=OFF. Install the toolkit or point "
+      "CUDA_HOME at it, or build against a CPU LibTorch (scripts/setup.sh: CONVEYOR_TORCH_VERSION=2.13.0).")
   endif()
 endif()
 
-if(CONVEYOR_WITH_CUDA)
+if(_conveyor_have_toolkit)
   # Default to Hopper (sm_90); honour TORCH_CUDA_ARCH_LIST but keep sm_90 in it.
   if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
     if(DEFINED ENV{TORCH_CUDA_ARCH_LIST})
@@ -58,7 +80,12 @@ if(CONVEYOR_WITH_CUDA)
     list(APPEND TORCH_CUDA_ARCH_LIST "9.0")
   endif()
   set(ENV{TORCH_CUDA_ARCH_LIST} "${TORCH_CUDA_ARCH_LIST}")
-  enable_language(CUDA)
+  if(CONVEYOR_WITH_CUDA)
+    enable_language(CUDA)
+  endif()
+  if(NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT})
+    get_filename_component(CUDAToolkit_ROOT "${CMAKE_CUDA_COMPILER}/../.." ABSOLUTE)  # without the CUDA language
+  endif()
   find_package(CUDAToolkit REQUIRED)
   # Torch's config uses the legacy FindCUDA variables.
   if(NOT CUDA_TOOLKIT_ROOT_DIR)
@@ -66,7 +93,7 @@ if(CONVEYOR_WITH_CUDA)
   endif()
   # Pip wheels carry nvrtc in site-packages/nvidia/cu*/lib while a bare toolkit
   # may not: look beside the Torch that CMAKE_PREFIX_PATH points at.
-  find_path(_conveyor_torch_cfg TorchConfig.cmake PATH_SUFFIXES Torch share/cmake/Torch NO_CACHE)
+  find_path(_conveyor_torch_cfg TorchConfig.cmake HINTS "${Torch_DIR}" PATH_SUFFIXES Torch share/cmake/Torch NO_CACHE)
   set(_conveyor_lib_hints "${CUDAToolkit_LIBRARY_DIR}")
   if(_conveyor_torch_cfg)
     get_filename_component(_site "${_conveyor_torch_cfg}/../../../.." ABSOLUTE)
@@ -94,5 +121,9 @@ if(CONVEYOR_WITH_CUDA)
     endforeach()
   endif()
   find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12 HINTS ${_conveyor_lib_hints})
-  message(STATUS "conveyor: CUDA kernels ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, arch list ${TORCH_CUDA_ARCH_LIST})")
+  if(CONVEYOR_WITH_CUDA)
+    message(STATUS "conveyor: CUDA kernels ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, arch list ${TORCH_CUDA_ARCH_LIST})")
+  else()
+    message(STATUS "conveyor: CONVEYOR_CUDA=OFF: no CUDA kernels (the toolkit at ${CUDAToolkit_BIN_DIR} serves LibTorch's config)")
+  endif()
 endif()
