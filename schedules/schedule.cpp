@@ -103,7 +103,8 @@ Schedule Schedule::parse(std::string_view text) {
   std::string line;
   while (std::getline(lines, line)) {
     ++line_no;
-    const auto first = line.find_first_not_of(" \t\r");
+    // Blank: nothing but whitespace (as words are split: \f and \v too) and separators.
+    const auto first = line.find_first_not_of(" \t\r\f\v,");
     if (first == std::string::npos) continue;
     if (line[first] == '#') {
       if (!have_header && s.stages.empty()) have_header = parse_header(line.substr(first), s, line_no);

@@ -52,6 +52,15 @@ TEST(Schedule, ParsesWithoutHeaderAndWithCommas) {
   EXPECT_ERROR(Schedule::parse("# only a comment\n"), "no action lines");
 }
 
+// Found by tests/fuzz (fuzz_schedule): a line of a form feed and a comma made a
+// stage with no actions, which printed as an empty line that parse() refused.
+TEST(Schedule, LinesOfOnlyWhitespaceAndSeparatorsAreBlank) {
+  const Schedule s = Schedule::parse("\f,\n0F0 0B0\n\v , \t\n1F0 1B0\n");
+  EXPECT_EQ(s.num_stages, 2);
+  EXPECT_EQ(Schedule::parse(s.str()), s);
+  EXPECT_ERROR(Schedule::parse("\f,\n"), "no action lines");
+}
+
 TEST(Generators, KnownShapes) {
   EXPECT_EQ(make_gpipe(2, 3).str(),
             "# schedule gpipe stages=2 microbatches=3\n0F0 0F1 0F2 0B0 0B1 0B2\n1F0 1F1 1F2 1B0 1B1 1B2\n");

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Fuzzes Conveyor's parsers with libFuzzer under AddressSanitizer and
+# UndefinedBehaviorSanitizer: installs Debian's clang (idempotently), builds
+# tests/fuzz into build-fuzz/, replays the committed corpus (every file of
+# tests/fuzz/corpus/<target>/ must pass), then fuzzes each target for a
+# bounded time. Exits non-zero on a crash, a hang (an input over 10 s), a leak
+# or a sanitizer report, naming the input it saved.
+#   bash scripts/fuzz.sh                 every target, CONVEYOR_FUZZ_SECONDS each (default 60)
+#   bash scripts/fuzz.sh schedule 600    one target, ten minutes
+# A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+targets=(schedule)
+if [ $# -ge 1 ]; then targets=("$1"); fi
+seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
+build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
+
+clang_packages=(clang libclang-rt-14-dev)
+missing=()
+for p in "${clang_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "fuzz: installing Debian packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
+fi
+export PATH="$root/.venv/bin:$PATH"
+if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+  generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  CXX=clang++ cmake -S "$root/tests/fuzz" -B "$build" "${generator[@]}" >/dev/null
+fi
+cmake --build "$build" --parallel "$(nproc)" >/dev/null
+
+# Sanitizers: leaks count as failures; UBSan reports abort (as a crash).
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+status=0
+for t in "${targets[@]}"; do
+  bin="$build/fuzz_$t"
+  corpus="$root/tests/fuzz/corpus/$t"
+  [ -x "$bin" ] || { echo "fuzz: no target '$t' (have: ${targets[*]})" >&2; exit 2; }
+  work="$build/corpus-$t"
+  artifacts="$build/artifacts-$t/"
+  mkdir -p "$work" "$artifacts"
+  echo "fuzz: $t: replaying $(find "$corpus" -type f | wc -l) committed inputs"
+  if ! "$bin" -runs=0 "$corpus" >"$build/replay-$t.log" 2>&1 || ! "$bin" $(find "$corpus" -type f) >>"$build/replay-$t.log" 2>&1; then
+    tail -n 40 "$build/replay-$t.log" >&2
+    echo "fuzz: $t: a committed input fails (log: $build/replay-$t.log)" >&2
+    status=1
+    continue
+  fi
+  echo "fuzz: $t: fuzzing for ${seconds} s"
+  if "$bin" "$work" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="$artifacts" -print_final_stats=1 >"$build/fuzz-$t.log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-$t.log" | grep -o '[0-9]*$' || echo "?")
+    echo "fuzz: $t: PASS, $runs inputs run, corpus $(find "$work" -type f | wc -l) files"
+  else
+    tail -n 40 "$build/fuzz-$t.log" >&2
+    echo "fuzz: $t: FAILED; the input is in $artifacts (log: $build/fuzz-$t.log)" >&2
+    status=1
+  fi
+done
+exit $status
