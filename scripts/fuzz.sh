@@ -5,12 +5,13 @@
 # tests/fuzz/corpus/<target>/ must pass), then fuzzes each target for a
 # bounded time. Exits non-zero on a crash, a hang (an input over 10 s), a leak
 # or a sanitizer report, naming the input it saved.
-#   bash scripts/fuzz.sh                 every target, CONVEYOR_FUZZ_SECONDS each (default 60)
+#   bash scripts/fuzz.sh                 every target (schedule, c10d_header), CONVEYOR_FUZZ_SECONDS
+#                                        each (default 60)
 #   bash scripts/fuzz.sh schedule 600    one target, ten minutes
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-targets=(schedule)
+targets=(schedule c10d_header)
 if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -29,7 +30,8 @@ fi
 export PATH="$root/.venv/bin:$PATH"
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  CXX=clang++ cmake -S "$root/tests/fuzz" -B "$build" "${generator[@]}" >/dev/null
+  torch_root="$("$root/.venv/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+  CXX=clang++ cmake -S "$root/tests/fuzz" -B "$build" "${generator[@]}" -DTORCH_ROOT="$torch_root" >/dev/null
 fi
 cmake --build "$build" --parallel "$(nproc)" >/dev/null
 

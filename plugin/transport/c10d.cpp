@@ -149,42 +149,11 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
   const auto mismatch = [&](const std::string& detail) {
     s.fail(s.prefix + ": " + what + " does not match what stage " + std::to_string(to) + " expects: " + detail);
   };
-  if (h[kMagicField] != kMagic || h[kChannel] != static_cast<int64_t>(channel) || h[kMicrobatch] != mb ||
-      h[kFrom] != from) {
-    mismatch("its header is not a conveyor message for this channel and micro-batch (is " + s.stage_name(from) +
-             " running the same schedule?)");
-  }
-  const int64_t count = h[kCount];
-  if (count < 0 || count > kMaxTensors) mismatch("its header is corrupt (" + std::to_string(count) + " tensors)");
-
-  // What arrives: every record read and checked before any payload is taken.
-  struct Incoming {
-    Sent shape;
-    Route route = kNoPayload;
-    int64_t sequence = 0;
-  };
-  std::vector<Incoming> incoming(static_cast<size_t>(count));
-  int64_t at = kPreambleLength;
-  for (auto& in : incoming) {
-    const int64_t* r = h + at;
-    if (at + kSizes > kHeaderLength) mismatch("its header is corrupt (records run past its end)");
-    in.shape.defined = r[kDefined] != 0;
-    if (!in.shape.defined) {
-      at += kSizes;
-      continue;
-    }
-    const int64_t ndim = r[kNdim];
-    if (ndim < 0 || at + kSizes + ndim > kHeaderLength || r[kDtype] < 0 ||
-        r[kDtype] >= static_cast<int64_t>(c10::ScalarType::NumOptions) || r[kRoute] < kNoPayload ||
-        r[kRoute] > kDeviceRoute) {
-      mismatch("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " + std::to_string(r[kDtype]) +
-               ")");
-    }
-    in.shape.sizes.assign(r + kSizes, r + kSizes + ndim);
-    in.shape.dtype = static_cast<c10::ScalarType>(r[kDtype]);
-    in.route = static_cast<Route>(r[kRoute]);
-    in.sequence = r[kSequence];
-    at += kSizes + ndim;
+  std::vector<Incoming> incoming;
+  try {
+    incoming = decode_header(h, channel, mb, from, kMaxTensors);
+  } catch (const std::invalid_argument& e) {
+    mismatch(std::string(e.what()) + " (is " + s.stage_name(from) + " running the same schedule?)");
   }
   const auto text = [](const Sent& t) {
     return t.defined ? shape_text(t.sizes) + " " + c10::toString(t.dtype) : std::string("nothing");

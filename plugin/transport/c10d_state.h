@@ -4,6 +4,7 @@
 
 #include "plugin/errors.h"
 #include "plugin/transport/c10d.h"
+#include "plugin/transport/c10d_header.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -25,28 +26,11 @@ namespace c10d_wire {
 using Clock = std::chrono::steady_clock;
 using c10d::Work;
 
-inline constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
-// Header: a preamble, then one record per tensor.
-enum Preamble : int64_t { kMagicField, kChannel, kMicrobatch, kFrom, kCount, kPreambleLength };
-enum Record : int64_t { kDefined, kDtype, kRoute, kSequence, kNdim, kSizes };
-inline constexpr int64_t kHeaderLength = 256;
-
-// How a payload travels: none (undefined or empty tensor), through host memory
-// on the main group, or on the accelerator group.
-enum Route : int64_t { kNoPayload = 0, kHostRoute = 1, kDeviceRoute = 2 };
-
 // Each message has a block of tags: the header's, then one per tensor. Ties
 // use tags above every message's.
 inline constexpr int kTagsPerMessage = C10dTransport::kMaxTensors + 1;
 inline constexpr int kTieTags = 1 << 30;
 inline int header_tag(Channel channel, int mb) { return (2 * mb + (channel == Channel::kGradient ? 1 : 0)) * kTagsPerMessage; }
-
-// What one tensor of a message was: for checking a gradient against the activation it answers.
-struct Sent {
-  bool defined = false;
-  std::vector<int64_t> sizes;
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-};
 
 inline std::string shape_text(at::IntArrayRef sizes) {
   std::ostringstream os;

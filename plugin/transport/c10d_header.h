@@ -1,0 +1,46 @@
+#pragma once
+// The c10d transport's message header: kHeaderLength int64 values, a preamble
+// then one record per tensor. decode_header() reads a header that arrived from
+// another process and trusts none of its fields: it returns the tensors the
+// message announces, or throws std::invalid_argument saying what is wrong.
+// Pure (no LibTorch calls), so a fuzzer drives it directly (tests/fuzz).
+
+#include "plugin/transport/transport.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace conveyor::c10d_wire {
+
+inline constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
+enum Preamble : int64_t { kMagicField, kChannel, kMicrobatch, kFrom, kCount, kPreambleLength };
+enum Record : int64_t { kDefined, kDtype, kRoute, kSequence, kNdim, kSizes };
+inline constexpr int64_t kHeaderLength = 256;
+// No tensor crossing a boundary has more elements than this (2^48): a larger
+// size can only be a corrupt header, and must not become an allocation.
+inline constexpr int64_t kMaxElements = int64_t{1} << 48;
+
+// How a payload travels: none (undefined or empty tensor), through host memory
+// on the main group, or on the accelerator group.
+enum Route : int64_t { kNoPayload = 0, kHostRoute = 1, kDeviceRoute = 2 };
+
+// What one tensor of a message is.
+struct Sent {
+  bool defined = false;
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+struct Incoming {
+  Sent shape;
+  Route route = kNoPayload;
+  int64_t sequence = 0;  // the order of accelerator payloads
+};
+
+// The tensors announced by `header` (kHeaderLength values) for `channel`,
+// micro-batch `mb`, sent by stage `from`; at most `max_tensors` of them.
+std::vector<Incoming> decode_header(const int64_t* header, Channel channel, int mb, int from, int max_tensors);
+
+}  // namespace conveyor::c10d_wire

@@ -1,0 +1,85 @@
+// The c10d transport's header decoder (plugin/transport/c10d_header.h): what a
+// process accepts from another, field by field. (tests/fuzz drives it with
+// arbitrary headers; these are the cases, each with its message.)
+#include "plugin/transport/c10d_header.h"
+
+#include "error_of.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace conveyor::c10d_wire {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A header of one float32 tensor of `sizes` on the host route, from stage 0, micro-batch 3.
+std::vector<int64_t> header(std::vector<int64_t> sizes, int64_t route = kHostRoute) {
+  std::vector<int64_t> h(kHeaderLength, 0);
+  h[kMagicField] = kMagic;
+  h[kChannel] = static_cast<int64_t>(Channel::kActivation);
+  h[kMicrobatch] = 3;
+  h[kFrom] = 0;
+  h[kCount] = 1;
+  int64_t* r = h.data() + kPreambleLength;
+  r[kDefined] = 1;
+  r[kDtype] = static_cast<int64_t>(c10::ScalarType::Float);
+  r[kRoute] = route;
+  r[kNdim] = static_cast<int64_t>(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) r[kSizes + d] = sizes[d];
+  return h;
+}
+
+std::string error_of(const std::vector<int64_t>& h, int mb = 3) {
+  return testing::error_of([&] { decode_header(h.data(), Channel::kActivation, mb, 0, 16); });
+}
+
+TEST(C10dHeader, DecodesWhatTheSenderWrote) {
+  const auto in = decode_header(header({4, 16}).data(), Channel::kActivation, 3, 0, 16);
+  ASSERT_EQ(in.size(), 1u);
+  EXPECT_TRUE(in[0].shape.defined);
+  EXPECT_EQ(in[0].shape.sizes, (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(in[0].shape.dtype, c10::ScalarType::Float);
+  EXPECT_EQ(in[0].route, kHostRoute);
+  const auto empty = decode_header(header({0, 7}, kNoPayload).data(), Channel::kActivation, 3, 0, 16);
+  EXPECT_EQ(empty[0].shape.sizes, (std::vector<int64_t>{0, 7}));
+}
+
+TEST(C10dHeader, RefusesEveryCorruptFieldNamingIt) {
+  auto h = header({4, 16});
+  EXPECT_THAT(error_of(h, /*mb=*/4), HasSubstr("not a conveyor message for this channel and micro-batch"));
+  h[kMagicField] = 0;
+  EXPECT_THAT(error_of(h), HasSubstr("not a conveyor message"));
+  h = header({4, 16});
+  h[kCount] = 17;
+  EXPECT_THAT(error_of(h), HasSubstr("corrupt (17 tensors)"));
+  h[kCount] = -1;
+  EXPECT_THAT(error_of(h), HasSubstr("corrupt (-1 tensors)"));
+  h = header({4, 16});
+  h[kPreambleLength + kNdim] = kHeaderLength;
+  EXPECT_THAT(error_of(h), HasSubstr("corrupt (ndim 256"));
+  h = header({4, 16});
+  h[kPreambleLength + kDtype] = 999;
+  EXPECT_THAT(error_of(h), HasSubstr("dtype code 999"));
+  h = header({4, 16});
+  h[kPreambleLength + kRoute] = 7;
+  EXPECT_THAT(error_of(h), HasSubstr("route 7"));
+  EXPECT_THAT(error_of(header({4, -16})), HasSubstr("sizes outside [0, 2^48] elements"));
+  EXPECT_THAT(error_of(header({int64_t{1} << 30, int64_t{1} << 30})), HasSubstr("sizes outside [0, 2^48]"));
+  EXPECT_THAT(error_of(header({0, 16}, kHostRoute)), HasSubstr("a tensor of 0 elements on route 1"));
+  EXPECT_THAT(error_of(header({4, 16}, kNoPayload)), HasSubstr("a tensor of 64 elements on route 0"));
+  h = header({});
+  h[kCount] = 16;  // 16 undefined records fit; defined ones that overflow the header do not
+  for (int i = 0; i < 16; ++i) h[kPreambleLength + i * kSizes] = 0;
+  EXPECT_EQ(decode_header(h.data(), Channel::kActivation, 3, 0, 16).size(), 16u);
+  h = header({});
+  h[kCount] = 2;
+  h[kPreambleLength + kNdim] = kHeaderLength - kPreambleLength - kSizes;  // fills the header
+  h[kPreambleLength + kRoute] = kNoPayload;
+  EXPECT_THAT(error_of(h), HasSubstr("records run past its end"));
+}
+
+}  // namespace
+}  // namespace conveyor::c10d_wire
