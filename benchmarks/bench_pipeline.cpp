@@ -126,15 +126,12 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
       c.stash = r.peak_stash_bytes;
     }
   }
-  std::printf("model %s, batch %lld, K = 2 (%s), %d intra-op thread(s), median of %d steps taking turns
-
-",
+  std::printf("model %s, batch %lld, K = 2 (%s), %d intra-op thread(s), median of %d steps taking turns\n\n",
               args.model.c_str(), static_cast<long long>(args.batch), configs[0].plan.stages.str().c_str(),
               args.threads, args.steps);
-  std::printf("| schedule | M | predicted ms | measured ms | error | predicted stash KiB (per stage) | measured | error |
-");
-  std::printf("|---|---|---|---|---|---|---|---|
-");
+  std::printf("| schedule | M | predicted ms | measured ms | error | predicted stash KiB (per stage) | measured "
+              "| error |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const auto& c : configs) {
     const double measured = median(c.wall), predicted = c.plan.step_seconds();
     std::string ps, ms;
@@ -145,8 +142,7 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
       ms += (k ? " / " : "") + std::to_string(c.stash[k] / 1024);
       worst = std::max(worst, std::abs(static_cast<double>(p - c.stash[k])) / static_cast<double>(c.stash[k]));
     }
-    std::printf("| %s | %d | %.1f | %.1f | %+.1f%% | %s | %s | %.1f%% |
-", c.schedule.c_str(), c.m, predicted * 1e3,
+    std::printf("| %s | %d | %.1f | %.1f | %+.1f%% | %s | %s | %.1f%% |\n", c.schedule.c_str(), c.m, predicted * 1e3,
                 measured * 1e3, 100 * (predicted / measured - 1), ps.c_str(), ms.c_str(), 100 * worst);
   }
   return 0;

@@ -161,7 +161,9 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
 
   double slowest_stage = 0, model = 0, slowest_layer = 0;
   size_t which = 0;
-  for (const auto& sp : plan.predicted) slowest_stage = std::max(slowest_stage, sp.forward_seconds + sp.backward_seconds);
+  for (const auto& sp : plan.predicted) {
+    slowest_stage = std::max(slowest_stage, sp.forward_seconds + sp.backward_seconds);
+  }
   for (size_t i = 0; i < p.layers.size(); ++i) {
     const double t = layer_seconds(p, i, n);
     model += t;
@@ -199,7 +201,9 @@ Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& o, i
       try {
         plan = make_plan(model, candidate, batch);
       } catch (const std::invalid_argument& e) {
-        if (closest_excess == std::numeric_limits<int64_t>::max()) closest = name + " M=" + std::to_string(m) + ": " + e.what();
+        if (closest_excess == std::numeric_limits<int64_t>::max()) {
+          closest = name + " with " + std::to_string(m) + " micro-batches: " + e.what();
+        }
         continue;
       }
       const std::vector<int64_t> budgets = budgets_for(o, static_cast<int>(plan->predicted.size()));
@@ -236,15 +240,15 @@ std::string Plan::str() const {
        << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
     if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
     os << "; busy " << ms(simulation.busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
-       << mib(s.weight_bytes) << ", " << s.peak_inflight << " micro-batches in flight: stash " << mib(s.stash_bytes)
+       << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes)
        << ", activations ~" << mib(s.activation_bytes) << ")\n";
   }
   os << "  predicted step " << ms(step_seconds()) << ", bubble " << percent(bubble_fraction()) << "\n";
   if (bound) {
-    os << std::fixed << std::setprecision(2) << "  layer " << bound->name << " alone bounds the speed: it takes "
+    os << std::fixed << std::setprecision(2) << "  layer " << bound->layer << " alone bounds the speed: it takes "
        << ms(bound->seconds) << " of the slowest stage's per micro-batch; no split can beat that, so the best "
        << "speed-up any split can give over one device is " << bound->best_speedup() << "x (the model takes "
-       << ms(bound->model_seconds) << ")\n";
+       << ms(bound->model_seconds) << "): " << bound->name << "\n";
   }
   return os.str();
 }

@@ -140,7 +140,7 @@ std::string layer_name(const std::string& index, const torch::nn::AnyModule& lay
   os << index << " ";
   layer.ptr()->pretty_print(os);
   std::string name = os.str();
-  if (name.size() > 60) name = name.substr(0, 57) + "...";
+  if (name.size() > 80) name = name.substr(0, 77) + "...";
   return name;
 }
 

@@ -119,7 +119,8 @@ TEST(Predict, ChoosesAPlanWithinTheBudgetOrSaysWhatMisses) {
   for (const auto& s : chosen.predicted) EXPECT_LE(s.peak_bytes(), f1b8.predicted[0].peak_bytes());
   options.memory_budgets({100});
   EXPECT_THAT(error_of([&] { choose_plan(mlp, options, 32, {2, 4}, {"gpipe"}); }), HasSubstr("no plan fits"));
-  EXPECT_THAT(error_of([&] { make_plan(mlp, PipelineOptions().stages(2), 32); }), HasSubstr("needs the model's profile"));
+  EXPECT_THAT(error_of([&] { make_plan(mlp, PipelineOptions().stages(2), 32); }),
+              HasSubstr("needs the model's profile"));
 }
 
 // Reads a PNG back with Python's zlib (an independent inflate): checks every
