@@ -39,6 +39,7 @@ struct Args {
   int threads = 1;
   bool stage_rng = false;
   bool predict = false;
+  int sharing = 1;  // --predict: stages sharing the CPU while profiling
 };
 
 torch::nn::Sequential make_model(const std::string& kind) {
@@ -100,7 +101,8 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
   torch::manual_seed(0);
   auto reference = make_model(args.model);
   const auto profile = std::make_shared<conveyor::ModelProfile>(
-      conveyor::profile_model(reference, x.tensor_split(4)[0], y.tensor_split(4)[0], loss));
+      conveyor::profile_model(reference, x.tensor_split(4)[0], y.tensor_split(4)[0], loss,
+                              conveyor::ProfileOptions().sharing_stages(args.sharing)));
   std::vector<Config> configs;
   for (const char* schedule : {"gpipe", "1f1b", "pipedream"}) {
     for (int m : {2, 4, 8}) {
@@ -169,7 +171,9 @@ int main(int argc, char** argv) {
                    "  --threads N        intra-op threads (default 1: one core per stage)\n"
                    "  --stage-rng        each stage its own random streams (its forwards take turns)\n"
                    "  --predict          the planner's predicted step time and stash against measured ones\n"
-                   "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n";
+                   "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n"
+                   "  --profile-shared   with --predict: profile each layer beside a thread running it too,\n"
+                   "                     as if the other stage were always busy (ProfileOptions::sharing_stages)\n";
       return 0;
     } else if (a == "--model") {
       args.model = value();
@@ -179,6 +183,8 @@ int main(int argc, char** argv) {
       args.steps = std::stoi(value());
     } else if (a == "--predict") {
       args.predict = true;
+    } else if (a == "--profile-shared") {
+      args.sharing = 2;
     } else if (a == "--stage-rng") {
       args.stage_rng = true;
     } else if (a == "--threads") {

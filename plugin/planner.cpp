@@ -153,6 +153,8 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
       costs.transfers.push_back(sp.transfer_seconds);
     }
     predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
+    sp.forward_seconds += p.action_overhead_seconds;
+    sp.backward_seconds += p.action_overhead_seconds;
     costs.forward.push_back(sp.forward_seconds);
     costs.backward.push_back(sp.backward_seconds);
     plan.predicted.push_back(sp);

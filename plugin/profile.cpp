@@ -1,6 +1,7 @@
 #include "plugin/profile.h"
 
 #include "plugin/activation_stash.h"
+#include "plugin/pipeline.h"
 #include "plugin/stage.h"
 
 #include <ATen/ATen.h>
@@ -8,8 +9,10 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <iomanip>
@@ -107,6 +110,28 @@ Times measure(const ProfileOptions& o, const c10::Device& device, const std::fun
   return {median(fwd), median(bwd)};
 }
 
+// Threads that keep the device busy with `work` while they live, as the
+// other stages of a shared device would.
+class CoRunners {
+ public:
+  CoRunners(int count, const std::function<void()>& work) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, work] {
+        torch::NoGradGuard no_grad;
+        while (!stop_.load()) work();
+      });
+    }
+  }
+  ~CoRunners() {
+    stop_.store(true);
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
 // What profiling changes and must put back: gradients, buffers, the random stream.
 class ModelState {
  public:
@@ -152,7 +177,10 @@ std::vector<Times> profile_at(const std::vector<std::shared_ptr<Stage>>& layers,
   Tensors x = inputs;
   for (size_t i = 0; i < layers.size(); ++i) {
     const Tensors in = as_leaves(x, i == 0);
-    times.push_back(measure(o, device, [&] { return layers[i]->forward(in); }));
+    {
+      CoRunners others(o.sharing_stages() - 1, [&] { layers[i]->forward(in); });
+      times.push_back(measure(o, device, [&] { return layers[i]->forward(in); }));
+    }
     {
       torch::NoGradGuard no_grad;
       x = layers[i]->forward(in);
@@ -207,9 +235,10 @@ std::string ModelProfile::str() const {
 ModelProfile profile_model(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
                            const TensorsLossFn& loss_fn, const ProfileOptions& o) {
   if (model->size() == 0) throw std::invalid_argument("conveyor: profile_model: the model has no layers");
-  if (o.repeats() < 1 || o.warmup() < 0) {
-    throw std::invalid_argument("conveyor: profile_model: repeats must be positive and warmup non-negative, got " +
-                                std::to_string(o.repeats()) + " and " + std::to_string(o.warmup()));
+  if (o.repeats() < 1 || o.warmup() < 0 || o.sharing_stages() < 1) {
+    throw std::invalid_argument(
+        "conveyor: profile_model: repeats and sharing_stages must be positive and warmup non-negative, got " +
+        std::to_string(o.repeats()) + ", " + std::to_string(o.sharing_stages()) + " and " + std::to_string(o.warmup()));
   }
   int64_t batch = 0;
   for (const auto& t : inputs) {
@@ -268,6 +297,7 @@ ModelProfile profile_model(const torch::nn::Sequential& model, const Tensors& in
   }
   const c10::Device next = o.next_device().empty() ? device : c10::Device(o.next_device());
   profile.link = measure_link(device, next);
+  if (o.action_overhead()) profile.action_overhead_seconds = measure_action_overhead(device);
   return profile;
 }
 
@@ -310,6 +340,7 @@ LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
     return link;
   }
   link.kind = from.str() + " -> " + to.str() + " copy";
+  // (a copy's latency is the small copy's time; its bandwidth the large one's rate)
   const auto copy_seconds = [&](int64_t bytes) {
     const at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(from).dtype(at::kFloat));
     std::vector<double> runs;
@@ -327,6 +358,25 @@ LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
   link.latency_seconds = small;
   link.bytes_per_second = large > small ? static_cast<double>(kLarge - kSmall) / (large - small) : 0.0;
   return link;
+}
+
+double measure_action_overhead(const c10::Device& device) {
+  constexpr int kStages = 2, kMicrobatches = 8;
+  torch::nn::Sequential idle(torch::nn::Linear(1, 1), torch::nn::Linear(1, 1));  // as little work as a layer does
+  Pipeline pipe(idle, PipelineOptions()
+                          .stages(kStages)
+                          .microbatches(kMicrobatches)
+                          .schedule("gpipe")
+                          .devices({device.str()})
+                          .divergence_guard(false));
+  const at::Tensor x = at::zeros({kMicrobatches, 1}, at::TensorOptions().device(device));
+  const LossFn loss = [](const at::Tensor& out, const at::Tensor&) { return out.sum(); };
+  std::vector<double> walls;
+  for (int step = 0; step < 7; ++step) {
+    const StepResult r = pipe.train_step(x, x, loss);
+    if (step > 1) walls.push_back(r.wall_seconds);
+  }
+  return median(walls) / (2.0 * (kMicrobatches + kStages - 1));
 }
 
 }  // namespace conveyor

@@ -48,6 +48,9 @@ struct ModelProfile {
   int64_t batch_size = 0;         // samples per profiled micro-batch (along batch_dim)
   int64_t input_bytes = 0;        // the model's inputs at batch_size samples
   double loss_forward_seconds = 0, loss_backward_seconds = 0;
+  // The runtime's own time per action (receive, stash, send, waking the next
+  // stage's thread), measured on a pipeline of layers that do nothing.
+  double action_overhead_seconds = 0;
   std::vector<LayerProfile> layers;
   LinkProfile link;
 
@@ -68,6 +71,12 @@ struct ProfileOptions {
   TORCH_ARG(bool, two_sizes) = true;
   // The dimension inputs and targets are batched along (PipelineOptions::batch_dim).
   TORCH_ARG(int64_t, batch_dim) = 0;
+  // How many stages will share this device (threads on one CPU): each layer
+  // is measured while as many other threads run its forward, as the other
+  // stages will while this one works, so contention is in the profile.
+  TORCH_ARG(int, sharing_stages) = 1;
+  // Measure the runtime's cost per action (ModelProfile::action_overhead_seconds).
+  TORCH_ARG(bool, action_overhead) = true;
   // Measure the link between these two devices too (empty: the same device,
   // the in-process handoff).
   TORCH_ARG(std::string, next_device) = "";
@@ -87,5 +96,10 @@ ModelProfile profile_model(const torch::nn::Sequential& model, const at::Tensor&
 // The link between two devices as the in-process transport uses it: a handoff
 // between threads for the same device, a copy otherwise.
 LinkProfile measure_link(const c10::Device& from, const c10::Device& to);
+
+// The runtime's time per action on `device`: a two-stage GPipe step of layers
+// that do nothing, 8 micro-batches, the median of a few steps over the
+// 2 (M + K - 1) actions on its critical path.
+double measure_action_overhead(const c10::Device& device);
 
 }  // namespace conveyor

@@ -47,6 +47,7 @@ TEST(Profile, MeasuresEveryLayerAndLeavesTheModelAsItWas) {
   EXPECT_EQ(p.layers[1].parameter_bytes, 0);
   EXPECT_THAT(p.layers[0].name, HasSubstr("torch::nn::Linear"));
   EXPECT_THAT(p.link.kind, HasSubstr("in-process handoff"));
+  EXPECT_GT(p.action_overhead_seconds, 0.0);
   EXPECT_THAT(p.str(), HasSubstr("loss"));
 }
 
@@ -61,6 +62,11 @@ TEST(Profile, RejectsWhatItCannotMeasure) {
                               ProfileOptions().batch_dim(2));
               }),
               HasSubstr("no input has samples along dimension 2"));
+  EXPECT_THAT(error_of([] {
+                profile_model(testing::make_mlp(), torch::ones({4, 8}, torch::kFloat64),
+                              torch::ones({4, 3}, torch::kFloat64), testing::mse, ProfileOptions().sharing_stages(0));
+              }),
+              HasSubstr("repeats and sharing_stages must be positive"));
   EXPECT_THAT(error_of([] {
                 profile_model(testing::make_mlp(), torch::ones({4, 5}, torch::kFloat64),
                               torch::ones({4, 3}, torch::kFloat64), testing::mse, quick());
