@@ -110,6 +110,36 @@ TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
   }
 }
 
+// Layers of several tensors: an integer mask rides along, gets no gradient,
+// and the prediction still counts the stash exactly.
+TEST(Predict, SeveralTensorLayersAreProfiledAndCountedToo) {
+  const auto masked = [](Tensors t) { return Tensors{t[0] * t[1], t[1]}; };
+  torch::nn::Sequential model(OnSlot(0, torch::nn::Linear(8, 8)), TensorsFunction(masked, "mask", 2),
+                              OnSlot(0, torch::nn::ReLU()), OnSlot(0, torch::nn::Linear(8, 8)),
+                              TensorsFunction([](Tensors t) { return Tensors{t[0]}; }, "drop the mask"),
+                              torch::nn::Linear(8, 3));
+  const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return torch::mse_loss(out[0], t[0]); };
+  const auto batch = [](int64_t n) {
+    return std::vector<Tensors>{{torch::randn({n, 8}), torch::randint(2, {n, 8})}, {torch::randn({n, 3})}};
+  };
+  const auto sample = batch(2);
+  auto profile = std::make_shared<ModelProfile>(profile_model(model, sample[0], sample[1], loss, quick()));
+  EXPECT_EQ(profile->layers[1].output_bytes, 2 * 8 * 4 + 2 * 8 * 8);  // float32 values and int64 mask
+  EXPECT_EQ(profile->layers[1].output_grad_bytes, 2 * 8 * 4);         // only the values get a gradient
+  for (const char* schedule : {"1f1b", "fr"}) {
+    auto options = PipelineOptions().stages(3).microbatches(3).schedule(schedule).balance(Balance::kTime)
+                       .profile(profile);
+    if (std::string(schedule) == "fr") {
+      options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
+    }
+    const Plan plan = make_plan(model, options, 7);
+    Pipeline pipe(model, options);
+    const auto b = batch(7);
+    const StepResult r = pipe.train_step(b[0], b[1], loss);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << schedule << k;
+  }
+}
+
 TEST(Predict, ChoosesAPlanWithinTheBudgetOrSaysWhatMisses) {
   auto mlp = testing::make_mlp();
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
