@@ -72,13 +72,6 @@ std::string layers_text(const SplitCosts& c, int64_t begin, int64_t end) {
   return os.str();
 }
 
-std::string mib(int64_t bytes) {
-  std::ostringstream os;
-  os.precision(2);
-  os << std::fixed << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB (" << bytes << " bytes)";
-  return os.str();
-}
-
 // Why no split fits: the smallest unit that fits no stage's budget, else the
 // split whose worst excess is least, naming its worst stage.
 [[noreturn]] void explain_over_budget(const SplitCosts& c, int num_stages, const std::vector<bool>& cuttable) {
@@ -94,8 +87,8 @@ std::string mib(int64_t bytes) {
     if (least_excess > 0) {
       std::ostringstream os;
       os << "conveyor: " << layers_text(c, a, b) << (b - a > 1 ? ", an atomic group," : "")
-         << " does not fit any device's memory budget: on its own it needs " << mib(least_excess)
-         << " more than stage " << where << "'s budget of " << mib(c.budgets[where]);
+         << " does not fit any device's memory budget: on its own it needs " << bytes_text(least_excess)
+         << " more than stage " << where << "'s budget of " << bytes_text(c.budgets[where]);
       throw std::invalid_argument(os.str());
     }
     a = b;
@@ -108,8 +101,8 @@ std::string mib(int64_t bytes) {
     if (excess(k, begin, end) == worst) {
       std::ostringstream os;
       os << "conveyor: no split into " << num_stages << " stages fits the memory budgets; the closest puts "
-         << layers_text(c, begin, end) << " on stage " << k << ", " << mib(static_cast<int64_t>(worst))
-         << " over its budget of " << mib(c.budgets[k]);
+         << layers_text(c, begin, end) << " on stage " << k << ", " << bytes_text(static_cast<int64_t>(worst))
+         << " over its budget of " << bytes_text(c.budgets[k]);
       throw std::invalid_argument(os.str());
     }
     begin = end;
@@ -118,6 +111,13 @@ std::string mib(int64_t bytes) {
 }
 
 }  // namespace
+
+std::string bytes_text(int64_t bytes) {
+  std::ostringstream os;
+  os.precision(2);
+  os << std::fixed << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB (" << bytes << " bytes)";
+  return os.str();
+}
 
 std::vector<int64_t> time_balanced_boundaries(const SplitCosts& c, int num_stages) {
   if (num_stages < 1) throw std::invalid_argument("conveyor: the number of stages must be positive");

@@ -39,6 +39,9 @@ struct SplitCosts {
 // budgets, naming the layer or group that does not fit and by how many bytes.
 std::vector<int64_t> time_balanced_boundaries(const SplitCosts& costs, int num_stages);
 
+// "1.50 MiB (1572864 bytes)", as budget errors say it.
+std::string bytes_text(int64_t bytes);
+
 // The slowest stage of the split given by `boundaries` (K-1 split points).
 double bottleneck_seconds(const SplitCosts& costs, const std::vector<int64_t>& boundaries);
 

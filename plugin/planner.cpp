@@ -218,8 +218,8 @@ Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& o, i
       if (excess > 0) {
         if (excess < closest_excess) {
           closest_excess = excess;
-          closest = name + " with " + std::to_string(m) + " micro-batches needs " + mib(excess) + " more than stage " +
-                    std::to_string(worst) + "'s budget of " + mib(budgets[worst]);
+          closest = name + " with " + std::to_string(m) + " micro-batches needs " + bytes_text(excess) +
+                    " more than stage " + std::to_string(worst) + "'s budget of " + bytes_text(budgets[worst]);
         }
         continue;
       }
