@@ -7,17 +7,28 @@
 // column shows contention; the projection shows the schedule.
 //
 //   bench_pipeline [--model lstm|mlp] [--batch 32] [--steps 5] [--threads 1] [--stage-rng]
+//
+// With --predict it measures the planner instead: for K = 2 and several
+// schedules and M, the step time and per-stage peak stashed bytes the planner
+// predicts from one profile (plugin/planner.h) against the median of
+// --steps measured steps, the configurations taking turns step by step.
+//
+//   bench_pipeline --predict [--model lstm|mlp|resnet] [--steps 5]
 
+#include "examples/resnet.h"
 #include "plugin/conveyor.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -27,9 +38,12 @@ struct Args {
   int steps = 5;
   int threads = 1;
   bool stage_rng = false;
+  bool predict = false;
+  int sharing = 1;  // --predict: stages sharing the CPU while profiling
 };
 
 torch::nn::Sequential make_model(const std::string& kind) {
+  if (kind == "resnet") return conveyor::examples::make_resnet({.depth = 20, .width = 16});
   if (kind == "mlp") {
     torch::nn::Sequential m;
     for (int i = 0; i < 8; ++i) {
@@ -68,6 +82,74 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
   return costs;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Predicted against measured, for K = 2: one profile at the micro-batch size
+// of M = 4 serves every M (the planner rescales it).
+int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, const conveyor::LossFn& loss) {
+  struct Config {
+    std::string schedule;
+    int m;
+    std::unique_ptr<conveyor::Pipeline> pipe;
+    conveyor::Plan plan;
+    std::vector<double> wall;
+    std::vector<int64_t> stash;
+  };
+  torch::manual_seed(0);
+  auto reference = make_model(args.model);
+  const auto profile = std::make_shared<conveyor::ModelProfile>(
+      conveyor::profile_model(reference, x.tensor_split(4)[0], y.tensor_split(4)[0], loss,
+                              conveyor::ProfileOptions().sharing_stages(args.sharing)));
+  std::vector<Config> configs;
+  for (const char* schedule : {"gpipe", "1f1b", "pipedream"}) {
+    for (int m : {2, 4, 8}) {
+      if (std::string(schedule) == "pipedream" && m != 4) continue;
+      torch::manual_seed(0);
+      auto model = make_model(args.model);
+      auto options = conveyor::PipelineOptions().stages(2).microbatches(m).schedule(schedule).profile(profile).balance(
+          conveyor::Balance::kTime);
+      if (std::string(schedule) == "pipedream") {
+        options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-3); });
+      }
+      Config c{schedule, m, nullptr, conveyor::make_plan(model, options, args.batch), {}, {}};
+      c.pipe = std::make_unique<conveyor::Pipeline>(model, options);
+      c.pipe->train_step(x, y, loss);  // warm-up
+      configs.push_back(std::move(c));
+    }
+  }
+  for (int s = 0; s < args.steps; ++s) {
+    for (auto& c : configs) {
+      for (const auto& p : c.pipe->parameters()) p.mutable_grad() = at::Tensor();
+      const conveyor::StepResult r = c.pipe->train_step(x, y, loss);
+      c.wall.push_back(r.wall_seconds);
+      c.stash = r.peak_stash_bytes;
+    }
+  }
+  std::printf("model %s, batch %lld, K = 2 (%s), %d intra-op thread(s), median of %d steps taking turns\n\n",
+              args.model.c_str(), static_cast<long long>(args.batch), configs[0].plan.stages.str().c_str(),
+              args.threads, args.steps);
+  std::printf("| schedule | M | predicted ms | measured ms | error | predicted stash KiB (per stage) | measured "
+              "| error |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const auto& c : configs) {
+    const double measured = median(c.wall), predicted = c.plan.step_seconds();
+    std::string ps, ms;
+    double worst = 0;
+    for (size_t k = 0; k < c.stash.size(); ++k) {
+      const int64_t p = c.plan.predicted[k].stash_bytes;
+      ps += (k ? " / " : "") + std::to_string(p / 1024);
+      ms += (k ? " / " : "") + std::to_string(c.stash[k] / 1024);
+      worst = std::max(worst, std::abs(static_cast<double>(p - c.stash[k])) / static_cast<double>(c.stash[k]));
+    }
+    std::printf("| %s | %d | %.1f | %.1f | %+.1f%% | %s | %s | %.1f%% |\n", c.schedule.c_str(), c.m, predicted * 1e3,
+                measured * 1e3, 100 * (predicted / measured - 1), ps.c_str(), ms.c_str(), 100 * worst);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,7 +169,11 @@ int main(int argc, char** argv) {
                    "  --batch N          samples per step (default 32)\n"
                    "  --steps N          measured steps per configuration, after one warm-up (default 5)\n"
                    "  --threads N        intra-op threads (default 1: one core per stage)\n"
-                   "  --stage-rng        each stage its own random streams (its forwards take turns)\n";
+                   "  --stage-rng        each stage its own random streams (its forwards take turns)\n"
+                   "  --predict          the planner's predicted step time and stash against measured ones\n"
+                   "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n"
+                   "  --profile-shared   with --predict: profile each layer beside a thread running it too,\n"
+                   "                     as if the other stage were always busy (ProfileOptions::sharing_stages)\n";
       return 0;
     } else if (a == "--model") {
       args.model = value();
@@ -95,6 +181,10 @@ int main(int argc, char** argv) {
       args.batch = std::stoll(value());
     } else if (a == "--steps") {
       args.steps = std::stoi(value());
+    } else if (a == "--predict") {
+      args.predict = true;
+    } else if (a == "--profile-shared") {
+      args.sharing = 2;
     } else if (a == "--stage-rng") {
       args.stage_rng = true;
     } else if (a == "--threads") {
@@ -106,13 +196,23 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(args.threads);
   torch::manual_seed(0);
-  const bool lstm = args.model == "lstm";
-  const at::Tensor x = lstm ? torch::randint(10000, {args.batch, 35}) : torch::randn({args.batch, 512});
-  const at::Tensor y = lstm ? torch::randint(10000, {args.batch, 35}) : torch::randn({args.batch, 512});
-  const conveyor::LossFn loss = [lstm](const at::Tensor& out, const at::Tensor& t) {
-    return lstm ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
-                : torch::mse_loss(out, t);
+  const bool lstm = args.model == "lstm", resnet = args.model == "resnet";
+  if (!lstm && !resnet && args.model != "mlp") {
+    std::cerr << "--model expects lstm, mlp or resnet, got '" << args.model << "'\n";
+    return 2;
+  }
+  const at::Tensor x = lstm     ? torch::randint(10000, {args.batch, 35})
+                       : resnet ? torch::randn({args.batch, 3, 32, 32})
+                                : torch::randn({args.batch, 512});
+  const at::Tensor y = lstm     ? torch::randint(10000, {args.batch, 35})
+                       : resnet ? torch::randint(10, {args.batch})
+                                : torch::randn({args.batch, 512});
+  const conveyor::LossFn loss = [lstm, resnet](const at::Tensor& out, const at::Tensor& t) {
+    return lstm     ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
+           : resnet ? torch::nn::functional::cross_entropy(out, t)
+                    : torch::mse_loss(out, t);
   };
+  if (args.predict) return predict_table(args, x, y, loss);
 
   std::printf("model %s, batch %lld, %u hardware threads, %d intra-op thread(s)%s; times in ms per step\n",
               args.model.c_str(), static_cast<long long>(args.batch), std::thread::hardware_concurrency(), args.threads,

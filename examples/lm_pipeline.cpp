@@ -5,6 +5,7 @@
 
 #include "examples/flags.h"
 #include "examples/lm_model.h"
+#include "examples/planning.h"
 #include "examples/progress.h"
 #include "examples/text_corpus.h"
 #include "plugin/conveyor.h"
@@ -38,7 +39,10 @@ constexpr const char* kHelp = R"(lm_pipeline: train a word-level LSTM language m
 
 The model, embedding -> dropout -> LSTM -> dropout -> LSTM -> dropout -> linear,
 is cut into --stages stages, each run by its own thread (and on its own GPU
-when there are GPUs). Each batch is split into --microbatches micro-batches that
+when there are GPUs). By default the cut balances measured time: each layer
+is profiled on one micro-batch first, and the plan printed with its predicted
+per-stage times, step time and bubble (and, when one layer alone bounds the
+speed, which one and the best speed-up any split can give). Each batch is split into --microbatches micro-batches that
 flow through the stages under a --schedule, with the gradients of the unsplit
 model. It ends with the valid and test perplexity next to a unigram baseline
 and exits with 1 unless the valid loss is at least 0.2 nats below the
@@ -66,6 +70,8 @@ Flags (--flag VALUE or --flag=VALUE):
                     asynchronous (an update per micro-batch, by an Adam per
                     stage, no clipping): pipedream | ddg | fr
   --steps N         training steps, one window each (default 400)
+  --balance B       how to cut: time (default; profiled) | uniform (layer
+                    counts) | flops (an estimate of each layer's arithmetic)
   --device D        auto (default): cuda when available, else cpu | cpu |
                     cuda: stage k on cuda:(k mod GPU count)
   --threads N       intra-op CPU threads of each stage (default cores / stages)
@@ -82,6 +88,8 @@ Flags (--flag VALUE or --flag=VALUE):
   --seed N          seed of the initial weights and dropout (default 1)
   --trace FILE      write the Chrome trace (Perfetto, chrome://tracing) of the
                     last training step to FILE
+  --timeline FILE   draw the last training step, predicted above measured, to
+                    FILE: SVG, or PNG if FILE ends in .png
   --help            this text
 
 Exit status: 0 when the valid loss beats the unigram baseline by 0.2 nats, 1
@@ -93,7 +101,7 @@ using ex::UsageError;
 
 struct Config {
   int64_t stages = 2, microbatches = 4, steps = 400, threads = 0;
-  std::string schedule = "1f1b", device = "auto", data, trace;
+  std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline;
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
@@ -111,7 +119,12 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.real("--dropout", &c.dropout, 0.0, 1.0, /*max_included=*/false).real("--lr", &c.lr, 1e-12, 1e3, false);
   flags.real("--clip", &c.clip, 0.0, 1e9, false);
   flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
+  flags.text("--balance", &c.balance).text("--timeline", &c.timeline);
   if (!flags.parse(argc, argv)) return false;
+  const auto& balances = ex::balance_names();
+  if (std::find(balances.begin(), balances.end(), c.balance) == balances.end()) {
+    throw UsageError("--balance expects time, uniform or flops, got '" + c.balance + "'");
+  }
   const auto& names = conveyor::schedules::schedule_names();
   if (std::find(names.begin(), names.end(), c.schedule) == names.end()) {
     std::string all;
@@ -219,33 +232,38 @@ Data load_data(const Config& c) {
   return d;
 }
 
+const conveyor::TensorsLossFn kLoss = [](const conveyor::Tensors& out, const conveyor::Tensors& target) {
+  return ex::lm_loss(out[0], target[0]);
+};
+
 // Synchronous schedules: the caller clips and steps one Adam over every
 // weight. Asynchronous ones update after every micro-batch, so the pipeline
-// steps its own Adam per stage (without clipping).
-conveyor::Pipeline make_pipeline(const Config& c, const ex::LanguageModel& model,
-                                 const std::vector<std::string>& devices, bool& synchronous) {
+// steps its own Adam per stage (without clipping). Every --balance profiles
+// the model on a micro-batch of the first window, for the plan's prediction.
+conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageModel& model, const Data& data,
+                                           const std::vector<std::string>& devices, bool& synchronous) {
   try {
     const int stages = static_cast<int>(c.stages), microbatches = static_cast<int>(c.microbatches);
     synchronous = conveyor::schedules::make_schedule(c.schedule, stages, microbatches).synchronous();
-    auto options = conveyor::PipelineOptions()
-                       .stages(stages)
-                       .microbatches(microbatches)
-                       .schedule(c.schedule)
-                       .devices(devices)
-                       .boundaries(conveyor::balanced_boundaries(model.costs, stages));
+    auto options =
+        conveyor::PipelineOptions().stages(stages).microbatches(microbatches).schedule(c.schedule).devices(devices);
+    ex::apply_balance(c.balance, model.costs, stages, options);
+    auto [input, target] = window_tensors(data.train, 0, c.bptt);
+    options.profile(ex::profile_first_microbatch(model.layers, {input}, {target}, kLoss, microbatches, devices[0]))
+        .optimizer_state_per_weight(2);  // Adam
     if (!synchronous) {
       options.optimizer([lr = c.lr](std::vector<at::Tensor> p) {
         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr));
       });
     }
-    return conveyor::Pipeline(model.layers, options);
+    return options;
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
 }
 
 void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::LanguageModel& model, int64_t windows,
-                bool synchronous) {
+                bool synchronous, const conveyor::Plan& plan) {
   int64_t num_params = 0;
   for (const auto& p : pipe.parameters()) num_params += p.numel();
   std::cout << "model: " << ex::format_count(num_params) << " parameters in " << model.names.size() << " layers, "
@@ -256,6 +274,7 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";
   }
+  std::cout << plan.str();
   const std::string schedule = pipe.schedule().str();
   std::cout << "schedule:\n"
             << schedule << (schedule.ends_with("\n") ? "" : "\n") << "training: " << c.steps << " steps of " << c.batch
@@ -277,9 +296,11 @@ int run(const Config& c) {
       ex::make_language_model(static_cast<int64_t>(data.corpus.vocab.size()), c.embed, c.hidden, c.dropout);
   ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
-  conveyor::Pipeline pipe = make_pipeline(c, model, devices, synchronous);
+  const conveyor::PipelineOptions options = pipeline_options(c, model, data, devices, synchronous);
+  const conveyor::Plan plan = conveyor::make_plan(model.layers, options, c.batch);
+  conveyor::Pipeline pipe(model.layers, options);
   const int64_t windows = data.train.num_windows(c.bptt);
-  print_plan(c, pipe, model, windows, synchronous);
+  print_plan(c, pipe, model, windows, synchronous, plan);
 
   const auto params = pipe.parameters();
   torch::optim::Adam optimizer(params, torch::optim::AdamOptions(c.lr));
@@ -337,7 +358,9 @@ int run(const Config& c) {
   for (size_t k = 0; k < last.busy_seconds.size(); ++k) {
     std::cout << (k ? ", " : " ") << fixed(last.busy_seconds[k], 3) << " s";
   }
-  std::cout << "\n  throughput: " << ex::format_count(static_cast<double>(words_trained) / train_seconds)
+  std::cout << "\n";
+  ex::report_step(std::cout, plan, last, c.timeline);
+  std::cout << "  throughput: " << ex::format_count(static_cast<double>(words_trained) / train_seconds)
             << " words/s; training " << ex::format_duration(train_seconds) << ", evaluation "
             << ex::format_duration(eval_seconds) << ", total " << ex::format_duration(seconds_since(started)) << "\n";
   if (!c.trace.empty()) std::cout << "  trace of the last step: " << c.trace << "\n";

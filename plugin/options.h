@@ -2,6 +2,8 @@
 // PipelineOptions: everything a Pipeline is configured with, one documented
 // field each, set builder-style: PipelineOptions().stages(4).microbatches(8).
 
+#include "plugin/balance_time.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -15,10 +17,14 @@
 
 namespace conveyor {
 
+struct ModelProfile;  // plugin/profile.h
+
 // How a torch::nn::Sequential is cut into stages when no boundaries are given.
 enum class Balance {
   kUniform,     // the same number of layers per stage (earlier stages take the remainder)
   kParameters,  // contiguous stages whose largest parameter count is as small as possible
+  kTime,        // contiguous stages whose slowest (measured time with transfers) is as fast as possible,
+                // within memory_budgets(), never splitting atomic_groups(); needs profile()
 };
 
 // How the loss function reduces over a micro-batch. The pipeline weights each
@@ -68,6 +74,18 @@ struct PipelineOptions {
   TORCH_ARG(std::vector<int64_t>, boundaries) = {};
   // Partition policy when boundaries() is empty.
   TORCH_ARG(Balance, balance) = Balance::kUniform;
+  // Balance::kTime: the measured costs of the model's layers (profile_model,
+  // plugin/profile.h), taken at the micro-batch size the pipeline will run.
+  TORCH_ARG(std::shared_ptr<const ModelProfile>, profile) = nullptr;
+  // Balance::kTime: runs of layers [first, last] that stay in one stage.
+  TORCH_ARG(std::vector<AtomicGroup>, atomic_groups) = {};
+  // Balance::kTime: bytes each stage's device may hold (weights, gradients,
+  // optimizer state, stashed micro-batches; see plugin/planner.h). One entry
+  // for every stage, or one per stage; empty: no limit.
+  TORCH_ARG(std::vector<int64_t>, memory_budgets) = {};
+  // Bytes of optimizer state per byte of trainable weights, for the memory
+  // prediction: 0 for plain SGD, 1 with momentum, 2 for Adam.
+  TORCH_ARG(double, optimizer_state_per_weight) = 0;
   // Dimension of input and target along which a batch is split into
   // micro-batches. A batch of N samples gives micro-batches of N / M samples,
   // the first N % M of them one larger (torch::tensor_split); N < M is an error.

@@ -1,5 +1,10 @@
 #include "plugin/partition.h"
 
+#include "plugin/planner.h"
+#include "plugin/profile.h"
+#include "schedules/generators.h"
+#include "schedules/validate.h"
+
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -143,6 +148,36 @@ int64_t parameter_count(const torch::nn::Module& module) {
 
 }  // namespace
 
+schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
+  if (options.microbatches() < 1) {
+    throw std::invalid_argument("conveyor: microbatches must be at least 1, got " +
+                                std::to_string(options.microbatches()));
+  }
+  schedules::Schedule schedule;
+  try {
+    if (options.schedule_text().empty()) {
+      schedule =
+          schedules::make_schedule(options.schedule(), num_stages, options.microbatches(), options.vertical_sync());
+    } else {
+      schedule = schedules::Schedule::parse(options.schedule_text());
+    }
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(std::string("conveyor: ") + e.what());
+  }
+  if (schedule.num_stages != num_stages || schedule.num_microbatches != options.microbatches()) {
+    std::ostringstream os;
+    os << "conveyor: the schedule is for " << schedule.num_stages << " stages and " << schedule.num_microbatches
+       << " micro-batches, the pipeline has " << num_stages << " stages and " << options.microbatches();
+    throw std::invalid_argument(os.str());
+  }
+  try {
+    schedules::validate(schedule, schedules::ValidateOptions{options.channel_capacity(), true});
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' cannot run on this pipeline: " + e.what());
+  }
+  return schedule;
+}
+
 StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options) {
   const int64_t num_layers = static_cast<int64_t>(model->size());
   if (num_layers == 0) throw std::invalid_argument("conveyor: the model is empty: a Sequential with no layers");
@@ -153,7 +188,19 @@ StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions&
   }
   std::vector<int64_t> boundaries = options.boundaries();
   if (boundaries.empty()) {
-    if (options.balance() == Balance::kParameters) {
+    if (options.balance() == Balance::kTime) {
+      if (!options.profile()) {
+        throw std::invalid_argument(
+            "conveyor: Balance::kTime needs the model's profile: PipelineOptions().profile(std::make_shared<"
+            "conveyor::ModelProfile>(conveyor::profile_model(model, inputs, targets, loss_fn)))");
+      }
+      if (static_cast<int64_t>(options.profile()->layers.size()) != num_layers) {
+        throw std::invalid_argument("conveyor: the profile describes " +
+                                    std::to_string(options.profile()->layers.size()) + " layers, the model has " +
+                                    std::to_string(num_layers) + ": profile this model");
+      }
+      boundaries = time_balanced_boundaries(split_costs(*options.profile(), options, num_stages), num_stages);
+    } else if (options.balance() == Balance::kParameters) {
       std::vector<double> costs;
       for (const auto& layer : *model) costs.push_back(static_cast<double>(parameter_count(*layer.ptr())));
       boundaries = balanced_boundaries(costs, num_stages);

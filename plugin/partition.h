@@ -3,6 +3,7 @@
 // which device. Pure: decides, never moves or runs anything.
 
 #include "plugin/options.h"
+#include "schedules/schedule.h"
 
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -41,6 +42,11 @@ void check_boundaries(const std::vector<int64_t>& boundaries, int64_t num_layers
 std::vector<c10::Device> stage_devices(const std::vector<std::string>& names, int num_stages);
 
 // The whole decision for a model and its options; throws std::invalid_argument.
+// Balance::kTime needs options.profile() of this model (plugin/planner.h).
 StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options);
+
+// The validated schedule a pipeline with these options runs on num_stages
+// stages (schedule() or schedule_text()); throws std::invalid_argument.
+schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages);
 
 }  // namespace conveyor

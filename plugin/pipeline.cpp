@@ -16,36 +16,6 @@ namespace conveyor {
 
 namespace {
 
-schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
-  if (options.microbatches() < 1) {
-    throw std::invalid_argument("conveyor: microbatches must be at least 1, got " +
-                                std::to_string(options.microbatches()));
-  }
-  schedules::Schedule schedule;
-  try {
-    if (options.schedule_text().empty()) {
-      schedule =
-          schedules::make_schedule(options.schedule(), num_stages, options.microbatches(), options.vertical_sync());
-    } else {
-      schedule = schedules::Schedule::parse(options.schedule_text());
-    }
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(std::string("conveyor: ") + e.what());
-  }
-  if (schedule.num_stages != num_stages || schedule.num_microbatches != options.microbatches()) {
-    std::ostringstream os;
-    os << "conveyor: the schedule is for " << schedule.num_stages << " stages and " << schedule.num_microbatches
-       << " micro-batches, the pipeline has " << num_stages << " stages and " << options.microbatches();
-    throw std::invalid_argument(os.str());
-  }
-  try {
-    schedules::validate(schedule, schedules::ValidateOptions{options.channel_capacity(), true});
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' cannot run on this pipeline: " + e.what());
-  }
-  return schedule;
-}
-
 // The optimizer and learning-rate options must fit how the schedule updates.
 void check_optimizer_options(const PipelineOptions& options, const schedules::Schedule& schedule) {
   const std::string name = "'" + schedule.name + "'";

@@ -6,10 +6,14 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/action_timer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/activation_stash.cpp
   ${CMAKE_CURRENT_LIST_DIR}/atomic_file.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/balance_time.cpp
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/png.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/profile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
   ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/runtime_actions.cpp
@@ -18,6 +22,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_rollback.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tied_parameters.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/timeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_versions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/workers.cpp)
 include(${CMAKE_CURRENT_LIST_DIR}/transport/sources.cmake)

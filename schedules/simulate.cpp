@@ -39,7 +39,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
       return it == finished.end() ? -1.0 : it->second;
     }
     const auto it = finished.find({from, static_cast<char>(a.kind), a.microbatch});
-    return it == finished.end() ? -1.0 : it->second + costs.transfer;
+    return it == finished.end() ? -1.0 : it->second + costs.transfer_after(std::min(from, a.stage));
   };
 
   const bool replay = s.stash == Stash::kInputs;

@@ -19,6 +19,12 @@ struct StageCosts {
   std::vector<double> forward;   // per stage: time of one micro-batch's forward
   std::vector<double> backward;  // per stage: time of one micro-batch's backward
   double transfer = 0;           // time to move one tensor between neighbouring stages
+  // Per boundary (stage k to k+1, K-1 of them): the time to move a
+  // micro-batch's activations across it, and its gradients back. Overrides
+  // `transfer` where given (a measured link and the boundary's bytes).
+  std::vector<double> transfers;
+
+  double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
 
   // The same forward and backward cost on every stage.
   static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);

@@ -3,6 +3,7 @@
 #include "error_of.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
+#include "schedules/stash_memory.h"
 #include "schedules/validate.h"
 
 #include <gtest/gtest.h>
@@ -178,7 +179,7 @@ TEST(Simulate, SequentialRunsOneMicrobatchAtATime) {
 TEST(Simulate, TransferTimeAndUnequalStagesShowInTheMakespan) {
   // Two stages, one micro-batch: F0 on stage 0 (1), transfer (0.5), F0 on
   // stage 1 (3), B0 on stage 1 (4), transfer, B0 on stage 0 (2).
-  const Simulation sim = simulate(make_gpipe(2, 1), StageCosts{{1, 3}, {2, 4}, 0.5});
+  const Simulation sim = simulate(make_gpipe(2, 1), StageCosts{{1, 3}, {2, 4}, 0.5, {}});
   EXPECT_DOUBLE_EQ(sim.makespan, 1 + 0.5 + 3 + 4 + 0.5 + 2);
   EXPECT_DOUBLE_EQ(sim.busy[1], 7);
   ASSERT_EQ(sim.timeline[0].size(), 2u);
@@ -186,6 +187,34 @@ TEST(Simulate, TransferTimeAndUnequalStagesShowInTheMakespan) {
   EXPECT_ERROR(simulate(make_gpipe(2, 1), StageCosts::uniform(3, 1, 1)), "the schedule has 2");
   EXPECT_ERROR(simulate(Schedule::parse("0F0 0B0 0F1 0B1\n1F1 1B1 1F0 1B0\n"), StageCosts::uniform(2, 1, 1)),
                "waits forever");
+}
+
+TEST(Simulate, PerBoundaryTransfersOverrideTheCommonOne) {
+  // Three stages, one micro-batch; boundary 0 costs 1, boundary 1 costs 2, each way.
+  StageCosts costs = StageCosts::uniform(3, 1, 1, 100);
+  costs.transfers = {1, 2};
+  const Simulation sim = simulate(make_gpipe(3, 1), costs);
+  EXPECT_DOUBLE_EQ(sim.makespan, 3 * 1 + 3 * 1 + 2 * (1 + 2));
+}
+
+TEST(StashMemory, PeakBytesFollowTheScheduleOrder) {
+  // 1F1B, K=3, M=4, micro-batch mb stashes 10^mb bytes: stage 0 holds mb 0..2
+  // before B0 frees 1, then adds 1000; stage 2 holds one at a time.
+  std::vector<std::vector<int64_t>> bytes(3, std::vector<int64_t>{1, 10, 100, 1000});
+  const std::vector<int64_t> peaks = peak_stash_bytes(make_1f1b(3, 4), bytes);
+  EXPECT_EQ(peaks, (std::vector<int64_t>{1110, 1100, 1000}));
+  EXPECT_EQ(peak_stash_bytes(make_gpipe(3, 4), bytes), (std::vector<int64_t>{1111, 1111, 1111}));
+  // With one byte each it counts micro-batches in flight, as the simulator does.
+  for (const auto& name : schedule_names()) {
+    const Schedule s = make_schedule(name, 3, 5);
+    const auto counts = peak_stash_bytes(s, std::vector<std::vector<int64_t>>(3, std::vector<int64_t>(5, 1)));
+    const Simulation sim = simulate(s, StageCosts::uniform(3, 1, 2));
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(counts[k], sim.peak_inflight[k]) << name << " stage " << k;
+  }
+  EXPECT_ERROR(peak_stash_bytes(make_gpipe(3, 4), {{1}}), "sizes are given for 1 stages, the schedule has 3");
+  EXPECT_ERROR(peak_stash_bytes(make_gpipe(1, 4), {{1, 2}}), "stage 0 has sizes for 2 micro-batches");
+  EXPECT_EQ(microbatch_sizes(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_ERROR(microbatch_sizes(10, 0), "at least one micro-batch");
 }
 
 // Golden text of small schedules: tests/golden/<name>.txt holds every K = 2..4,

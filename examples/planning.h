@@ -1,0 +1,33 @@
+#pragma once
+// What the examples share to plan a pipeline: profile the model on its first
+// micro-batch, split it as --balance asks, and report the prediction next to
+// what a step measured (and draw both with --timeline).
+
+#include "plugin/conveyor.h"
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace conveyor::examples {
+
+// The profile of `model` on the first of `microbatches` micro-batches of the
+// batch (inputs and targets split along dimension 0), on `device`.
+std::shared_ptr<const ModelProfile> profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
+                                                             const Tensors& targets, const TensorsLossFn& loss_fn,
+                                                             int microbatches, const std::string& device);
+
+// The names --balance takes: "time" (measured, the default), "uniform" (layer
+// counts), "flops" (the example's own cost estimate, `estimate`).
+const std::vector<std::string>& balance_names();
+
+// Sets options' partition for `balance`; throws std::invalid_argument for an unknown name.
+void apply_balance(const std::string& balance, const std::vector<double>& estimate, int stages,
+                   PipelineOptions& options);
+
+// "predicted vs measured" for the step, and the timeline (predicted above
+// measured) written to `timeline` when not empty.
+void report_step(std::ostream& out, const Plan& plan, const StepResult& step, const std::string& timeline);
+
+}  // namespace conveyor::examples
