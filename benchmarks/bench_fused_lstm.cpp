@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
   if (flags.grid) {
     for (int64_t layers : use_cuda ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1}) {
       for (int64_t hidden : use_cuda ? std::vector<int64_t>{256, 512, 1024} : std::vector<int64_t>{64, 256}) {
-        for (int64_t batch : use_cuda ? std::vector<int64_t>{1, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 4, 16, 64}) {
+        const auto batches = use_cuda ? std::vector<int64_t>{1, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 4, 16, 64};
+        for (int64_t batch : batches) {
           shapes.push_back({batch, use_cuda ? 50 : 20, hidden, layers});
         }
       }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <unistd.h>
 
 namespace conveyor {
 namespace {
@@ -20,8 +21,9 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
+// Per process: ctest runs the tests of this file side by side.
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("conveyor_" + name)).string();
+  return (std::filesystem::temp_directory_path() / ("conveyor_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
 // Dropout sits in stage 0 only: with one stage drawing random numbers the

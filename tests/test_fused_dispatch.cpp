@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 namespace conveyor {
 namespace {
@@ -79,7 +80,12 @@ TEST(FusedDispatchTable, UnmeasuredShapesDtypesAndDevicesRunTheReference) {
   DispatchQuery attention{"attention",
                           c10::Device(c10::kCPU),
                           c10::kDouble,
-                          {{"batch_heads", 8}, {"seq_q", 64}, {"seq_k", 64}, {"head_dim", 32}, {"causal", 0}, {"train", 1}},
+                          {{"batch_heads", 8},
+                           {"seq_q", 64},
+                           {"seq_k", 64},
+                           {"head_dim", 32},
+                           {"causal", 0},
+                           {"train", 1}},
                           {"causal", "train"}};
   EXPECT_FALSE(table.nearest(attention, "cpu").has_value()) << "causal must be equal";
   attention.shape["causal"] = 1;
@@ -87,7 +93,9 @@ TEST(FusedDispatchTable, UnmeasuredShapesDtypesAndDevicesRunTheReference) {
 }
 
 TEST(FusedDispatchTable, BadTextIsRefusedNamingTheLineAndTheCause) {
-  const auto error = [](const std::string& text) { return testing::error_of([&] { DispatchTable::parse(text, "t"); }); };
+  const auto error = [](const std::string& text) {
+    return testing::error_of([&] { DispatchTable::parse(text, "t"); });
+  };
   EXPECT_THAT(error("lstm cpu fp32\n"), HasSubstr("t line 1: expected 'op device dtype path"));
   EXPECT_THAT(error("# ok\nconv cpu fp32 fused batch=1\n"), HasSubstr("t line 2: unknown op 'conv'"));
   EXPECT_THAT(error("lstm cpu int8 fused batch=1\n"), HasSubstr("unknown dtype 'int8'"));
@@ -122,7 +130,9 @@ TEST(FusedDispatchTable, PoliciesOverrideTheTableAndScopesRestoreThem) {
 }
 
 TEST(FusedDispatchTable, TheEnvironmentSetsThePolicyAndTheTable) {
-  const std::string path = (std::filesystem::temp_directory_path() / "conveyor_dispatch_env_test.txt").string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("conveyor_dispatch_env_test_" + std::to_string(::getpid()) + ".txt"))
+                               .string();
   std::ofstream(path) << kTable;
   setenv("CONVEYOR_FUSED_DISPATCH", "reference", 1);
   setenv("CONVEYOR_FUSED_DISPATCH_TABLE", path.c_str(), 1);

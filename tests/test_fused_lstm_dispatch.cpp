@@ -105,7 +105,8 @@ TEST_F(FusedLstmDispatch, TheSwappedAtenLstmFollowsTheTable) {
   const auto op = c10::Dispatcher::singleton()
                       .findSchemaOrThrow("conveyor::lstm", "")
                       .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                          const at::Tensor&, at::TensorList, at::TensorList, bool, int64_t, double, bool, bool, bool)>();
+                          const at::Tensor&, at::TensorList, at::TensorList, bool, int64_t, double, bool, bool,
+                          bool)>();
   for (const int64_t batch : {2, 32}) {
     const at::Tensor x = torch::randn({5, batch, 8}, torch::kDouble).requires_grad_(true);
     const auto h = torch::zeros({2, batch, 16}, torch::kDouble);

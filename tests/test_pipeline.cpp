@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 namespace conveyor {
 namespace {
@@ -194,7 +195,8 @@ TEST(PipelineStats, TraceHasOneEventPerActionAndWritesChromeJson) {
       }
     }
   }
-  const auto path = std::filesystem::temp_directory_path() / "conveyor_trace_test.json";
+  const auto path =
+      std::filesystem::temp_directory_path() / ("conveyor_trace_test_" + std::to_string(::getpid()) + ".json");
   r.write_chrome_trace(path.string());
   std::ifstream in(path);
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

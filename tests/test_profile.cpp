@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 namespace conveyor {
 namespace {
@@ -232,7 +233,9 @@ TEST(Timeline, SvgAndPngShowEveryActionOfPredictedAndMeasuredSteps) {
     }
   }
   ASSERT_NE(bar, nullptr);
-  const std::string path = (std::filesystem::temp_directory_path() / "conveyor_timeline_test.png").string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("conveyor_timeline_test_" + std::to_string(::getpid()) + ".png"))
+                               .string();
   write_timeline(path, blocks);
   const std::string got = python_pixel(path, bar->x + 1, bar->y + 1);
   EXPECT_EQ(got, "245 133 24 " + std::to_string(scene.width) + "x" + std::to_string(scene.height) + "\n");

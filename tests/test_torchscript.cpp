@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <unistd.h>
 
 namespace conveyor {
 namespace {
@@ -245,7 +246,8 @@ TEST(ScriptErrors, UnloadableFilesNameThePathAndTheProblem) {
   const std::string pickle = fixture("not_script.pt");
   EXPECT_THAT(error_of([&] { load_script(pickle); }),
               AllOf(HasSubstr("'" + pickle + "'"), HasSubstr("torch.save"), HasSubstr("no TorchScript code")));
-  const auto noise = std::filesystem::temp_directory_path() / "conveyor_random_bytes.pt";
+  const auto noise =
+      std::filesystem::temp_directory_path() / ("conveyor_random_bytes_" + std::to_string(::getpid()) + ".pt");
   {
     std::ofstream out(noise, std::ios::binary);
     for (int i = 0; i < 4096; ++i) out.put(static_cast<char>((i * 7919) % 251));

@@ -155,8 +155,9 @@ std::optional<size_t> DispatchTable::nearest(const DispatchQuery& query, const s
   bool any_device = false;
   for (size_t i = 0; i < rows_.size(); ++i) {
     const DispatchRow& row = rows_[i];
-    const bool device_matches = query.device.is_cpu() ? row.device == "cpu"
-                                                      : row.device != "cpu" && name.find(lower(row.device)) != std::string::npos;
+    const bool device_matches = query.device.is_cpu()
+                                    ? row.device == "cpu"
+                                    : row.device != "cpu" && name.find(lower(row.device)) != std::string::npos;
     if (row.op != query.op || !device_matches || row.dtype != dtype) continue;
     any_device = true;
     double distance = 0, worst = 0;
