@@ -77,7 +77,8 @@ void print_tables(const std::vector<int64_t>& stages, const std::vector<double>&
                 const auto n = std::count_if(sel.begin(), sel.end(), [](const Run* run) { return run->diverged(); });
                 return std::to_string(n) + "/" + std::to_string(sel.size());
               });
-  print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows, methods, w,
+  print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows, methods,
+              w,
               [&](const std::string& m, size_t r) {
                 double sum = 0;
                 int n = 0;
