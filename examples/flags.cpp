@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
 
 namespace conveyor::examples {
@@ -80,6 +81,22 @@ bool Flags::parse(int argc, char** argv) const {
     handler->second(flag, value);
   }
   return true;
+}
+
+int run_main(const std::string& program, const std::string& help, const std::function<bool()>& parse,
+             const std::function<int()>& run) {
+  try {
+    if (!parse()) {
+      std::cout << help;
+      return 0;
+    }
+    return run();
+  } catch (const std::exception& e) {
+    const bool usage = dynamic_cast<const UsageError*>(&e) || dynamic_cast<const std::invalid_argument*>(&e);
+    std::cerr << program << ": " << e.what() << "\n";
+    if (usage) std::cerr << "Run '" << program << " --help' for the flags and the data.\n";
+    return usage ? 2 : 1;
+  }
 }
 
 std::string fixed(double value, int digits) {

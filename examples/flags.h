@@ -37,6 +37,13 @@ class Flags {
   std::map<std::string, Handler> handlers_;
 };
 
+// An example's main: `parse` reads the flags (false: --help, so `help` is
+// printed), then `run` gives the exit status. A UsageError or an
+// std::invalid_argument prints "<program>: <what>" and a pointer to --help
+// and gives 2; any other exception prints its message and gives 1.
+int run_main(const std::string& program, const std::string& help, const std::function<bool()>& parse,
+             const std::function<int()>& run);
+
 // `value` with `digits` digits after the point.
 std::string fixed(double value, int digits);
 

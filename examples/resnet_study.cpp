@@ -7,7 +7,7 @@
 #include "examples/digits_data.h"
 #include "examples/flags.h"
 #include "examples/resnet.h"
-#include "examples/resnet_tables.h"
+#include "examples/study_tables.h"
 #include "plugin/conveyor.h"
 
 #include <torch/torch.h>

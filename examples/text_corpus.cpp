@@ -30,19 +30,6 @@ void append(std::vector<std::string>& to, std::vector<std::string> tokens) {
   to.insert(to.end(), std::make_move_iterator(tokens.begin()), std::make_move_iterator(tokens.end()));
 }
 
-// 64-bit FNV-1a followed by the SplitMix64 finaliser: stable across
-// platforms and standard libraries, unlike std::hash.
-uint64_t stable_hash(std::string_view text, uint64_t seed) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (int i = 0; i < 8; ++i) h = (h ^ ((seed >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
-  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebULL;
-  return h ^ (h >> 31);
-}
-
 int64_t count_distinct(const std::vector<std::string>& tokens) {
   std::unordered_map<std::string_view, int> seen;
   for (const auto& t : tokens) seen.emplace(t, 0);
@@ -158,12 +145,25 @@ std::vector<int64_t> Vocabulary::encode(const std::vector<std::string>& tokens) 
   return ids;
 }
 
+// 64-bit FNV-1a followed by the SplitMix64 finaliser: stable across
+// platforms and standard libraries, unlike std::hash.
+uint64_t stable_hash(std::string_view text, uint64_t seed) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (int i = 0; i < 8; ++i) h = (h ^ ((seed >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
 Split split_of(std::string_view entry, uint64_t seed) {
   const uint64_t bucket = stable_hash(entry, seed) % 100;
   return bucket < 90 ? Split::kTrain : bucket < 95 ? Split::kValid : Split::kTest;
 }
 
-Corpus load_fortunes(const std::string& dir, int64_t max_vocab, uint64_t seed) {
+FortuneEntries read_fortunes(const std::string& dir) {
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
     throw std::runtime_error("the fortune directory '" + dir + "' does not exist or is not a directory");
@@ -176,19 +176,26 @@ Corpus load_fortunes(const std::string& dir, int64_t max_vocab, uint64_t seed) {
   }
   if (files.empty()) throw std::runtime_error("the fortune directory '" + dir + "' holds no fortune file");
   std::sort(files.begin(), files.end());
+  FortuneEntries read;
+  read.source = std::to_string(files.size()) + " fortune files in " + dir;
+  for (const auto& file : files) {
+    for (auto& entry : split_fortunes(read_file(file))) read.entries.push_back(std::move(entry));
+  }
+  return read;
+}
 
+Corpus load_fortunes(const std::string& dir, int64_t max_vocab, uint64_t seed) {
+  FortuneEntries read = read_fortunes(dir);
   Corpus corpus;
   std::vector<std::string> tokens[3];
   int64_t* entry_counts[3] = {&corpus.train_entries, &corpus.valid_entries, &corpus.test_entries};
-  for (const auto& file : files) {
-    for (const auto& entry : split_fortunes(read_file(file))) {
-      const int s = static_cast<int>(split_of(entry, seed));
-      append(tokens[s], tokenize(entry));
-      tokens[s].emplace_back(kEos);
-      ++*entry_counts[s];
-    }
+  for (const auto& entry : read.entries) {
+    const int s = static_cast<int>(split_of(entry, seed));
+    append(tokens[s], tokenize(entry));
+    tokens[s].emplace_back(kEos);
+    ++*entry_counts[s];
   }
-  corpus.source = std::to_string(files.size()) + " fortune files in " + dir;
+  corpus.source = std::move(read.source);
   corpus.distinct_train_words = count_distinct(tokens[0]);
   corpus.vocab = Vocabulary::build(tokens[0], max_vocab);
   corpus.train = corpus.vocab.encode(tokens[0]);

@@ -56,6 +56,8 @@ class Vocabulary {
 // split depends neither on file order nor on the other entries, and equal
 // entries land together. About 90% train, 5% valid, 5% test.
 enum class Split { kTrain, kValid, kTest };
+// The hash split_of uses: stable across runs, platforms and builds.
+uint64_t stable_hash(std::string_view text, uint64_t seed);
 Split split_of(std::string_view entry, uint64_t seed);
 
 struct Corpus {
@@ -65,6 +67,15 @@ struct Corpus {
   int64_t train_entries = 0, valid_entries = 0, test_entries = 0;  // fortunes or lines
   int64_t distinct_train_words = 0;                                // before the vocabulary cap
 };
+
+// The fortunes of every fortune file of `dir`, in file-name order, and what
+// was read ("42 fortune files in /usr/share/..."). Which files count and the
+// errors are those of load_fortunes.
+struct FortuneEntries {
+  std::string source;
+  std::vector<std::string> entries;
+};
+FortuneEntries read_fortunes(const std::string& dir);
 
 // Every fortune file of `dir`, read in name order: the "*.dat" indexes, the
 // "*.u8" links and anything that is not a regular file (the "off"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Conveyor needs, idempotently (a second run only checks):
-#  - Debian packages: GoogleTest, and 'fortunes' (the demo's English text);
+#  - Debian packages: GoogleTest, 'fortunes' (the demo's English text), and
+#    SentencePiece (spm_train and the C++ library: the BERT example's tokenizer);
 #  - the project's own virtual environment .venv with LibTorch (the torch
 #    wheel, CUDA 13 build), numpy, pytest and scikit-learn.
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
@@ -9,7 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 torch_version="${CONVEYOR_TORCH_VERSION:-2.14.1}"
 fallback_torch="2.13.0"
 
-apt_packages=(libgtest-dev libgmock-dev googletest fortunes)
+apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,4 @@
-#include "examples/resnet_tables.h"
+#include "examples/study_tables.h"
 
 #include "examples/flags.h"
 
@@ -34,18 +34,24 @@ std::string describe(const Run& r) {
 // A table with a column per method; cell(method, row) fills row `row`.
 template <typename Cell>
 void print_table(const std::string& title, const std::string& corner, const std::vector<std::string>& rows,
-                 const std::vector<std::string>& methods, Cell cell) {
+                 const std::vector<std::string>& methods, size_t width, Cell cell) {
   std::cout << "\n" << title << "\n" << pad(corner, 8);
-  for (const auto& m : methods) std::cout << pad(m, 18);
+  for (const auto& m : methods) std::cout << pad(m, width);
   for (size_t r = 0; r < rows.size(); ++r) {
     std::cout << "\n" << pad(rows[r], 8);
-    for (const auto& m : methods) std::cout << pad(cell(m, r), 18);
+    for (const auto& m : methods) std::cout << pad(cell(m, r), width);
   }
   std::cout << "\n";
 }
 
+StudyMetric best_accuracy_metric() {
+  return {"Best test top-1 accuracy (%) over the learning rates, diverged runs left out [lr of the best]:",
+          [](const Run& a, const Run& b) { return a.best_accuracy > b.best_accuracy; },
+          [](const Run& r) { return fixed(r.best_accuracy, 2) + " [" + shortest(r.lr) + "]"; }};
+}
+
 void print_tables(const std::vector<int64_t>& stages, const std::vector<double>& lrs,
-                  const std::vector<std::string>& methods, const std::vector<Run>& runs) {
+                  const std::vector<std::string>& methods, const std::vector<Run>& runs, const StudyMetric& metric) {
   std::vector<std::string> stage_rows, lr_rows;
   for (int64_t k : stages) stage_rows.push_back(std::to_string(k));
   for (double lr : lrs) lr_rows.push_back(shortest(lr));
@@ -57,21 +63,22 @@ void print_tables(const std::vector<int64_t>& stages, const std::vector<double>&
     }
     return out;
   };
-  print_table("Best test top-1 accuracy (%) over the learning rates, diverged runs left out [lr of the best]:",
-              "stages", stage_rows, methods, [&](const std::string& m, size_t r) {
-                const Run* best = nullptr;
-                for (const Run* run : select(m, r, false)) {
-                  if (!run->diverged() && (!best || run->best_accuracy > best->best_accuracy)) best = run;
-                }
-                return best ? fixed(best->best_accuracy, 2) + " [" + shortest(best->lr) + "]" : "diverged";
-              });
-  print_table("Diverged runs / runs, per learning rate (over the numbers of stages):", "lr", lr_rows, methods,
+  const size_t w = metric.width;
+  print_table(metric.title, "stages", stage_rows, methods, w, [&](const std::string& m, size_t r) {
+    const Run* best = nullptr;
+    for (const Run* run : select(m, r, false)) {
+      if (!run->diverged() && (!best || metric.better(*run, *best))) best = run;
+    }
+    return best ? metric.cell(*best) : "diverged";
+  });
+  print_table("Diverged runs / runs, per learning rate (over the numbers of stages):", "lr", lr_rows, methods, w,
               [&](const std::string& m, size_t r) {
                 const auto sel = select(m, r, true);
                 const auto n = std::count_if(sel.begin(), sel.end(), [](const Run* run) { return run->diverged(); });
                 return std::to_string(n) + "/" + std::to_string(sel.size());
               });
   print_table("Training time per epoch (s), mean over the runs that completed an epoch:", "stages", stage_rows, methods,
+              w,
               [&](const std::string& m, size_t r) {
                 double sum = 0;
                 int n = 0;
