@@ -2,7 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+// LibTorch's DataParallel header reaches into c10/cuda, which a CPU-only
+// LibTorch (the torch 2.13.0+cpu wheel) does not ship.
+#if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
 #include <torch/nn/parallel/data_parallel.h>
+#define CONVEYOR_HAS_DATA_PARALLEL 1
+#endif
 
 #include <stdexcept>
 
@@ -47,7 +52,14 @@ double data_parallel_step(torch::nn::Sequential& model, torch::optim::Optimizer&
                           const at::Tensor& target, const LossFn& loss_fn, const std::vector<c10::Device>& devices) {
   TORCH_CHECK(!devices.empty(), "conveyor: data_parallel_step needs at least one device");
   optimizer.zero_grad(true);
+#ifdef CONVEYOR_HAS_DATA_PARALLEL
   const at::Tensor out = torch::nn::parallel::data_parallel(model, input, devices, devices[0]);
+#else
+  for (const auto& d : devices) {
+    if (!d.is_cpu()) throw std::invalid_argument("conveyor: this LibTorch has no CUDA: DataParallel over " + d.str());
+  }
+  const at::Tensor out = model->forward(input);  // what DataParallel does without CUDA
+#endif
   const at::Tensor loss = loss_fn(out, target.to(out.device()));
   loss.backward();
   optimizer.step();
