@@ -64,7 +64,8 @@ std::string detokenize(const std::vector<std::string>& tokens) {
   return out;
 }
 
-TranslationData prepare_translation_data(const std::vector<SentencePair>& pairs, const TranslationDataOptions& options) {
+TranslationData prepare_translation_data(const std::vector<SentencePair>& pairs,
+                                         const TranslationDataOptions& options) {
   TranslationData data;
   std::vector<std::vector<std::string>> tokens[3][2];
   for (const auto& pair : pairs) {

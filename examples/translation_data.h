@@ -56,7 +56,8 @@ struct TranslationData {
 };
 
 // Throws std::invalid_argument when no train, valid or test pair is left.
-TranslationData prepare_translation_data(const std::vector<SentencePair>& pairs, const TranslationDataOptions& options);
+TranslationData prepare_translation_data(const std::vector<SentencePair>& pairs,
+                                         const TranslationDataOptions& options);
 
 // Model ids back to words, stopping at the first kEosId and skipping kPadId
 // and kBosId.
