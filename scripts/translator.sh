@@ -8,15 +8,18 @@
 #
 #   bash scripts/translator.sh                  # everything (about 10 minutes on 2 cores)
 #   bash scripts/translator.sh --skip-hybrid    # the training run only
+#   bash scripts/translator.sh --hybrid-only    # the hybrid measurements only
 #   STEPS=1200 HYBRID_STEPS=60 bash scripts/translator.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 steps="${STEPS:-1000}"
 hybrid_steps="${HYBRID_STEPS:-40}"
 skip_hybrid=0
+skip_training=0
 for arg in "$@"; do
   case "$arg" in
     --skip-hybrid) skip_hybrid=1 ;;
+    --hybrid-only) skip_training=1 ;;
     -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "translator.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -30,16 +33,18 @@ mkdir -p "$out"
 translator="$build/examples/translator"
 start=$(date +%s)
 
-echo "== training: $translator --steps $steps (log: $out/train.log)"
-set +e
-"$translator" --stages 2 --schedule 1f1b --microbatches 4 --steps "$steps" --out-dir "$out" 2>&1 | tee "$out/train.log"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ]; then
-  echo "translator.sh: the training run failed (exit $status): see $out/train.log" >&2
-  exit "$status"
+if [ "$skip_training" = 0 ]; then
+  echo "== training: $translator --steps $steps (log: $out/train.log)"
+  set +e
+  "$translator" --stages 2 --schedule 1f1b --microbatches 4 --steps "$steps" --out-dir "$out" 2>&1 | tee "$out/train.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  if [ "$status" -ne 0 ]; then
+    echo "translator.sh: the training run failed (exit $status): see $out/train.log" >&2
+    exit "$status"
+  fi
+  grep -q '^PASS' "$out/train.log" || { echo "translator.sh: no PASS line in $out/train.log" >&2; exit 1; }
 fi
-grep -q '^PASS' "$out/train.log" || { echo "translator.sh: no PASS line in $out/train.log" >&2; exit 1; }
 
 [ "$skip_hybrid" = 1 ] && { echo "translator.sh: done in $(( $(date +%s) - start )) s"; exit 0; }
 
