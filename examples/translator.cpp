@@ -178,14 +178,10 @@ int main(int argc, char** argv) {
   } catch (const ex::UsageError& e) {
     std::cerr << "translator: " << e.what() << "\nRun 'translator --help' for the flags and the data.\n";
     return 2;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "translator: " << e.what() << "\n";
-    return 2;
-  } catch (const ex::DataError& e) {
-    std::cerr << "translator: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "translator: " << e.what() << "\n";
-    return 1;
+    // A refused configuration or unreadable data is the caller's to fix (2); anything else failed (1).
+    const bool bad_input = dynamic_cast<const std::invalid_argument*>(&e) || dynamic_cast<const ex::DataError*>(&e);
+    return bad_input ? 2 : 1;
   }
 }
