@@ -17,15 +17,6 @@ namespace {
 
 bool is_word_byte(unsigned char c) { return std::isalnum(c) || c >= 0x80; }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open '" + path.string() + "' for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw std::runtime_error("error while reading '" + path.string() + "'");
-  return text.str();
-}
-
 void append(std::vector<std::string>& to, std::vector<std::string> tokens) {
   to.insert(to.end(), std::make_move_iterator(tokens.begin()), std::make_move_iterator(tokens.end()));
 }
@@ -41,6 +32,15 @@ void check_split_not_empty(const std::vector<int64_t>& ids, const char* split, c
 }
 
 }  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open '" + path + "' for reading");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw std::runtime_error("error while reading '" + path + "'");
+  return text.str();
+}
 
 std::vector<std::string> tokenize(std::string_view text) {
   std::vector<std::string> tokens;
@@ -218,7 +218,7 @@ Corpus load_ptb(const std::string& dir, int64_t max_vocab) {
   for (int s = 0; s < 3; ++s) {
     const fs::path path = fs::path(dir) / names[s];
     if (!fs::exists(path, error)) throw std::runtime_error("'" + path.string() + "' is missing");
-    const std::string text = read_file(path);
+    const std::string text = read_text_file(path.string());
     if (text.empty()) throw std::runtime_error("'" + path.string() + "' is empty");
     std::istringstream in(text);
     std::string line;

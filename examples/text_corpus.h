@@ -22,6 +22,10 @@ namespace conveyor::examples {
 inline constexpr std::string_view kUnk = "<unk>";  // every word outside the vocabulary
 inline constexpr std::string_view kEos = "<eos>";  // ends a fortune (or a PTB line)
 
+// A whole file's bytes; throws std::runtime_error naming the path when it
+// cannot be opened or read.
+std::string read_text_file(const std::string& path);
+
 // Lower-cases and splits into words and punctuation. A word is a run of
 // letters, digits and non-ASCII bytes (UTF-8 stays intact), with apostrophes
 // inside it kept ("don't"). Every other printable character is punctuation; a

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Installs what Conveyor needs, idempotently (a second run only checks):
 #  - Debian packages: GoogleTest, 'fortunes' (the demo's English text), and
-#    SentencePiece (spm_train and the C++ library: the BERT example's tokenizer);
+#    SentencePiece (spm_train and the C++ library: the BERT example's tokenizer),
+#    and the translator's parallel corpus: the King James Version and the
+#    Reina-Valera 1909 as SWORD modules, with diatheke to read them;
 #  - the project's own virtual environment .venv with LibTorch (the torch
-#    wheel, CUDA 13 build), numpy, pytest and scikit-learn.
+#    wheel, CUDA 13 build), numpy, pytest, scikit-learn and sacrebleu.
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 torch_version="${CONVEYOR_TORCH_VERSION:-2.14.1}"
 fallback_torch="2.13.0"
 
-apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev)
+apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev diatheke sword-text-kjv
+  sword-text-sparv)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -34,8 +37,9 @@ if ! have_torch "$torch_version" && ! have_torch "$fallback_torch"; then
   fi
 fi
 # numpy and pytest for the Python tests; scikit-learn ships the digits images
-# the ResNet study trains on (sklearn/datasets/data/digits.csv.gz).
-"$py" -c "import numpy, pytest, sklearn" 2>/dev/null || "$py" -m pip install -q numpy pytest scikit-learn
+# the ResNet study trains on (sklearn/datasets/data/digits.csv.gz); sacrebleu
+# scores the translator.
+"$py" -c "import numpy, pytest, sklearn, sacrebleu" 2>/dev/null || "$py" -m pip install -q numpy pytest scikit-learn sacrebleu
 # Build tools: use the machine's cmake/ninja when recent enough, else the venv's.
 if ! cmake --version 2>/dev/null | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=25))}'; then
   "$py" -m pip install -q "cmake>=3.25"
