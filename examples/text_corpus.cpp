@@ -179,7 +179,7 @@ FortuneEntries read_fortunes(const std::string& dir) {
   FortuneEntries read;
   read.source = std::to_string(files.size()) + " fortune files in " + dir;
   for (const auto& file : files) {
-    for (auto& entry : split_fortunes(read_file(file))) read.entries.push_back(std::move(entry));
+    for (auto& entry : split_fortunes(read_text_file(file.string()))) read.entries.push_back(std::move(entry));
   }
   return read;
 }

@@ -16,17 +16,9 @@ if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 
-clang_packages=(clang libclang-rt-14-dev)
-missing=()
-for p in "${clang_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "fuzz: installing Debian packages: ${missing[*]}"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
-fi
+# shellcheck source=lib/debian_packages.sh
+source "$root/scripts/lib/debian_packages.sh"
+install_debian_packages fuzz clang libclang-rt-14-dev
 export PATH="$root/.venv/bin:$PATH"
 if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
   generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)

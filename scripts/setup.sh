@@ -14,16 +14,9 @@ fallback_torch="2.13.0"
 
 apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev diatheke sword-text-kjv
   sword-text-sparv)
-missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing Debian packages: ${missing[*]}"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
-fi
+# shellcheck source=lib/debian_packages.sh
+source "$root/scripts/lib/debian_packages.sh"
+install_debian_packages setup "${apt_packages[@]}"
 
 venv="$root/.venv"
 py="$venv/bin/python"
