@@ -261,12 +261,13 @@ std::shared_ptr<const DispatchTable> dispatch_table() {
 
 void set_dispatch_table(DispatchTable table) { install_table(std::make_shared<const DispatchTable>(std::move(table))); }
 
-bool fused_kernel_registered(const char* schema, const c10::Device& device, c10::ScalarType dtype) {
+bool has_cuda_kernel(const char* schema) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(schema, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
+bool fused_kernel_can_run(bool cuda_kernel, const c10::Device& device, c10::ScalarType dtype) {
   const bool dtype_ok = dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 || dtype == c10::kHalf;
-  if (!dtype_ok) return false;
-  if (device.is_cpu()) return true;
-  return device.is_cuda() &&
-         c10::Dispatcher::singleton().findSchemaOrThrow(schema, "").hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+  return dtype_ok && (device.is_cpu() || (device.is_cuda() && cuda_kernel));
 }
 
 DispatchChoice choose_fused_path(const DispatchQuery& query, bool fused_can_run) {

@@ -122,10 +122,14 @@ void reload_dispatch_settings();
 std::shared_ptr<const DispatchTable> dispatch_table();
 void set_dispatch_table(DispatchTable table);
 
-// Whether the op `schema` ("conveyor::fused_lstm") has a kernel for this
-// device in this build (CPU always; CUDA when the CUDA kernels were built)
-// and takes this dtype (float64, float32, bfloat16, float16).
-bool fused_kernel_registered(const char* schema, const c10::Device& device, c10::ScalarType dtype);
+// Whether this build registered a CUDA kernel for the op `schema`
+// ("conveyor::fused_lstm"). Fixed once the library has loaded: call sites
+// keep the answer (a dispatcher look-up per call would be wasted work).
+bool has_cuda_kernel(const char* schema);
+// Whether a fused kernel can run on this device (CPU always; CUDA when
+// `cuda_kernel`, what has_cuda_kernel said) and dtype (float64, float32,
+// bfloat16, float16).
+bool fused_kernel_can_run(bool cuda_kernel, const c10::Device& device, c10::ScalarType dtype);
 
 // The path for `query` under the current policy and table. `fused_can_run`
 // is false where the fused kernel cannot run the call (the reference then

@@ -11,7 +11,8 @@ namespace conveyor {
 
 DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& key_padding_mask, bool causal) {
-  const bool can_fuse = fused_kernel_registered("conveyor::fused_attention_forward", q.device(), q.scalar_type());
+  static const bool cuda_kernel = has_cuda_kernel("conveyor::fused_attention_forward");
+  const bool can_fuse = fused_kernel_can_run(cuda_kernel, q.device(), q.scalar_type());
   if (key_padding_mask.has_value() && key_padding_mask->defined()) {
     // SDPA gives NaN where a query's keys are all masked; the fused kernel gives 0.
     if (can_fuse) return {FusedPath::kFused, "a key-padding mask runs the fused kernel"};

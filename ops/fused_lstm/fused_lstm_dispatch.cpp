@@ -22,7 +22,8 @@ bool records_autograd(const at::Tensor& input, const at::Tensor& h0, const at::T
 }  // namespace
 
 bool fused_lstm_kernel_available(const c10::Device& device, c10::ScalarType dtype) {
-  return fused_kernel_registered("conveyor::fused_lstm", device, dtype);
+  static const bool cuda_kernel = has_cuda_kernel("conveyor::fused_lstm");
+  return fused_kernel_can_run(cuda_kernel, device, dtype);
 }
 
 DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
