@@ -11,6 +11,10 @@ const char* kind_name(ActionKind kind) {
       return "forward";
     case ActionKind::kBackward:
       return "backward";
+    case ActionKind::kBackwardInput:
+      return "input backward";
+    case ActionKind::kWeight:
+      return "weight backward";
   }
   return "unknown";
 }
@@ -33,7 +37,7 @@ Action Action::parse(std::string_view text) {
   const auto bad = [&](const char* why) {
     std::string message = "'";
     message.append(text).append("' is not an action (").append(why);
-    return std::invalid_argument(message.append("; expected <stage><F|B><micro-batch>, e.g. 0F3)"));
+    return std::invalid_argument(message.append("; expected <stage><F|B|I|W><micro-batch>, e.g. 0F3)"));
   };
   std::string_view rest = text;
   Action action;
@@ -41,10 +45,10 @@ Action Action::parse(std::string_view text) {
   if (rest.empty()) throw bad("no kind");
   switch (rest.front()) {
     case 'F':
-      action.kind = ActionKind::kForward;
-      break;
     case 'B':
-      action.kind = ActionKind::kBackward;
+    case 'I':
+    case 'W':
+      action.kind = static_cast<ActionKind>(rest.front());
       break;
     default:
       throw bad("unknown kind");

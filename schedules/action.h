@@ -1,7 +1,13 @@
 #pragma once
 // Action: one thing one stage does to one micro-batch. Its text form is the
 // stage, a letter for the kind and the micro-batch: "0F3" is stage 0's
-// forward of micro-batch 3, "1B0" stage 1's backward of micro-batch 0.
+// forward of micro-batch 3, "1B0" stage 1's backward of micro-batch 0. The
+// letters are torch.distributed.pipelining's, so its schedules read as ours.
+//
+// A backward may be split in two (zero-bubble schedules): "I" computes only
+// the gradient of the stage's inputs, which the previous stage waits for, and
+// "W" later computes the weights' gradients from what I kept. Together they
+// do exactly what one "B" does.
 
 #include <ostream>
 #include <string>
@@ -11,10 +17,15 @@ namespace conveyor::schedules {
 
 enum class ActionKind : char {
   kForward = 'F',
-  kBackward = 'B',
+  kBackward = 'B',       // the whole backward: input and weight gradients
+  kBackwardInput = 'I',  // the input gradients only; its W follows later
+  kWeight = 'W',         // the weight gradients of a micro-batch whose I ran
 };
 
-const char* kind_name(ActionKind kind);  // "forward" / "backward"
+const char* kind_name(ActionKind kind);  // "forward", "backward", "input backward", "weight backward"
+
+// True for B and I: the actions that receive a gradient and send one back.
+inline bool is_backward(ActionKind kind) { return kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput; }
 
 struct Action {
   int stage = 0;

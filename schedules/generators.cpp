@@ -21,6 +21,8 @@ Schedule empty(const char* name, int k, int m) {
 
 Action F(int stage, int mb) { return {stage, ActionKind::kForward, mb}; }
 Action B(int stage, int mb) { return {stage, ActionKind::kBackward, mb}; }
+Action I(int stage, int mb) { return {stage, ActionKind::kBackwardInput, mb}; }
+Action W(int stage, int mb) { return {stage, ActionKind::kWeight, mb}; }
 
 }  // namespace
 
@@ -111,6 +113,87 @@ Schedule make_fr(int num_stages, int num_microbatches) {
   return s;
 }
 
+namespace {
+
+// The looped 1F1B family on K workers of v chunks (stage c*K + w on worker
+// w). Worker w's i-th forward belongs to chunk (i / g) % v, rounds of g
+// micro-batches (g = K; one round of M when v = 1); its i-th backward after the warm-up to chunk v-1 minus the
+// same. Warm-up: (v-1)*g + factor*(K-1-w) forwards, then one forward and one
+// backward per step, then the remaining backwards. With split backwards,
+// worker w's W's trail its I's by w: they fill the cooldown.
+Schedule looped(const char* name, int k_workers, int v, int m, bool split) {
+  Schedule s = empty(name, k_workers, m);
+  if (v < 1) throw std::invalid_argument(std::string(name) + " needs at least 1 chunk per worker, got " +
+                                         std::to_string(v));
+  // Micro-batches go through the chunks in rounds of K: M must fill whole
+  // rounds (otherwise a warm-up of whole-batch rounds would deadlock bounded
+  // channels).
+  if (v > 1 && m % k_workers != 0) {
+    throw std::invalid_argument(std::string(name) + " sends micro-batches through the chunks in rounds of one per " +
+                                "worker: " + std::to_string(m) + " micro-batches do not fill rounds of " +
+                                std::to_string(k_workers) + " (use a multiple of " + std::to_string(k_workers) + ")");
+  }
+  const int g = v > 1 ? k_workers : m;  // micro-batches per round
+  s.num_stages = k_workers * v;
+  if (v > 1) {
+    for (int st = 0; st < s.num_stages; ++st) s.placement.push_back(st % k_workers);
+  }
+  const int total = m * v;
+  for (int w = 0; w < k_workers; ++w) {
+    const int factor = v > 1 && !split ? 2 : 1;
+    const int warm = std::min((v - 1) * g + factor * (k_workers - 1 - w), total);
+    const auto forward_stage = [&](int i) { return ((i / g) % v) * k_workers + w; };
+    const auto backward_stage = [&](int i) { return (v - 1 - ((i - warm) / g) % v) * k_workers + w; };
+    std::vector<int> next_f(s.num_stages, 0), next_b(s.num_stages, 0), next_w(s.num_stages, 0);
+    std::vector<int> backward_stages;  // in the order the I's ran
+    size_t weights_done = 0;
+    auto& line = s.stages[w];
+    const auto add_backward = [&](int i) {
+      const int st = backward_stage(i);
+      line.push_back(split ? I(st, next_b[st]++) : B(st, next_b[st]++));
+      backward_stages.push_back(st);
+      if (split && i - warm >= w) {
+        const int ws = backward_stages[weights_done++];
+        line.push_back(W(ws, next_w[ws]++));
+      }
+    };
+    for (int i = 0; i < total + warm; ++i) {
+      if (i < total) {
+        const int st = forward_stage(i);
+        line.push_back(F(st, next_f[st]++));
+      }
+      if (i >= warm) add_backward(i);
+    }
+    while (split && weights_done < backward_stages.size()) {
+      const int ws = backward_stages[weights_done++];
+      line.push_back(W(ws, next_w[ws]++));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Schedule make_interleaved_1f1b(int num_workers, int chunks, int num_microbatches) {
+  if (chunks < 2) {
+    throw std::invalid_argument("interleaved 1F1B needs at least 2 chunks per worker, got " + std::to_string(chunks) +
+                                " (with 1 it is 1f1b)");
+  }
+  return looped("interleaved", num_workers, chunks, num_microbatches, false);
+}
+
+Schedule make_zb_h1(int num_stages, int num_microbatches) {
+  return looped("zb-h1", num_stages, 1, num_microbatches, true);
+}
+
+Schedule make_interleaved_zb(int num_workers, int chunks, int num_microbatches) {
+  if (chunks < 2) {
+    throw std::invalid_argument("interleaved zero bubble needs at least 2 chunks per worker, got " +
+                                std::to_string(chunks) + " (with 1 it is zb-h1)");
+  }
+  return looped("zb-interleaved", num_workers, chunks, num_microbatches, true);
+}
+
 Schedule make_forward_only(int num_stages, int num_microbatches) {
   Schedule s = empty("forward", num_stages, num_microbatches);
   for (int k = 0; k < num_stages; ++k) {
@@ -120,13 +203,37 @@ Schedule make_forward_only(int num_stages, int num_microbatches) {
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"sequential", "gpipe", "1f1b", "pipedream", "ddg", "fr"};
+  static const std::vector<std::string> names = {"sequential", "gpipe",      "1f1b", "interleaved", "zb-h1",
+                                                 "zb-interleaved", "pipedream", "ddg",  "fr"};
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync) {
-  std::string lower = name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+namespace {
+
+std::string lowercase(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name;
+}
+
+}  // namespace
+
+bool is_interleaved(const std::string& name) {
+  const std::string lower = lowercase(name);
+  return lower == "interleaved" || lower == "zb-interleaved";
+}
+
+Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync,
+                       int chunks) {
+  const std::string lower = lowercase(name);
+  if (chunks == 0) chunks = is_interleaved(lower) ? 2 : 1;
+  if (lower == "interleaved") return make_interleaved_1f1b(num_stages, chunks, num_microbatches);
+  if (lower == "zb-interleaved") return make_interleaved_zb(num_stages, chunks, num_microbatches);
+  const auto& names = schedule_names();
+  if (chunks != 1 && std::find(names.begin(), names.end(), lower) != names.end()) {
+    throw std::invalid_argument("schedule '" + lower + "' runs one stage per worker, not " + std::to_string(chunks) +
+                                " chunks (interleaved and zb-interleaved run several)");
+  }
+  if (lower == "zb-h1") return make_zb_h1(num_stages, num_microbatches);
   if (lower == "pipedream") return make_pipedream(num_stages, num_microbatches, vertical_sync);
   if (vertical_sync && std::find(schedule_names().begin(), schedule_names().end(), lower) != schedule_names().end()) {
     throw std::invalid_argument("vertical sync keeps stashed weight versions in step across stages; '" + lower +

@@ -46,13 +46,45 @@ Schedule make_ddg(int num_stages, int num_microbatches);
 // staleness; forward and backward see different weights).
 Schedule make_fr(int num_stages, int num_microbatches);
 
+// --- Beyond the seeds: synchronous schedules with exact gradients.
+
+// Interleaved 1F1B (Megatron-LM's virtual pipeline): K workers each run v
+// model chunks, the model cut into K*v stages placed in a loop (stage s on
+// worker s % K). Micro-batches go through the chunks in rounds of K; each
+// worker warms up with (v-1)*K + 2*(K-1-w) forwards, then alternates one
+// forward and one backward. For equal costs the bubble is (K-1)/v of one
+// micro-batch's time through the model: v times smaller than 1F1B's, for
+// v times more transfers. Needs v >= 2 and M a multiple of K.
+Schedule make_interleaved_1f1b(int num_workers, int chunks, int num_microbatches);
+
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024): 1F1B with each
+// backward split into I (input gradients, on the critical path) and W (weight
+// gradients). Stage k delays its W's by k backwards, which fill the cooldown's
+// bubble: for F = I = W the bubble is (K-1)(F + I - W), a third of 1F1B's.
+// Each stage holds up to K micro-batches until their W (1F1B: K-k).
+Schedule make_zb_h1(int num_stages, int num_microbatches);
+
+// Interleaved 1F1B with split backwards (torch.distributed.pipelining's
+// ScheduleInterleavedZeroBubble): the interleaved order with (v-1)*K + (K-1-w)
+// warm-up forwards, each worker's W's delayed by w backwards. Needs M a
+// multiple of K; with K >= 5 its channels must hold up to 4 messages
+// (PipelineOptions::channel_capacity).
+Schedule make_interleaved_zb(int num_workers, int chunks, int num_microbatches);
+
 // Inference: forwards only.
 Schedule make_forward_only(int num_stages, int num_microbatches);
 
-// By name, case-insensitive: see schedule_names(). Throws
-// std::invalid_argument for an unknown name, K < 1, M < 1, and vertical sync
-// asked of a method without it (only "pipedream" has it).
-Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync = false);
+// By name, case-insensitive: see schedule_names(). `num_workers` workers
+// each run `chunks` stages (chunks > 1: the interleaved schedules only; 0:
+// the schedule's default, 2 for interleaved ones, else 1).
+// Throws std::invalid_argument for an unknown name, K < 1, M < 1, chunks that
+// the schedule does not take, and vertical sync asked of a method without it
+// (only "pipedream" has it).
+Schedule make_schedule(const std::string& name, int num_workers, int num_microbatches, bool vertical_sync = false,
+                       int chunks = 0);
+
+// Whether the named schedule runs several chunks per worker (interleaved ones).
+bool is_interleaved(const std::string& name);
 
 // The names make_schedule() knows.
 const std::vector<std::string>& schedule_names();

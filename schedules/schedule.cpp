@@ -6,6 +6,15 @@
 
 namespace conveyor::schedules {
 
+bool Schedule::splits_backward() const {
+  for (const auto& line : stages) {
+    for (const Action& a : line) {
+      if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kWeight) return true;
+    }
+  }
+  return false;
+}
+
 size_t Schedule::num_actions() const {
   size_t n = 0;
   for (const auto& s : stages) n += s.size();
@@ -17,6 +26,7 @@ std::string Schedule::str() const {
   os << "# schedule " << (name.empty() ? "custom" : name) << " stages=" << num_stages
      << " microbatches=" << num_microbatches;
   if (stash == Stash::kInputs) os << " stash=inputs";
+  if (stash == Stash::kOffload) os << " stash=offload";
   if (weight_stashing) os << " weights=stashed";
   if (step_per_microbatch) os << " step=microbatch";
   if (vertical_sync) os << " sync=vertical";
@@ -69,7 +79,11 @@ void parse_field(const std::string& word, Schedule& s, int line_no) {
   } else if (key == "microbatches") {
     number(s.num_microbatches);
   } else if (key == "stash") {
-    s.stash = choice("inputs", "activations") ? Stash::kInputs : Stash::kActivations;
+    if (value == "offload") {
+      s.stash = Stash::kOffload;
+    } else {
+      s.stash = choice("inputs", "activations") ? Stash::kInputs : Stash::kActivations;
+    }
   } else if (key == "weights") {
     s.weight_stashing = choice("stashed", "live");
   } else if (key == "step") {
@@ -93,12 +107,29 @@ bool parse_header(const std::string& line, Schedule& s, int line_no) {
   return true;
 }
 
+// Each stage runs on the worker whose line names it first (validate() rejects
+// a stage named on two lines or on none). One stage per line, in order, is the
+// default placement and is left empty.
+void read_placement(Schedule& s) {
+  if (s.num_stages < 1 || s.num_stages > (1 << 20)) return;  // validate() names the count
+  std::vector<int> placement(s.num_stages, -1);
+  bool identity = s.num_workers() == s.num_stages;
+  for (int w = 0; w < s.num_workers(); ++w) {
+    for (const Action& a : s.stages[w]) {
+      if (a.stage < 0 || a.stage >= s.num_stages) continue;
+      if (placement[a.stage] < 0) placement[a.stage] = w;
+      identity = identity && a.stage == w;
+    }
+  }
+  if (!identity) s.placement = std::move(placement);
+}
+
 }  // namespace
 
 Schedule Schedule::parse(std::string_view text) {
   Schedule s;
   bool have_header = false;
-  int max_mb = -1, line_no = 0;
+  int max_mb = -1, max_stage = -1, line_no = 0;
   std::istringstream lines{std::string(text)};
   std::string line;
   while (std::getline(lines, line)) {
@@ -126,16 +157,28 @@ Schedule Schedule::parse(std::string_view text) {
         bad_line(line_no, e.what());
       }
       max_mb = std::max(max_mb, actions.back().microbatch);
+      max_stage = std::max(max_stage, actions.back().stage);
     }
     s.stages.push_back(std::move(actions));
     s.barriers.push_back(std::move(cuts));
   }
   if (s.stages.empty()) throw std::invalid_argument("schedule text has no action lines");
   if (std::all_of(s.barriers.begin(), s.barriers.end(), [](const auto& b) { return b.empty(); })) s.barriers.clear();
-  if (!have_header || s.num_stages == 0) s.num_stages = static_cast<int>(s.stages.size());
+  if (!have_header || s.num_stages == 0) s.num_stages = std::max(max_stage + 1, static_cast<int>(s.stages.size()));
   if (!have_header || s.num_microbatches == 0) s.num_microbatches = max_mb + 1;
   if (s.name.empty()) s.name = "custom";
+  read_placement(s);
   return s;
+}
+
+std::vector<Action> stage_actions(const Schedule& s, int k) {
+  std::vector<Action> out;
+  const int w = s.worker_of(k);
+  if (w < 0 || w >= s.num_workers()) return out;
+  for (const Action& a : s.stages[w]) {
+    if (a.stage == k) out.push_back(a);
+  }
+  return out;
 }
 
 std::vector<std::vector<int>> forward_versions(const Schedule& s) {

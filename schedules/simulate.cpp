@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 
 namespace conveyor::schedules {
 
@@ -12,78 +13,119 @@ StageCosts StageCosts::uniform(int num_stages, double forward, double backward, 
   return StageCosts{std::vector<double>(num_stages, forward), std::vector<double>(num_stages, backward), transfer};
 }
 
+namespace {
+
+// Finished-time keys: (stage, what, micro-batch). 'F': the forward's output is
+// ready; 'G': the backward's input gradient is ready (B or I); 'I': an I
+// ended (its W may start).
+using Key = std::tuple<int, char, int>;
+
+}  // namespace
+
 Simulation simulate(const Schedule& s, const StageCosts& costs) {
-  const int num = s.num_stages;
+  const int num = s.num_stages, workers = s.num_workers();
   if (static_cast<int>(costs.forward.size()) != num || static_cast<int>(costs.backward.size()) != num) {
     throw ScheduleError("simulate: costs are given for " + std::to_string(costs.forward.size()) + " forward and " +
                         std::to_string(costs.backward.size()) + " backward stages, the schedule has " +
                         std::to_string(num));
   }
-  // When each (stage, kind, micro-batch) finished.
-  std::map<std::tuple<int, char, int>, double> finished;
-  std::vector<size_t> pc(num, 0);
-  std::vector<double> free_at(num, 0.0);
+  std::map<Key, double> finished;
+  std::vector<size_t> pc(workers, 0);
+  std::vector<double> free_at(workers, 0.0);
   Simulation sim;
-  sim.busy.assign(num, 0.0);
+  sim.busy.assign(workers, 0.0);
   sim.peak_inflight.assign(num, 0);
-  sim.timeline.resize(num);
+  sim.timeline.resize(workers);
   std::vector<int> inflight(num, 0);
 
   // Ready time of an action's input, or a negative value if not yet known.
   const auto ready = [&](const Action& a) -> double {
+    const auto at = [&](const Key& key, double plus) {
+      const auto it = finished.find(key);
+      return it == finished.end() ? -1.0 : it->second + plus;
+    };
+    if (a.kind == ActionKind::kWeight) return at({a.stage, 'I', a.microbatch}, 0.0);
     const bool fwd = a.kind == ActionKind::kForward;
     const int from = fwd ? a.stage - 1 : a.stage + 1;
     if (from < 0 || from >= num) {
       if (fwd) return 0.0;
-      const auto it = finished.find({a.stage, 'F', a.microbatch});  // the loss: after our own forward
-      return it == finished.end() ? -1.0 : it->second;
+      return at({a.stage, 'F', a.microbatch}, 0.0);  // the loss: after our own forward
     }
-    const auto it = finished.find({from, static_cast<char>(a.kind), a.microbatch});
-    return it == finished.end() ? -1.0 : it->second + costs.transfer_after(std::min(from, a.stage));
+    return at({from, fwd ? 'F' : 'G', a.microbatch}, costs.transfer_after(std::min(from, a.stage)));
+  };
+  const auto cost = [&](const Action& a) {
+    const int k = a.stage;
+    const double replay = replays_forward(s.stash) ? costs.forward[k] : 0.0;
+    switch (a.kind) {
+      case ActionKind::kForward:
+        return costs.forward[k];
+      case ActionKind::kBackward:
+        return costs.backward[k] + replay;
+      case ActionKind::kBackwardInput:
+        return costs.backward[k] - costs.weight_of(k) + replay;
+      case ActionKind::kWeight:
+        return costs.weight_of(k);
+    }
+    return 0.0;
   };
 
-  const bool replay = s.stash == Stash::kInputs;
-  std::vector<size_t> barriers_passed(num, 0);
-  const auto at_barrier = [&](int k) {
-    return !s.barriers.empty() && barriers_passed[k] < s.barriers[k].size() &&
-           s.barriers[k][barriers_passed[k]] == pc[k];
+  std::vector<size_t> barriers_passed(workers, 0);
+  const auto at_barrier = [&](int w) {
+    return !s.barriers.empty() && barriers_passed[w] < s.barriers[w].size() &&
+           s.barriers[w][barriers_passed[w]] == pc[w];
   };
   size_t remaining = s.num_actions();
   while (remaining > 0 || (!s.barriers.empty() && barriers_passed[0] < s.barriers[0].size())) {
     bool progressed = false;
     bool all_at_barrier = !s.barriers.empty();
-    for (int k = 0; k < num; ++k) all_at_barrier = all_at_barrier && at_barrier(k);
+    for (int w = 0; w < workers; ++w) all_at_barrier = all_at_barrier && at_barrier(w);
     if (all_at_barrier) {
       const double release = *std::max_element(free_at.begin(), free_at.end());
-      for (int k = 0; k < num; ++k) {
-        free_at[k] = release;
-        ++barriers_passed[k];
+      for (int w = 0; w < workers; ++w) {
+        free_at[w] = release;
+        ++barriers_passed[w];
       }
       progressed = true;
     }
-    for (int k = 0; k < num; ++k) {
-      while (pc[k] < s.stages[k].size() && !at_barrier(k)) {
-        const Action& a = s.stages[k][pc[k]];
+    for (int w = 0; w < workers; ++w) {
+      while (pc[w] < s.stages[w].size() && !at_barrier(w)) {
+        const Action& a = s.stages[w][pc[w]];
         const double input = ready(a);
         if (input < 0) break;
-        const bool fwd = a.kind == ActionKind::kForward;
-        const double start = std::max(free_at[k], input);
-        const double end = start + (fwd ? costs.forward[k] : costs.backward[k] + (replay ? costs.forward[k] : 0.0));
-        finished[{k, static_cast<char>(a.kind), a.microbatch}] = end;
-        free_at[k] = end;
-        sim.busy[k] += end - start;
-        sim.timeline[k].push_back({a, start, end});
-        inflight[k] += fwd ? 1 : -1;
+        const int k = a.stage;
+        const double start = std::max(free_at[w], input);
+        const double end = start + cost(a);
+        switch (a.kind) {
+          case ActionKind::kForward:
+            finished[{k, 'F', a.microbatch}] = end;
+            ++inflight[k];
+            break;
+          case ActionKind::kBackwardInput:
+            finished[{k, 'I', a.microbatch}] = end;
+            finished[{k, 'G', a.microbatch}] = end;
+            break;
+          case ActionKind::kBackward:
+            finished[{k, 'G', a.microbatch}] = end;
+            --inflight[k];
+            break;
+          case ActionKind::kWeight:
+            --inflight[k];
+            break;
+        }
+        free_at[w] = end;
+        sim.busy[w] += end - start;
+        sim.timeline[w].push_back({a, start, end});
         sim.peak_inflight[k] = std::max(sim.peak_inflight[k], inflight[k]);
-        ++pc[k];
+        ++pc[w];
         --remaining;
         progressed = true;
       }
     }
     if (!progressed) {
-      for (int k = 0; k < num; ++k) {
-        if (pc[k] < s.stages[k].size()) {
-          throw ScheduleError("simulate: stage " + std::to_string(k) + " waits forever at " + s.stages[k][pc[k]].str() +
+      for (int w = 0; w < workers; ++w) {
+        if (pc[w] < s.stages[w].size()) {
+          throw ScheduleError("simulate: " + std::string(s.has_virtual_stages() ? "worker " : "stage ") +
+                              std::to_string(w) + " waits forever at " + s.stages[w][pc[w]].str() +
                               ": the action it depends on never runs first");
         }
       }
@@ -93,7 +135,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   double busy = 0;
   for (double b : sim.busy) busy += b;
-  sim.bubble_fraction = sim.makespan > 0 ? 1.0 - busy / (num * sim.makespan) : 0.0;
+  sim.bubble_fraction = sim.makespan > 0 ? 1.0 - busy / (workers * sim.makespan) : 0.0;
   return sim;
 }
 

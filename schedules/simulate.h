@@ -1,11 +1,12 @@
 #pragma once
-// simulate(): prices a schedule without running it. Each stage runs its
-// actions in order, an action starts when its stage is free and its input has
+// simulate(): prices a schedule without running it. Each worker runs its line
+// in order, an action starts when its worker is free and its input has
 // arrived (forward: the previous stage's forward of that micro-batch plus a
-// transfer; backward: the next stage's backward plus a transfer), and takes
-// its stage's cost. A backward of a schedule that stashes inputs only first
-// replays the forward, so it costs forward + backward. At a lock-step barrier
-// every stage waits for the slowest. Channels are taken as unbounded:
+// transfer; backward: the next stage's backward plus a transfer; W: its own
+// I), and takes its stage's cost. A backward of a schedule that stashes inputs
+// only first replays the forward, so it costs forward + backward. A split
+// backward costs backward - weight (I) and weight (W). At a lock-step barrier
+// every worker waits for the slowest. Channels are taken as unbounded:
 // validate() is what checks blocking. Feed measured per-stage costs and link
 // times to predict multi-device runs.
 
@@ -23,8 +24,12 @@ struct StageCosts {
   // micro-batch's activations across it, and its gradients back. Overrides
   // `transfer` where given (a measured link and the boundary's bytes).
   std::vector<double> transfers;
+  // Per stage: the share of `backward` that computes the weight gradients (a
+  // W's cost). Empty: half the backward.
+  std::vector<double> weight;
 
   double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
+  double weight_of(int k) const { return k < static_cast<int>(weight.size()) ? weight[k] : backward[k] / 2; }
 
   // The same forward and backward cost on every stage.
   static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);
@@ -38,11 +43,11 @@ struct ActionTiming {
 
 struct Simulation {
   double makespan = 0;
-  // 1 - sum(busy) / (K * makespan): the share of stage-time spent idle.
+  // 1 - sum(busy) / (workers * makespan): the share of worker-time spent idle.
   double bubble_fraction = 0;
-  std::vector<double> busy;                         // per stage
-  std::vector<int> peak_inflight;                   // per stage: most forwards not yet matched by their backward
-  std::vector<std::vector<ActionTiming>> timeline;  // per stage, in order
+  std::vector<double> busy;                         // per worker (= per stage without virtual stages)
+  std::vector<int> peak_inflight;                   // per stage: most forwards not yet freed by a B or W
+  std::vector<std::vector<ActionTiming>> timeline;  // per worker, in order
 };
 
 // Throws ScheduleError (see validate.h) when costs do not cover every stage or

@@ -19,11 +19,11 @@ std::vector<int64_t> peak_stash_bytes(const Schedule& s, const std::vector<std::
                                   std::to_string(s.num_microbatches));
     }
     int64_t held = 0;
-    for (const Action& a : s.stages[k]) {
+    for (const Action& a : stage_actions(s, k)) {
       if (a.kind == ActionKind::kForward) {
         held += bytes[k][a.microbatch];
         peaks[k] = std::max(peaks[k], held);
-      } else {
+      } else if (a.kind != ActionKind::kBackwardInput) {  // a split backward frees at its W
         held -= bytes[k][a.microbatch];
       }
     }

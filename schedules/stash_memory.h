@@ -1,7 +1,8 @@
 #pragma once
 // What a schedule keeps between forwards and backwards, in bytes. A stage
 // stashes micro-batch mb's entry when its forward of mb ends and frees it when
-// its backward of mb begins, in the order the schedule lists its actions, so
+// its backward of mb begins (a split backward: its W), in the order the
+// schedule lists its actions, so
 // the peak is a property of the schedule and the entries' sizes alone:
 // deterministic, and equal to what the runtime reports
 // (StepResult::peak_stash_bytes) when the sizes are the runtime's.

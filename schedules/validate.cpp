@@ -1,11 +1,11 @@
 #include "schedules/validate.h"
 
+#include "schedules/blocking_replay.h"
+
 #include <algorithm>
-#include <map>
 #include <set>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace conveyor::schedules {
@@ -24,180 +24,129 @@ std::string where(const Action& a, int position) {
 void check_shape(const Schedule& s) {
   if (s.num_stages < 1) fail("it has " + std::to_string(s.num_stages) + " stages");
   if (s.num_microbatches < 1) fail("it has " + std::to_string(s.num_microbatches) + " micro-batches");
-  if (static_cast<int>(s.stages.size()) != s.num_stages) {
+  if (s.num_workers() > s.num_stages) {
     fail("it declares " + std::to_string(s.num_stages) + " stages but lists actions for " +
-         std::to_string(s.stages.size()));
+         std::to_string(s.num_workers()) + " workers");
+  }
+  if (static_cast<size_t>(s.num_stages) > s.num_actions()) {
+    fail("it declares " + std::to_string(s.num_stages) + " stages but has only " + std::to_string(s.num_actions()) +
+         " actions: every stage needs a worker whose line runs it");
+  }
+  if (!s.placement.empty() && static_cast<int>(s.placement.size()) != s.num_stages) {
+    fail("its placement names " + std::to_string(s.placement.size()) + " stages, it has " +
+         std::to_string(s.num_stages));
+  }
+  if (s.placement.empty() && s.has_virtual_stages()) {
+    fail("it has " + std::to_string(s.num_stages) + " stages on " + std::to_string(s.num_workers()) +
+         " workers but no placement");
+  }
+  for (int w = 0; w < s.num_workers(); ++w) {
+    for (int i = 0; i < static_cast<int>(s.stages[w].size()); ++i) {
+      const Action& a = s.stages[w][i];
+      if (a.stage < 0 || a.stage >= s.num_stages) {
+        fail(where(a, i) + ": stage out of range [0, " + std::to_string(s.num_stages) + ")");
+      }
+      if (s.worker_of(a.stage) != w) {
+        fail(where(a, i) + " is listed for " + (s.has_virtual_stages() ? "worker " : "stage ") + std::to_string(w) +
+             (s.has_virtual_stages() ? ", but stage " + std::to_string(a.stage) + " runs on worker " +
+                                           std::to_string(s.worker_of(a.stage)) + " (a stage runs on one worker)"
+                                     : ""));
+      }
+    }
+  }
+  std::vector<bool> hosts(s.num_workers(), false);
+  for (int k = 0; k < s.num_stages; ++k) {
+    const int w = s.worker_of(k);
+    if (w < 0 || w >= s.num_workers()) {
+      fail("stage " + std::to_string(k) + " is placed on no worker (no line runs its actions)");
+    }
+    hosts[w] = true;
+  }
+  for (int w = 0; w < s.num_workers(); ++w) {
+    if (!hosts[w]) fail("worker " + std::to_string(w) + " runs no stage");
   }
 }
 
-// Per stage: each action in range, once, and every backward after its forward.
+// Per stage: each action in range, once; every backward after its forward;
+// a split backward's W after its I, and never after a whole B.
 void check_actions(const Schedule& s, bool require_backward) {
-  for (int k = 0; k < s.num_stages; ++k) {
-    std::set<int> forwarded, backwarded;
-    for (int i = 0; i < static_cast<int>(s.stages[k].size()); ++i) {
-      const Action& a = s.stages[k][i];
-      if (a.stage != k) fail(where(a, i) + " is listed for stage " + std::to_string(k));
+  struct Seen {
+    std::set<int> forward, backward, input, weight;
+  };
+  std::vector<Seen> seen(s.num_stages);
+  for (int w = 0; w < s.num_workers(); ++w) {
+    for (int i = 0; i < static_cast<int>(s.stages[w].size()); ++i) {
+      const Action& a = s.stages[w][i];
+      const int k = a.stage;
       if (a.microbatch < 0 || a.microbatch >= s.num_microbatches) {
         fail(where(a, i) + ": micro-batch out of range [0, " + std::to_string(s.num_microbatches) + ")");
       }
-      std::set<int>& done = a.kind == ActionKind::kForward ? forwarded : backwarded;
-      if (!done.insert(a.microbatch).second) fail(where(a, i) + " is repeated");
-      if (a.kind == ActionKind::kBackward && !forwarded.count(a.microbatch)) {
-        fail(where(a, i) + ": backward before its forward " + Action{k, ActionKind::kForward, a.microbatch}.str());
+      Seen& st = seen[k];
+      const Action forward{k, ActionKind::kForward, a.microbatch};
+      switch (a.kind) {
+        case ActionKind::kForward:
+          if (!st.forward.insert(a.microbatch).second) fail(where(a, i) + " is repeated");
+          break;
+        case ActionKind::kBackward:
+        case ActionKind::kBackwardInput:
+          if (!st.backward.insert(a.microbatch).second) {
+            fail(where(a, i) + " is repeated (micro-batch " + std::to_string(a.microbatch) +
+                 "'s backward already ran on stage " + std::to_string(k) + ")");
+          }
+          if (!st.forward.count(a.microbatch)) fail(where(a, i) + ": backward before its forward " + forward.str());
+          if (a.kind == ActionKind::kBackwardInput) st.input.insert(a.microbatch);
+          break;
+        case ActionKind::kWeight:
+          if (!st.weight.insert(a.microbatch).second) fail(where(a, i) + " is repeated");
+          if (!st.input.count(a.microbatch)) {
+            const Action input{k, ActionKind::kBackwardInput, a.microbatch};
+            if (st.backward.count(a.microbatch)) {
+              fail(where(a, i) + ": the backward of micro-batch " + std::to_string(a.microbatch) +
+                   " was whole (B), so no weight gradient is left for a W (split it: I, then W)");
+            }
+            fail(where(a, i) + ": weight backward before its input backward " + input.str());
+          }
+          break;
       }
     }
+  }
+  for (int k = 0; k < s.num_stages; ++k) {
     for (int mb = 0; mb < s.num_microbatches; ++mb) {
-      if (!forwarded.count(mb)) {
+      if (!seen[k].forward.count(mb)) {
         fail("stage " + std::to_string(k) + " never runs the forward of micro-batch " + std::to_string(mb) +
              " (no action " + Action{k, ActionKind::kForward, mb}.str() + ")");
       }
-      if (require_backward && !backwarded.count(mb)) {
+      if (require_backward && !seen[k].backward.count(mb)) {
         fail("stage " + std::to_string(k) + " never runs the backward of micro-batch " + std::to_string(mb) +
              " (no action " + Action{k, ActionKind::kBackward, mb}.str() + ")");
+      }
+      if (seen[k].input.count(mb) && !seen[k].weight.count(mb)) {
+        fail("stage " + std::to_string(k) + " never runs the weight backward of micro-batch " + std::to_string(mb) +
+             " (no action " + Action{k, ActionKind::kWeight, mb}.str() + " after its " +
+             Action{k, ActionKind::kBackwardInput, mb}.str() + ")");
       }
     }
   }
 }
-
-// Replays the schedule under the runtime's blocking rules: an action first
-// receives (forward: the activation from k-1; backward: the gradient from
-// k+1), then sends (forward to k+1, backward to k-1). A send waits while the
-// channel holds `capacity` undelivered messages; with capacity 0 it also
-// waits until its message is taken. If no stage can move and some have
-// actions left, the schedule deadlocks.
-class BlockingReplay {
- public:
-  BlockingReplay(const Schedule& s, int capacity) : s_(s), capacity_(capacity), state_(s.num_stages) {}
-
-  void run() {
-    bool progressed = true;
-    while (progressed) {
-      progressed = false;
-      for (int k = 0; k < s_.num_stages; ++k) {
-        while (step(k)) progressed = true;
-      }
-      progressed = pass_barrier() || progressed;
-    }
-    std::ostringstream stuck;
-    for (int k = 0; k < s_.num_stages; ++k) {
-      const bool barrier = at_barrier(k);
-      if (!barrier && state_[k].pc >= s_.stages[k].size()) continue;
-      stuck << (stuck.tellp() > 0 ? "; " : "") << "stage " << k;
-      if (barrier) {
-        stuck << " waits at barrier " << state_[k].barriers_passed << " for the other stages";
-      } else {
-        stuck << " blocks at " << s_.stages[k][state_[k].pc].str() << " " << waiting_for(k);
-      }
-    }
-    if (stuck.tellp() > 0) {
-      fail("it deadlocks under blocking transfers with channel capacity " + std::to_string(capacity_) + ": " +
-           stuck.str());
-    }
-  }
-
- private:
-  enum class Phase { kReceive, kSend, kAwaitTake };
-  struct StageState {
-    size_t pc = 0;
-    Phase phase = Phase::kReceive;
-    size_t barriers_passed = 0;
-  };
-
-  // True when stage k's next move is to wait at its next barrier.
-  bool at_barrier(int k) const {
-    const StageState& st = state_[k];
-    return !s_.barriers.empty() && st.barriers_passed < s_.barriers[k].size() &&
-           s_.barriers[k][st.barriers_passed] == st.pc && st.phase == Phase::kReceive;
-  }
-
-  // Lets every stage through its next barrier once all stand at it.
-  bool pass_barrier() {
-    if (s_.barriers.empty()) return false;
-    for (int k = 0; k < s_.num_stages; ++k) {
-      if (!at_barrier(k)) return false;
-    }
-    for (auto& st : state_) ++st.barriers_passed;
-    return true;
-  }
-  // A channel: (from, to, is_gradient) -> undelivered micro-batches.
-  using Key = std::tuple<int, int, bool>;
-
-  bool forward(const Action& a) const { return a.kind == ActionKind::kForward; }
-  int source(const Action& a) const { return forward(a) ? a.stage - 1 : a.stage + 1; }
-  int dest(const Action& a) const { return forward(a) ? a.stage + 1 : a.stage - 1; }
-  bool exists(int stage) const { return stage >= 0 && stage < s_.num_stages; }
-
-  bool step(int k) {
-    StageState& st = state_[k];
-    if (at_barrier(k) || st.pc >= s_.stages[k].size()) return false;
-    const Action& a = s_.stages[k][st.pc];
-    switch (st.phase) {
-      case Phase::kReceive: {
-        if (exists(source(a))) {
-          auto& box = channels_[Key{source(a), k, !forward(a)}];
-          if (!box.erase(a.microbatch)) return false;
-        }
-        st.phase = Phase::kSend;
-        return true;
-      }
-      case Phase::kSend: {
-        if (exists(dest(a))) {
-          auto& box = channels_[Key{k, dest(a), !forward(a)}];
-          if (static_cast<int>(box.size()) >= std::max(capacity_, 1)) return false;
-          box.insert(a.microbatch);
-          if (capacity_ == 0) {
-            st.phase = Phase::kAwaitTake;
-            return true;
-          }
-        }
-        break;
-      }
-      case Phase::kAwaitTake: {
-        if (channels_[Key{k, dest(a), !forward(a)}].count(a.microbatch)) return false;
-        break;
-      }
-    }
-    ++st.pc;
-    st.phase = Phase::kReceive;
-    return true;
-  }
-
-  std::string waiting_for(int k) const {
-    const Action& a = s_.stages[k][state_[k].pc];
-    const char* what = forward(a) ? "activation" : "gradient";
-    std::ostringstream os;
-    switch (state_[k].phase) {
-      case Phase::kReceive:
-        os << "waiting for the " << what << " of micro-batch " << a.microbatch << " from stage " << source(a);
-        break;
-      case Phase::kSend:
-        os << "sending the " << what << " of micro-batch " << a.microbatch << " to stage " << dest(a)
-           << " (channel full)";
-        break;
-      case Phase::kAwaitTake:
-        os << "waiting for stage " << dest(a) << " to take the " << what << " of micro-batch " << a.microbatch;
-        break;
-    }
-    return os.str();
-  }
-
-  const Schedule& s_;
-  int capacity_;
-  std::vector<StageState> state_;
-  std::map<Key, std::set<int>> channels_;
-};
 
 }  // namespace
 
 // Declarations that contradict each other or the action lists.
 void check_declarations(const Schedule& s) {
+  if (!s.synchronous() && s.has_virtual_stages()) {
+    fail("it puts several stages on one worker, which only a synchronous schedule may (step=batch): an update per "
+         "micro-batch would need a weight version per stage and worker");
+  }
+  if (!s.synchronous() && s.splits_backward()) {
+    fail("it splits backwards into I and W, which only a synchronous schedule may (step=batch)");
+  }
   if (s.vertical_sync && !s.weight_stashing) fail("vertical sync is declared without weight stashing");
   if (s.weight_stashing && !s.step_per_microbatch) {
     fail("weight stashing is declared but the optimizer steps once per batch: there are no versions to stash");
   }
   if (!s.barriers.empty()) {
-    if (static_cast<int>(s.barriers.size()) != s.num_stages) fail("barriers are given for some stages only");
-    for (int k = 0; k < s.num_stages; ++k) {
+    if (static_cast<int>(s.barriers.size()) != s.num_workers()) fail("barriers are given for some stages only");
+    for (int k = 0; k < s.num_workers(); ++k) {
       if (s.barriers[k].size() != s.barriers[0].size()) {
         fail("stage " + std::to_string(k) + " has " + std::to_string(s.barriers[k].size()) + " barriers, stage 0 has " +
              std::to_string(s.barriers[0].size()) + ": every stage must meet every barrier");
@@ -230,7 +179,7 @@ void validate(const Schedule& schedule, const ValidateOptions& options) {
   check_actions(schedule, options.require_backward);
   check_declarations(schedule);
   if (options.channel_capacity < 0) fail("channel capacity " + std::to_string(options.channel_capacity) + " < 0");
-  BlockingReplay(schedule, options.channel_capacity).run();
+  replay_blocking(schedule, options.channel_capacity);
 }
 
 }  // namespace conveyor::schedules
