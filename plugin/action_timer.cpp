@@ -37,6 +37,7 @@ void ActionTimer::end(const schedules::Action& action, double waited_before, dou
   const double start_us = microseconds(begun_ - step_start_) + waited_before * 1e6;
   const double end_us = std::max(start_us, microseconds(Clock::now() - step_start_) - waited_after * 1e6);
   busy_seconds_ += (end_us - start_us) * 1e-6;
+  stage_busy_[action.stage] += (end_us - start_us) * 1e-6;
   if (trace_on_) trace_.push_back(TraceEvent{action, start_us, end_us});
 }
 
@@ -46,8 +47,14 @@ void ActionTimer::finish() {
     const double s = base_us_ + 1000.0 * origin_->elapsedTime(events_[i].first);
     const double e = base_us_ + 1000.0 * origin_->elapsedTime(events_[i].second);
     busy_seconds_ += (e - s) * 1e-6;
+    stage_busy_[timed_[i].stage] += (e - s) * 1e-6;
     trace_.push_back(TraceEvent{timed_[i], s, e});
   }
+}
+
+double ActionTimer::busy_seconds(int stage) const {
+  const auto it = stage_busy_.find(stage);
+  return it == stage_busy_.end() ? 0.0 : it->second;
 }
 
 }  // namespace conveyor

@@ -12,6 +12,7 @@
 #include <c10/core/Stream.h>
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -34,6 +35,8 @@ class ActionTimer {
   void finish();
 
   double busy_seconds() const { return busy_seconds_; }
+  // The part of it spent on stage k's actions (a worker may run several).
+  double busy_seconds(int stage) const;
   std::vector<TraceEvent>& trace() { return trace_; }
 
  private:
@@ -46,6 +49,7 @@ class ActionTimer {
   std::vector<std::pair<c10::Event, c10::Event>> events_;
   std::vector<schedules::Action> timed_;
   double busy_seconds_ = 0;
+  std::map<int, double> stage_busy_;
   std::vector<TraceEvent> trace_;
 };
 

@@ -38,4 +38,15 @@ StashEntry ActivationStash::take(int mb) {
   return entry;
 }
 
+StashEntry& ActivationStash::at(int mb) {
+  StashEntry* entry = find(mb);
+  TORCH_CHECK(entry != nullptr, "no stashed forward for micro-batch ", mb);
+  return *entry;
+}
+
+StashEntry* ActivationStash::find(int mb) {
+  auto it = entries_.find(mb);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
 }  // namespace conveyor

@@ -3,17 +3,20 @@
 // a forward and its backward, within one step, and the peaks a StepResult
 // reports. What goes into an entry is the schedule's declaration
 // (schedules::Stash): the forward's graph, or only its input (the backward
-// replays the forward, as features replay does).
+// replays the forward, as features replay does), possibly waiting in host
+// memory (offloaded). A split backward keeps the entry from its I to its W.
 
 #include "plugin/stage.h"
 #include "plugin/stage_random.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace conveyor {
 
@@ -30,6 +33,20 @@ struct StashEntry {
   std::shared_ptr<WeightVersion> weights;    // the version the forward read (weight stashing)
   std::optional<StageRandom::State> random;  // where the stage's streams stood (a replay with stage_rng)
   int64_t bytes = 0;                         // the input and output tensors held for this micro-batch
+
+  // --- split backwards (I then W) ---
+  // Every layer's outputs (Stage::forward), and after the I their gradients,
+  // from which the W computes each layer's weight gradients.
+  std::vector<Tensors> layer_outputs;
+  std::vector<Tensors> layer_grads;
+  bool input_backward_done = false;
+
+  // --- offloading (schedules::Stash::kOffload, on an accelerator) ---
+  // `inputs` are in pinned host memory; a prefetch copies them back on the
+  // stage's side stream into `prefetched`, complete once `prefetched_ready` is.
+  bool offloaded = false;
+  Tensors prefetched;
+  std::optional<c10::Event> prefetched_ready;
 };
 
 class ActivationStash {
@@ -37,6 +54,10 @@ class ActivationStash {
   void put(int mb, StashEntry entry);
   // Takes micro-batch mb's entry out; throws when its forward stashed none.
   StashEntry take(int mb);
+  // Micro-batch mb's entry, left in place (an I, a prefetch); throws when
+  // there is none. `find` returns null instead.
+  StashEntry& at(int mb);
+  StashEntry* find(int mb);
 
   int peak_inflight() const { return peak_inflight_; }
   int peak_activations() const { return peak_activations_; }

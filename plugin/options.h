@@ -49,25 +49,43 @@ enum class UpdateUnit {
 };
 
 struct PipelineOptions {
-  // Number of stages K. 0 means: boundaries().size() + 1 if boundaries are
-  // given, else devices().size() if more than one device is given, else 1.
+  // Number of stages K: worker threads, one per device (or process). 0
+  // means: (boundaries().size() + 1) / chunks if boundaries are given, else
+  // devices().size() if more than one device is given, else 1.
   TORCH_ARG(int, stages) = 0;
+  // Model chunks per stage (virtual stages): the model is cut into
+  // stages() * chunks() pieces, piece p running on stage p % K (interleaved
+  // schedules). 0: the schedule's own, 2 for "interleaved" and
+  // "zb-interleaved", 1 for the others (which take only 1). With several
+  // chunks, Pipeline::num_stages() counts pieces, and boundaries() cut pieces.
+  TORCH_ARG(int, chunks) = 0;
   // Number of micro-batches M a batch is split into along batch_dim().
   TORCH_ARG(int, microbatches) = 1;
-  // Schedule name: "sequential", "gpipe", "1f1b" (synchronous: exact
-  // gradients of the whole batch) or "pipedream", "ddg", "fr" (asynchronous:
-  // every micro-batch is a mini-batch with its own update on every stage;
-  // the pipeline fills and drains within each train_step). See
-  // schedules/generators.h.
+  // Schedule name: "sequential", "gpipe", "1f1b", "interleaved",
+  // "zb-h1", "zb-interleaved" (synchronous: exact gradients of the whole
+  // batch) or "pipedream", "ddg", "fr" (asynchronous: every micro-batch is a
+  // mini-batch with its own update on every stage; the pipeline fills and
+  // drains within each train_step). See schedules/generators.h.
   TORCH_ARG(std::string, schedule) = "1f1b";
+  // Activation recomputation: each stage keeps only its inputs between a
+  // forward and its backward, which replays the forward first (synchronous
+  // schedules; exact gradients, random layers replayed with stage_rng()).
+  TORCH_ARG(bool, recompute) = false;
+  // Recomputation whose kept inputs wait in pinned host memory: copied out
+  // on a side stream after the forward, back ahead of the backward. On a CPU
+  // stage it is recomputation alone (the inputs already live in host memory).
+  TORCH_ARG(bool, offload) = false;
   // PipeDream only: every stage's forward of a micro-batch uses the weight
   // version stage 0's forward used. Asking it of another schedule is an error.
   TORCH_ARG(bool, vertical_sync) = false;
-  // A schedule in text form (schedules::Schedule::parse); overrides schedule()
-  // when not empty. Its stage and micro-batch counts must match the options'.
+  // A schedule in text form (schedules::Schedule::parse), or
+  // torch.distributed.pipelining's CSV (a row of actions per rank); overrides
+  // schedule() when not empty. Its lines are the stages (workers) and name
+  // the pieces they run; its counts must match the options'.
   TORCH_ARG(std::string, schedule_text) = "";
   // Device of each stage: "cpu", "cuda", "cuda:N". One entry puts every stage
-  // on it; otherwise one per stage. Several stages may share a device. Empty: cpu.
+  // on it; otherwise one per stage (a stage's chunks share its device).
+  // Several stages may share a device. Empty: cpu.
   TORCH_ARG(std::vector<std::string>, devices) = {};
   // Explicit split points: the index of the first layer of stages 1..K-1,
   // strictly increasing, each in (0, number of layers). Overrides balance().

@@ -122,22 +122,62 @@ std::vector<c10::Device> stage_devices(const std::vector<std::string>& names, in
 
 namespace {
 
-int resolve_num_stages(const PipelineOptions& options) {
+// How many workers (PipelineOptions::stages) and pieces (stages of the
+// schedule: workers * chunks) the options ask for.
+struct Shape {
+  int workers = 1;
+  int pieces = 1;
+};
+
+schedules::Schedule parse_text(const PipelineOptions& options) {
+  try {
+    return schedules::Schedule::parse(options.schedule_text());
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(std::string("conveyor: ") + e.what());
+  }
+}
+
+Shape resolve_shape(const PipelineOptions& options) {
   if (options.stages() < 0) {
     throw std::invalid_argument("conveyor: the number of stages must be positive, got " +
                                 std::to_string(options.stages()));
   }
-  if (options.stages() > 0) {
-    if (!options.boundaries().empty() && options.boundaries().size() + 1 != static_cast<size_t>(options.stages())) {
-      throw std::invalid_argument("conveyor: " + std::to_string(options.boundaries().size()) + " boundaries define " +
-                                  std::to_string(options.boundaries().size() + 1) + " stages, but stages(" +
-                                  std::to_string(options.stages()) + ") was asked for");
-    }
-    return options.stages();
+  if (options.chunks() < 0) {
+    throw std::invalid_argument("conveyor: the number of chunks per stage must be positive, got " +
+                                std::to_string(options.chunks()));
   }
-  if (!options.boundaries().empty()) return static_cast<int>(options.boundaries().size()) + 1;
-  if (options.devices().size() > 1) return static_cast<int>(options.devices().size());
-  return 1;
+  const int b = static_cast<int>(options.boundaries().size());
+  if (!options.schedule_text().empty()) {
+    // The text says how many pieces there are and which stage runs each.
+    const schedules::Schedule s = parse_text(options);
+    if (options.stages() > 0 && options.stages() != s.num_workers()) {
+      std::ostringstream os;
+      os << "conveyor: the schedule is for " << s.num_workers() << " stages and " << s.num_microbatches
+         << " micro-batches, the pipeline has " << options.stages() << " stages and " << options.microbatches();
+      throw std::invalid_argument(os.str());
+    }
+    return Shape{s.num_workers(), s.num_stages};
+  }
+  const int v = options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+  if (options.stages() > 0) {
+    const Shape shape{options.stages(), options.stages() * v};
+    if (b > 0 && b + 1 != shape.pieces) {
+      throw std::invalid_argument("conveyor: " + std::to_string(b) + " boundaries define " + std::to_string(b + 1) +
+                                  " stages, but stages(" + std::to_string(options.stages()) + ")" +
+                                  (v > 1 ? " of " + std::to_string(v) + " chunks each" : "") + " was asked for" +
+                                  (v > 1 ? ": give " + std::to_string(shape.pieces - 1) + " boundaries" : ""));
+    }
+    return shape;
+  }
+  if (b > 0) {
+    if ((b + 1) % v != 0) {
+      throw std::invalid_argument("conveyor: " + std::to_string(b) + " boundaries define " + std::to_string(b + 1) +
+                                  " pieces, which do not make stages of " + std::to_string(v) + " chunks each");
+    }
+    return Shape{(b + 1) / v, b + 1};
+  }
+  const int workers = options.devices().size() > 1 ? static_cast<int>(options.devices().size()) : 1;
+  return Shape{workers, workers * v};
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {
@@ -148,21 +188,53 @@ int64_t parameter_count(const torch::nn::Module& module) {
 
 }  // namespace
 
+namespace {
+
+// A synchronous schedule's stash, as recompute() and offload() ask.
+void declare_stash(const PipelineOptions& options, schedules::Schedule& schedule) {
+  if (!options.recompute() && !options.offload()) return;
+  const char* what = options.offload() ? "offload" : "recompute";
+  if (!schedule.synchronous() && schedule.stash == schedules::Stash::kActivations) {
+    throw std::invalid_argument(std::string("conveyor: ") + what + " applies to synchronous schedules; '" +
+                                schedule.name + "' keeps each stage's graph and weight versions for its own staleness");
+  }
+  schedule.stash = options.offload() ? schedules::Stash::kOffload : schedules::Stash::kInputs;
+}
+
+// The smallest channel capacity (up to 16) at which `schedule` runs, or 0.
+int capacity_needed(const schedules::Schedule& schedule) {
+  for (int c = 1; c <= 16; ++c) {
+    try {
+      schedules::validate(schedule, schedules::ValidateOptions{c, true});
+      return c;
+    } catch (const std::exception&) {
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
   if (options.microbatches() < 1) {
     throw std::invalid_argument("conveyor: microbatches must be at least 1, got " +
                                 std::to_string(options.microbatches()));
   }
   schedules::Schedule schedule;
-  try {
-    if (options.schedule_text().empty()) {
-      schedule =
-          schedules::make_schedule(options.schedule(), num_stages, options.microbatches(), options.vertical_sync());
-    } else {
-      schedule = schedules::Schedule::parse(options.schedule_text());
+  if (options.schedule_text().empty()) {
+    const int v = options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+    if (num_stages % v != 0) {
+      throw std::invalid_argument("conveyor: " + std::to_string(num_stages) + " pieces do not make stages of " +
+                                  std::to_string(v) + " chunks each");
     }
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(std::string("conveyor: ") + e.what());
+    try {
+      schedule = schedules::make_schedule(options.schedule(), num_stages / v, options.microbatches(),
+                                          options.vertical_sync(), v);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(std::string("conveyor: ") + e.what());
+    }
+  } else {
+    schedule = parse_text(options);
   }
   if (schedule.num_stages != num_stages || schedule.num_microbatches != options.microbatches()) {
     std::ostringstream os;
@@ -170,10 +242,15 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
        << " micro-batches, the pipeline has " << num_stages << " stages and " << options.microbatches();
     throw std::invalid_argument(os.str());
   }
+  declare_stash(options, schedule);
   try {
     schedules::validate(schedule, schedules::ValidateOptions{options.channel_capacity(), true});
   } catch (const std::exception& e) {
-    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' cannot run on this pipeline: " + e.what());
+    std::string hint;
+    const int needed = std::string(e.what()).find("deadlocks") != std::string::npos ? capacity_needed(schedule) : 0;
+    if (needed > options.channel_capacity()) hint = " (it runs with channel_capacity(" + std::to_string(needed) + "))";
+    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' cannot run on this pipeline: " + e.what() +
+                                hint);
   }
   return schedule;
 }
@@ -181,7 +258,8 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
 StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options) {
   const int64_t num_layers = static_cast<int64_t>(model->size());
   if (num_layers == 0) throw std::invalid_argument("conveyor: the model is empty: a Sequential with no layers");
-  const int num_stages = resolve_num_stages(options);
+  const Shape shape = resolve_shape(options);
+  const int num_stages = shape.pieces;
   if (num_stages > num_layers) {
     throw std::invalid_argument("conveyor: " + std::to_string(num_stages) + " stages asked for a model of only " +
                                 std::to_string(num_layers) + " layers: every stage needs at least one layer");
@@ -209,7 +287,11 @@ StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions&
     }
   }
   check_boundaries(boundaries, num_layers);
-  const std::vector<c10::Device> devices = stage_devices(options.devices(), num_stages);
+  // One device per worker; a worker's pieces (the schedule's placement) share it.
+  const std::vector<c10::Device> worker_devices = stage_devices(options.devices(), shape.workers);
+  const schedules::Schedule schedule = build_schedule(options, num_stages);
+  std::vector<c10::Device> devices;
+  for (int k = 0; k < num_stages; ++k) devices.push_back(worker_devices[schedule.worker_of(k)]);
 
   StagePlan plan;
   plan.num_layers = num_layers;

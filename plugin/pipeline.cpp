@@ -57,6 +57,13 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int loc
                                 std::to_string(num_stages) + "-stage pipeline");
   }
   if (!transport) throw std::invalid_argument("conveyor: a pipeline with one local stage needs a transport");
+  const schedules::Schedule schedule = build_schedule(options_, num_stages);
+  if (schedule.has_virtual_stages()) {
+    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' runs " +
+                                std::to_string(schedule.num_stages) + " chunks on " +
+                                std::to_string(schedule.num_workers()) + " workers; a process runs one chunk, so " +
+                                "virtual stages run in one process (Pipeline) only");
+  }
   build(model, local_stage, std::move(transport));
 }
 
@@ -102,6 +109,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   runtime_options.trace = options_.trace();
   runtime_options.divergence_guard = options_.divergence_guard();
   runtime_options.learning_rate = options_.lr_schedule();
+  runtime_options.placement = schedule_.placement;
   std::vector<TiedParameter> ties;
   for (const TiedNames& names : tied) {
     TiedParameter tie;
@@ -283,7 +291,7 @@ Tensors Pipeline::forward(const Tensors& inputs) {
   StepData data;
   split(inputs, "input", shared, m, data.inputs);
   std::vector<Tensors> outputs;
-  runtime_->run(schedules::make_forward_only(num_stages(), m), data, &outputs);
+  runtime_->run(schedules::make_forward_only(num_stages(), m, schedule_.placement), data, &outputs);
   if (!is_local(num_stages() - 1)) return {};  // the output is in another process
   Tensors joined(outputs[0].size());
   for (size_t i = 0; i < joined.size(); ++i) {

@@ -92,7 +92,10 @@ class Pipeline {
   void train(bool on = true);
   void eval() { train(false); }
 
+  // Pieces of the model (stages of the schedule): stages() * chunks().
   int num_stages() const { return runtime_->num_stages(); }
+  // Worker threads (or processes): PipelineOptions::stages.
+  int num_workers() const { return schedule_.num_workers(); }
   // Whether this process runs stage k (every stage, unless built for one).
   bool is_local(int k) const { return runtime_->is_local(k); }
   const Stage& stage(int k) const { return runtime_->stage(k); }

@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -56,15 +57,45 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
         }
         return local;
       }()),
+      placement_([&] {
+        std::vector<int> placement = options.placement;
+        if (placement.empty()) {
+          for (size_t k = 0; k < stages_.size(); ++k) placement.push_back(static_cast<int>(k));
+        }
+        TORCH_CHECK(placement.size() == stages_.size(), "conveyor: the placement names ", placement.size(),
+                    " stages, the runtime has ", stages_.size());
+        return placement;
+      }()),
+      local_workers_([&] {
+        std::vector<int> workers;
+        for (int k : local_) {
+          if (std::find(workers.begin(), workers.end(), placement_[k]) == workers.end()) {
+            workers.push_back(placement_[k]);
+          }
+        }
+        std::sort(workers.begin(), workers.end());
+        return workers;
+      }()),
       transport_(std::move(transport)),
       streams_(stages_.size()),
+      side_streams_(stages_.size()),
       options_(std::move(options)),
-      workers_(static_cast<int>(local_.size())) {
-  // Each stage on an accelerator computes on its own stream, so stages that
-  // share a device can overlap and copies can overlap compute.
+      workers_(static_cast<int>(local_workers_.size())) {
+  // Each worker on an accelerator computes on its own stream, so workers that
+  // share a device can overlap and copies can overlap compute. A worker's
+  // stages share its device and its stream (their actions run in turn).
   for (int k : local_) {
     const c10::Device& d = stages_[k]->device();
-    if (!d.is_cpu()) streams_[k] = c10::impl::VirtualGuardImpl(d.type()).getStreamFromGlobalPool(d);
+    if (d.is_cpu()) continue;
+    for (int j : local_) {
+      if (j < k && placement_[j] == placement_[k]) {
+        TORCH_CHECK(stages_[j]->device() == d, "conveyor: stages ", j, " and ", k, " share worker ", placement_[k],
+                    " but not a device (", stages_[j]->device(), " and ", d, ")");
+        streams_[k] = streams_[j];
+      }
+    }
+    if (!streams_[k]) streams_[k] = c10::impl::VirtualGuardImpl(d.type()).getStreamFromGlobalPool(d);
+    side_streams_[k] = c10::impl::VirtualGuardImpl(d.type()).getStreamFromGlobalPool(d);
   }
 }
 
@@ -74,6 +105,10 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
               num);
   TORCH_CHECK(static_cast<int>(data.inputs.size()) == schedule.num_microbatches, "conveyor: ", data.inputs.size(),
               " micro-batches given to a schedule of ", schedule.num_microbatches);
+  for (int k = 0; k < num; ++k) {
+    TORCH_CHECK(schedule.worker_of(k) == placement_[k], "conveyor: schedule '", schedule.name, "' runs stage ", k,
+                " on worker ", schedule.worker_of(k), ", the pipeline placed it on worker ", placement_[k]);
+  }
   const bool training = data.loss_fn != nullptr;
   transport_->reset();
   // A step's backwards accumulate a tied parameter's gradient into each copy
@@ -90,9 +125,8 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   }
 
   const std::vector<std::exception_ptr> errors = workers_.run([&](int i) {
-    const int k = local_[i];
     try {
-      run_stage(k, schedule, data, ctx);
+      run_worker(local_workers_[i], schedule, data, ctx);
     } catch (const AbortedError&) {
       throw;
     } catch (...) {
@@ -155,45 +189,55 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     result.trace.push_back(std::move(st.trace));
     busy_total += st.busy_seconds;
   }
-  const int runs = static_cast<int>(local_.size());
+  const int runs = static_cast<int>(local_workers_.size());
   result.bubble_fraction = wall > 0 && runs > 0 ? std::max(0.0, 1.0 - busy_total / (runs * wall)) : 0.0;
   const auto& loss_sum = ctx.stages.back().loss_sum;
   result.loss = loss_sum.defined() ? loss_sum.item<double>() : std::numeric_limits<double>::quiet_NaN();
   return result;
 }
 
-void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, StepContext& ctx) {
+void Runtime::run_worker(int w, const Schedule& schedule, const StepData& data, StepContext& ctx) {
+  std::vector<int> mine;  // the stages this worker runs
+  for (int k : local_) {
+    if (placement_[k] == w) mine.push_back(k);
+  }
+  const std::optional<c10::Stream>& stream = streams_[mine.front()];
   std::optional<c10::StreamGuard> stream_guard;
-  if (streams_[k]) stream_guard.emplace(*streams_[k]);
+  if (stream) stream_guard.emplace(*stream);
   const bool training = data.loss_fn != nullptr;
   c10::AutoGradMode grad_mode(training);
-  auto& st = ctx.stages[k];
-  Stage& stage = *stages_[k];
-  if (training && schedule.weight_stashing) st.versions.begin(schedules::forward_versions(schedule)[k], stage);
-  ActionTimer timer(streams_[k], options_.trace, ctx.start);
+  if (training && schedule.weight_stashing) {
+    for (int k : mine) ctx.stages[k].versions.begin(schedules::forward_versions(schedule)[k], *stages_[k]);
+  }
+  ActionTimer timer(stream, options_.trace, ctx.start);
 
   const std::vector<size_t> no_barriers;
-  const auto& barriers = schedule.barriers.empty() ? no_barriers : schedule.barriers[k];
+  const auto& barriers = schedule.barriers.empty() ? no_barriers : schedule.barriers[w];
   size_t next_barrier = 0;
   const auto meet_barriers = [&](size_t position) {
     for (; next_barrier < barriers.size() && barriers[next_barrier] == position; ++next_barrier) {
-      transport_->barrier(k, static_cast<int>(next_barrier));
+      transport_->barrier(w, static_cast<int>(next_barrier));
     }
   };
 
-  const auto& actions = schedule.stages[k];
+  const auto& actions = schedule.stages[w];
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& action = actions[i];
+    const int k = action.stage;
+    auto& st = ctx.stages[k];
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
+    // An offloaded input comes back while this action computes.
+    if (schedule.stash == schedules::Stash::kOffload && i + 1 < actions.size() &&
+        schedules::is_backward(actions[i + 1].kind)) {
+      if (StashEntry* next = ctx.stages[actions[i + 1].stage].stash.find(actions[i + 1].microbatch)) {
+        prefetch(actions[i + 1].stage, *next);
+      }
+    }
     st.wait_in = st.wait_out = 0;
     timer.begin();
     try {
-      if (action.kind == ActionKind::kForward) {
-        forward(k, action.microbatch, schedule, data, ctx);
-      } else {
-        backward(k, action.microbatch, schedule, data, ctx);
-      }
+      run_action(action, schedule, data, ctx);
     } catch (const AbortedError&) {
       throw;
     } catch (const DivergenceError&) {
@@ -209,12 +253,30 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
   meet_barriers(actions.size());
 
   if (training && schedule.synchronous() && options_.divergence_guard) {
-    check_finite(k, -1, "gradient", stage.gradients(), schedule, "");
+    for (int k : mine) check_finite(k, -1, "gradient", stages_[k]->gradients(), schedule, "");
   }
-  if (streams_[k]) streams_[k]->synchronize();
+  if (stream) stream->synchronize();
   timer.finish();
-  st.busy_seconds = timer.busy_seconds();
-  st.trace = std::move(timer.trace());
+  for (int k : mine) ctx.stages[k].busy_seconds = timer.busy_seconds(k);
+  for (TraceEvent& e : timer.trace()) ctx.stages[e.action.stage].trace.push_back(e);
+}
+
+void Runtime::run_action(const Action& action, const Schedule& schedule, const StepData& data, StepContext& ctx) {
+  const int k = action.stage, mb = action.microbatch;
+  switch (action.kind) {
+    case ActionKind::kForward:
+      forward(k, mb, schedule, data, ctx);
+      break;
+    case ActionKind::kBackward:
+      backward(k, mb, schedule, data, ctx);
+      break;
+    case ActionKind::kBackwardInput:
+      backward_input(k, mb, schedule, data, ctx);
+      break;
+    case ActionKind::kWeight:
+      backward_weight(k, mb, ctx);
+      break;
+  }
 }
 
 void Runtime::check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,

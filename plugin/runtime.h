@@ -1,9 +1,11 @@
 #pragma once
 // Runtime: executes a Schedule over stages and a transport. It knows nothing of
-// which method produced the schedule: every stage thread walks its own action
-// list, and does what the schedule declares around each action (stash the
-// graph or only the input, read the live or a stashed weight version, step
-// the stage's optimizer after a backward, meet lock-step barriers).
+// which method produced the schedule: every worker thread walks its own action
+// list (the actions of the one stage it runs, or of several: virtual stages),
+// and does what the schedule declares around each action (stash the graph or
+// only the input, in device or host memory, read the live or a stashed weight
+// version, split a backward into input and weight gradients, step the stage's
+// optimizer after a backward, meet lock-step barriers).
 
 #include "plugin/activation_stash.h"
 #include "plugin/stage.h"
@@ -46,6 +48,10 @@ struct RuntimeOptions {
   bool divergence_guard = true;
   // Learning rate of a stage's n-th update; null leaves the optimizer's own.
   std::function<double(int64_t)> learning_rate;
+  // placement[k]: the worker (thread) that runs stage k; the schedules run
+  // must place stages the same way. Empty: one worker per stage. A worker's
+  // stages share its device and stream.
+  std::vector<int> placement;
 };
 
 class Runtime {
@@ -66,6 +72,7 @@ class Runtime {
   StepResult run(const schedules::Schedule& schedule, const StepData& data, std::vector<Tensors>* outputs = nullptr);
 
   int num_stages() const { return static_cast<int>(stages_.size()); }
+  int worker_of(int k) const { return placement_.at(k); }
   bool is_local(int k) const { return stages_.at(k) != nullptr; }
   const Stage& stage(int k) const { return *stages_.at(k); }
   Stage& stage(int k) { return *stages_.at(k); }
@@ -75,15 +82,32 @@ class Runtime {
 
  private:
   struct StepContext;
-  void run_stage(int k, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
+  // Worker w's line of the schedule (stages placed on it).
+  void run_worker(int w, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
+  void run_action(const schedules::Action& action, const schedules::Schedule& schedule, const StepData& data,
+                  StepContext& ctx);
   void forward(int k, int mb, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
   void backward(int k, int mb, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
+  // A split backward (runtime_split.cpp): I computes and sends the input
+  // gradients and keeps every layer's output gradients; W computes the
+  // weights' gradients from them, layer by layer.
+  void backward_input(int k, int mb, const schedules::Schedule& schedule, const StepData& data, StepContext& ctx);
+  void backward_weight(int k, int mb, StepContext& ctx);
+  // The gradients stage k+1 sent for micro-batch mb, checked against `roots`.
+  Tensors receive_gradients(int k, int mb, const Tensors& roots, StepContext& ctx);
+  void send_input_gradients(int k, int mb, const Tensors& inputs, StepContext& ctx);
+  // Offloaded stashes (schedules::Stash::kOffload): the entry's inputs to
+  // host memory after a forward, back ahead of the backward that needs them.
+  void offload(int k, StashEntry& entry);
+  void prefetch(int k, StashEntry& entry);
+  void bring_back(int k, StashEntry& entry);
   // The optimizer step after a backward (schedules that step per micro-batch).
   void optimizer_step(int k, int mb, const schedules::Schedule& schedule, StepContext& ctx);
   // The last stage's loss of micro-batch mb (a scalar; checked).
   at::Tensor loss_of(int mb, const Tensors& outputs, const StepData& data) const;
-  // An inputs-only stash entry's backward roots: its forward again, with grad.
-  Tensors replay_forward(int k, int mb, StashEntry& entry, const StepData& data);
+  // An inputs-only stash entry's backward roots: its forward again, with grad
+  // (and every layer's outputs in the entry, for a split backward).
+  Tensors replay_forward(int k, int mb, StashEntry& entry, const StepData& data, bool keep_layer_outputs);
   // Tied parameters (see TiedParameter): each local copy's gradient is taken
   // out before a step (per tie, per entry), then every copy gets what it held
   // plus the sum over the holders of the step's gradients; after a failure,
@@ -97,8 +121,11 @@ class Runtime {
   std::vector<std::shared_ptr<Stage>> stages_;
   std::vector<TiedParameter> ties_;
   std::vector<int> local_;  // indices of the stages this process runs
+  std::vector<int> placement_;  // stage -> worker
+  std::vector<int> local_workers_;  // the workers this process runs, one thread each
   std::unique_ptr<Transport> transport_;
-  std::vector<std::optional<c10::Stream>> streams_;  // per stage, on accelerators
+  std::vector<std::optional<c10::Stream>> streams_;  // per stage (its worker's), on accelerators
+  std::vector<std::optional<c10::Stream>> side_streams_;  // per stage: offload copies
   RuntimeOptions options_;
   StageWorkers workers_;
   int64_t completed_steps_ = 0;

@@ -19,13 +19,15 @@ using schedules::Schedule;
 namespace {
 
 // Runs the stage's layers, under its own random streams when it has them;
-// `start` (if given) receives where the streams stood, for a replay.
-Tensors run_layers(const Stage& stage, Tensors x, std::optional<StageRandom::State>* start) {
+// `start` (if given) receives where the streams stood, for a replay, and
+// `outputs` (if given) every layer's outputs.
+Tensors run_layers(const Stage& stage, Tensors x, std::optional<StageRandom::State>* start,
+                   std::vector<Tensors>* outputs) {
   StageRandom* random = stage.random();
-  if (!random) return stage.forward(std::move(x));
+  if (!random) return stage.forward(std::move(x), outputs);
   if (start) *start = random->state();
   Tensors y;
-  random->run([&] { y = stage.forward(std::move(x)); });
+  random->run([&] { y = stage.forward(std::move(x), outputs); });
   return y;
 }
 
@@ -77,7 +79,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   const bool training = data.loss_fn != nullptr;
   const bool last = k + 1 == num_stages();
   // With an inputs-only stash the forward builds no graph: its backward will.
-  const bool inputs_only = training && schedule.stash == schedules::Stash::kInputs;
+  const bool inputs_only = training && schedules::replays_forward(schedule.stash);
   const bool build_graph = training && !inputs_only;
   Tensors x;
   if (k == 0) {
@@ -98,7 +100,9 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   Tensors y;
   {
     c10::AutoGradMode grad_mode(build_graph);
-    y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr);
+    // A split backward differentiates layer by layer: keep every layer's outputs.
+    std::vector<Tensors>* layer_outputs = build_graph && schedule.splits_backward() ? &entry.layer_outputs : nullptr;
+    y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr, layer_outputs);
   }
   if (!last) {
     waited(st.wait_out, [&] {
@@ -125,6 +129,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
     roots = requiring_grad(y);
   }
   keep_for_backward(entry, inputs_only, x, y, std::move(roots));
+  if (schedule.stash == schedules::Stash::kOffload) offload(k, entry);
   st.stash.put(mb, std::move(entry));
 }
 
@@ -145,14 +150,16 @@ at::Tensor Runtime::loss_of(int mb, const Tensors& outputs, const StepData& data
   return loss.reshape({});
 }
 
-Tensors Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData& data) {
+Tensors Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData& data, bool keep_layer_outputs) {
   const Stage& stage = *stages_[k];
+  bring_back(k, entry);
   if (k > 0) make_input_leaves(entry.inputs);
+  std::vector<Tensors>* outputs = keep_layer_outputs ? &entry.layer_outputs : nullptr;
   Tensors y;
   if (entry.random) {  // set only with the stage's own streams
-    stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.inputs); });
+    stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.inputs, outputs); });
   } else {
-    y = stage.forward(entry.inputs);
+    y = stage.forward(entry.inputs, outputs);
   }
   if (k + 1 == num_stages()) return {loss_of(mb, y, data) * data.loss_scale[mb]};
   return requiring_grad(y);
@@ -167,15 +174,12 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   } else {
     stage.read_live_weights();
   }
-  const Tensors roots = entry.inputs_only ? replay_forward(k, mb, entry, data) : std::move(entry.roots);
+  const Tensors roots = entry.inputs_only ? replay_forward(k, mb, entry, data, false) : std::move(entry.roots);
   if (k + 1 == num_stages()) {
     torch::autograd::backward(roots);
   } else {
-    const Tensors grads = waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
-    TORCH_CHECK(grads.size() == roots.size(), "stage ", k + 1, " sent ", grads.size(), " gradient",
-                grads.size() == 1 ? "" : "s", " for the ", roots.size(), " tensor", roots.size() == 1 ? "" : "s",
-                " stage ", k, " passed it");
     // An undefined gradient means nothing downstream depended on that output.
+    const Tensors grads = receive_gradients(k, mb, roots, ctx);
     Tensors outputs, output_grads;
     for (size_t i = 0; i < roots.size(); ++i) {
       if (!roots[i].defined() || !grads[i].defined()) continue;
@@ -190,12 +194,25 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
       const at::Tensor& input = entry.inputs[i];
       if (input.defined() && input.requires_grad()) input_grads[i] = input.grad();
     }
-    waited(st.wait_out, [&] {
-      transport_->send(Channel::kGradient, k, k - 1, mb, input_grads);
-      return 0;
-    });
+    send_input_gradients(k, mb, input_grads, ctx);
   }
   if (schedule.step_per_microbatch) optimizer_step(k, mb, schedule, ctx);
+}
+
+Tensors Runtime::receive_gradients(int k, int mb, const Tensors& roots, StepContext& ctx) {
+  const Tensors grads =
+      waited(ctx.stages[k].wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
+  TORCH_CHECK(grads.size() == roots.size(), "stage ", k + 1, " sent ", grads.size(), " gradient",
+              grads.size() == 1 ? "" : "s", " for the ", roots.size(), " tensor", roots.size() == 1 ? "" : "s",
+              " stage ", k, " passed it");
+  return grads;
+}
+
+void Runtime::send_input_gradients(int k, int mb, const Tensors& grads, StepContext& ctx) {
+  waited(ctx.stages[k].wait_out, [&] {
+    transport_->send(Channel::kGradient, k, k - 1, mb, grads);
+    return 0;
+  });
 }
 
 namespace {

@@ -17,6 +17,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
   ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/runtime_actions.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/runtime_split.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_random.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp

@@ -32,9 +32,22 @@ Stage::Stage(int index, std::vector<std::pair<std::string, torch::nn::AnyModule>
     params_.push_back(p.value());
   }
   live_ = params_;
+  std::unordered_set<const c10::TensorImpl*> in_some_layer;
+  for (auto& [name, layer] : layers_) {
+    std::unordered_set<const c10::TensorImpl*> mine;
+    auto& list = layer_params_.emplace_back();
+    for (const auto& p : layer.ptr()->parameters()) {
+      if (!p.requires_grad() || !mine.insert(p.unsafeGetTensorImpl()).second) continue;
+      list.push_back(p);
+      if (!in_some_layer.insert(p.unsafeGetTensorImpl()).second) shared_across_layers_ = true;
+    }
+  }
 }
 
-Tensors Stage::forward(Tensors x) const {
+Tensors Stage::forward(Tensors x) const { return forward(std::move(x), nullptr); }
+
+Tensors Stage::forward(Tensors x, std::vector<Tensors>* outputs) const {
+  if (outputs) outputs->clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string& name = layers_[i].first;
     torch::nn::AnyModule layer = layers_[i].second;  // forward() is non-const; the copy shares the module
@@ -61,6 +74,7 @@ Tensors Stage::forward(Tensors x) const {
       os << message_of(e);
       throw std::runtime_error(os.str());
     }
+    if (outputs) outputs->push_back(x);
   }
   return x;
 }

@@ -48,6 +48,16 @@ class Stage {
   // stage, micro-batch and action. So is a layer given a number of tensors
   // it does not take.
   Tensors forward(Tensors inputs) const;
+  // The same, and `outputs` (if given) receives every layer's outputs, in
+  // order (the last entry is what forward returns): what a split backward
+  // differentiates layer by layer.
+  Tensors forward(Tensors inputs, std::vector<Tensors>* outputs) const;
+
+  // Layer i's parameters that require grad (a tensor shared by several
+  // layers is listed under each).
+  const std::vector<at::Tensor>& layer_parameters(size_t i) const { return layer_params_.at(i); }
+  // Whether some parameter is used by more than one of the stage's layers.
+  bool shares_parameters_across_layers() const { return shared_across_layers_; }
 
   int index() const { return index_; }
   const c10::Device& device() const { return device_; }
@@ -105,6 +115,8 @@ class Stage {
   std::vector<TensorsLayer*> tensors_layers_;  // per layer: itself if it takes a list, else null
   torch::nn::Sequential module_;
   std::vector<at::Tensor> params_;  // the layers' parameters, in order
+  std::vector<std::vector<at::Tensor>> layer_params_;
+  bool shared_across_layers_ = false;
   std::vector<std::string> names_;
   std::vector<at::Tensor> live_;
   bool separate_ = false;

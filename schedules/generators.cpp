@@ -194,10 +194,22 @@ Schedule make_interleaved_zb(int num_workers, int chunks, int num_microbatches) 
   return looped("zb-interleaved", num_workers, chunks, num_microbatches, true);
 }
 
-Schedule make_forward_only(int num_stages, int num_microbatches) {
+Schedule make_forward_only(int num_stages, int num_microbatches, const std::vector<int>& placement) {
   Schedule s = empty("forward", num_stages, num_microbatches);
-  for (int k = 0; k < num_stages; ++k) {
-    for (int mb = 0; mb < num_microbatches; ++mb) s.stages[k].push_back(F(k, mb));
+  if (placement.empty()) {
+    for (int k = 0; k < num_stages; ++k) {
+      for (int mb = 0; mb < num_microbatches; ++mb) s.stages[k].push_back(F(k, mb));
+    }
+    return s;
+  }
+  if (static_cast<int>(placement.size()) != num_stages) {
+    throw std::invalid_argument("a placement of " + std::to_string(placement.size()) + " stages for " +
+                                std::to_string(num_stages));
+  }
+  s.placement = placement;
+  s.stages.assign(*std::max_element(placement.begin(), placement.end()) + 1, {});
+  for (int mb = 0; mb < num_microbatches; ++mb) {
+    for (int k = 0; k < num_stages; ++k) s.stages.at(placement[k]).push_back(F(k, mb));
   }
   return s;
 }

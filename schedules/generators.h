@@ -71,8 +71,10 @@ Schedule make_zb_h1(int num_stages, int num_microbatches);
 // (PipelineOptions::channel_capacity).
 Schedule make_interleaved_zb(int num_workers, int chunks, int num_microbatches);
 
-// Inference: forwards only.
-Schedule make_forward_only(int num_stages, int num_microbatches);
+// Inference: forwards only. With a placement (stage -> worker, see
+// Schedule::placement), each worker takes the micro-batches in turn through
+// the stages it runs.
+Schedule make_forward_only(int num_stages, int num_microbatches, const std::vector<int>& placement = {});
 
 // By name, case-insensitive: see schedule_names(). `num_workers` workers
 // each run `chunks` stages (chunks > 1: the interleaved schedules only; 0:
