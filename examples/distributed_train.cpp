@@ -60,7 +60,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --stages N          pipeline stages (default: WORLD_SIZE / --replicas)
   --replicas N        data-parallel replicas of the pipeline (default 1)
   --microbatches N    micro-batches per replica batch (default 4)
-  --schedule NAME     gpipe | 1f1b | sequential | pipedream | ddg | fr (default 1f1b)
+  --schedule NAME     gpipe | 1f1b | zb-h1 | sequential | pipedream | ddg | fr
+                      (default 1f1b; the interleaved ones put several chunks in
+                      one process, so they run in-process only)
   --steps N           training steps (default 50)
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              SGD learning rate (default 0.05)

@@ -62,6 +62,11 @@ Flags& Flags::text(const std::string& name, std::string* value) {
   return on(name, [=](const std::string&, const std::string& text) { *value = text; });
 }
 
+Flags& Flags::toggle(const std::string& name, bool* value) {
+  toggles_[name] = value;
+  return *this;
+}
+
 bool Flags::parse(int argc, char** argv) const {
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
@@ -71,6 +76,13 @@ bool Flags::parse(int argc, char** argv) const {
     if (inline_value) {
       value = flag.substr(eq + 1);
       flag.resize(eq);
+    }
+    if (const auto toggle = toggles_.find(flag); toggle != toggles_.end()) {
+      if (inline_value && value != "true" && value != "false") {
+        throw UsageError(flag + " takes no value (or =true / =false), got '" + value + "'");
+      }
+      *toggle->second = !inline_value || value == "true";
+      continue;
     }
     const auto handler = handlers_.find(flag);
     if (handler == handlers_.end()) throw UsageError("unknown argument '" + flag + "'");

@@ -29,12 +29,15 @@ class Flags {
   Flags& integer(const std::string& name, int64_t* value, int64_t min, int64_t max);
   Flags& real(const std::string& name, double* value, double min, double max, bool max_included = true);
   Flags& text(const std::string& name, std::string* value);
+  // A switch: present sets *value (no value follows; --name=false clears it).
+  Flags& toggle(const std::string& name, bool* value);
   // Returns false when --help or -h is among the arguments; throws UsageError
   // for an unknown flag, a missing value or a value its flag refuses.
   bool parse(int argc, char** argv) const;
 
  private:
   std::map<std::string, Handler> handlers_;
+  std::map<std::string, bool*> toggles_;
 };
 
 // An example's main: `parse` reads the flags (false: --help, so `help` is

@@ -49,4 +49,35 @@ at::Tensor lm_loss(const at::Tensor& output, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(output.reshape({-1, output.size(-1)}), target.reshape({-1}));
 }
 
+std::pair<at::Tensor, at::Tensor> window_tensors(const TokenGrid& grid, int64_t index, int64_t bptt) {
+  auto w = grid.window(index, bptt);
+  auto as_tensor = [&](std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kLong).view({grid.rows, w.len}); };
+  return {as_tensor(w.inputs), as_tensor(w.targets)};
+}
+
+double evaluate(Pipeline& pipe, const TokenGrid& grid, int64_t bptt) {
+  pipe.eval();
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  int64_t words = 0;
+  for (int64_t i = 0; i < grid.num_windows(bptt); ++i) {
+    auto [input, target] = window_tensors(grid, i, bptt);
+    const at::Tensor output = pipe.forward(input);
+    total += lm_loss(output, target.to(output.device())).item<double>() * static_cast<double>(target.numel());
+    words += target.numel();
+  }
+  pipe.train();
+  return total / static_cast<double>(words);
+}
+
+double clip_global_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  double squares = 0;
+  for (const auto& p : params) squares += p.grad().defined() ? p.grad().pow(2).sum().item<double>() : 0.0;
+  const double norm = std::sqrt(squares);
+  for (const auto& p : params) {
+    if (max_norm > 0 && norm > max_norm && p.grad().defined()) p.grad().mul_(max_norm / (norm + 1e-6));
+  }
+  return norm;
+}
+
 }  // namespace conveyor::examples

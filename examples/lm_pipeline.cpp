@@ -66,9 +66,18 @@ unigram loss and goes straight to learning from context.
 Flags (--flag VALUE or --flag=VALUE):
   --stages N        pipeline stages, 1..7 (default 2)
   --microbatches N  micro-batches per batch, at most --batch (default 4)
-  --schedule NAME   synchronous: sequential | gpipe | 1f1b (default 1f1b);
-                    asynchronous (an update per micro-batch, by an Adam per
-                    stage, no clipping): pipedream | ddg | fr
+  --schedule NAME   synchronous: sequential | gpipe | 1f1b (default 1f1b) |
+                    interleaved (--chunks model pieces per stage) | zb-h1
+                    (zero bubble: backwards split into input and weight
+                    gradients) | zb-interleaved; asynchronous (an update per
+                    micro-batch, by an Adam per stage, no clipping):
+                    pipedream | ddg | fr
+  --chunks N        model pieces per stage for the interleaved schedules
+                    (default 2)
+  --recompute       keep only each stage's inputs between a forward and its
+                    backward, which replays the forward (less memory)
+  --offload         as --recompute, the inputs waiting in host memory (on a
+                    GPU; on the CPU it is --recompute)
   --steps N         training steps, one window each (default 400)
   --balance B       how to cut: time (default; profiled) | uniform (layer
                     counts) | flops (an estimate of each layer's arithmetic)
@@ -100,7 +109,8 @@ Example: lm_pipeline --stages 2 --microbatches 8 --schedule gpipe --steps 200
 using ex::UsageError;
 
 struct Config {
-  int64_t stages = 2, microbatches = 4, steps = 400, threads = 0;
+  int64_t stages = 2, microbatches = 4, steps = 400, threads = 0, chunks = 0;
+  bool recompute = false, offload = false;
   std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline;
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
@@ -119,7 +129,8 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.real("--dropout", &c.dropout, 0.0, 1.0, /*max_included=*/false).real("--lr", &c.lr, 1e-12, 1e3, false);
   flags.real("--clip", &c.clip, 0.0, 1e9, false);
   flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
-  flags.text("--balance", &c.balance).text("--timeline", &c.timeline);
+  flags.text("--balance", &c.balance).text("--timeline", &c.timeline).integer("--chunks", &c.chunks, 1, 16);
+  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload);
   if (!flags.parse(argc, argv)) return false;
   const auto& balances = ex::balance_names();
   if (std::find(balances.begin(), balances.end(), c.balance) == balances.end()) {
@@ -153,40 +164,7 @@ std::vector<std::string> stage_devices(const Config& c) {
 }
 
 using ex::fixed;
-
-std::pair<at::Tensor, at::Tensor> window_tensors(const ex::TokenGrid& grid, int64_t index, int64_t bptt) {
-  auto w = grid.window(index, bptt);
-  auto as_tensor = [&](std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kLong).view({grid.rows, w.len}); };
-  return {as_tensor(w.inputs), as_tensor(w.targets)};
-}
-
-// Mean cross-entropy (nats per word) of the model on every window of `grid`.
-double evaluate(conveyor::Pipeline& pipe, const ex::TokenGrid& grid, int64_t bptt) {
-  pipe.eval();
-  torch::NoGradGuard no_grad;
-  double total = 0;
-  int64_t words = 0;
-  for (int64_t i = 0; i < grid.num_windows(bptt); ++i) {
-    auto [input, target] = window_tensors(grid, i, bptt);
-    const at::Tensor output = pipe.forward(input);
-    total += ex::lm_loss(output, target.to(output.device())).item<double>() * static_cast<double>(target.numel());
-    words += target.numel();
-  }
-  pipe.train();
-  return total / static_cast<double>(words);
-}
-
-// Scales the gradients so that their global L2 norm is at most max_norm (0:
-// no limit); returns the norm before scaling. Works across devices.
-double clip_global_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  double squares = 0;
-  for (const auto& p : params) squares += p.grad().defined() ? p.grad().pow(2).sum().item<double>() : 0.0;
-  const double norm = std::sqrt(squares);
-  for (const auto& p : params) {
-    if (max_norm > 0 && norm > max_norm && p.grad().defined()) p.grad().mul_(max_norm / (norm + 1e-6));
-  }
-  return norm;
-}
+using ex::window_tensors;
 
 struct Data {
   ex::Corpus corpus;
@@ -244,10 +222,19 @@ conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageMo
                                            const std::vector<std::string>& devices, bool& synchronous) {
   try {
     const int stages = static_cast<int>(c.stages), microbatches = static_cast<int>(c.microbatches);
-    synchronous = conveyor::schedules::make_schedule(c.schedule, stages, microbatches).synchronous();
-    auto options =
-        conveyor::PipelineOptions().stages(stages).microbatches(microbatches).schedule(c.schedule).devices(devices);
-    ex::apply_balance(c.balance, model.costs, stages, options);
+    const int chunks = static_cast<int>(c.chunks);
+    const auto schedule = conveyor::schedules::make_schedule(c.schedule, stages, microbatches, false, chunks);
+    synchronous = schedule.synchronous();
+    auto options = conveyor::PipelineOptions()
+                       .stages(stages)
+                       .chunks(chunks)
+                       .microbatches(microbatches)
+                       .schedule(c.schedule)
+                       .devices(devices)
+                       .recompute(c.recompute)
+                       .offload(c.offload)
+                       .channel_capacity(4);
+    ex::apply_balance(c.balance, model.costs, schedule.num_stages, options);
     auto [input, target] = window_tensors(data.train, 0, c.bptt);
     options.profile(ex::profile_first_microbatch(model.layers, {input}, {target}, kLoss, microbatches, devices[0]))
         .optimizer_state_per_weight(2);  // Adam
@@ -267,7 +254,10 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
   int64_t num_params = 0;
   for (const auto& p : pipe.parameters()) num_params += p.numel();
   std::cout << "model: " << ex::format_count(num_params) << " parameters in " << model.names.size() << " layers, "
-            << pipe.num_stages() << " stages, " << c.microbatches << " micro-batches of " << c.batch / c.microbatches
+            << pipe.num_workers() << " stages"
+            << (pipe.num_stages() > pipe.num_workers() ? " (" + std::to_string(pipe.num_stages()) + " model chunks)"
+                                                       : "")
+            << ", " << c.microbatches << " micro-batches of " << c.batch / c.microbatches
             << (c.batch % c.microbatches ? "+" : "") << " streams, " << c.threads << " intra-op thread(s) per stage\n";
   for (const auto& s : pipe.plan().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
@@ -317,7 +307,7 @@ int run(const Config& c) {
     if (synchronous) optimizer.zero_grad();
     last = pipe.train_step(input, target, ex::lm_loss);
     if (synchronous) {
-      clip_global_norm(params, c.clip);
+      ex::clip_global_norm(params, c.clip);
       optimizer.step();
     }
     train_seconds += seconds_since(t0);
@@ -333,7 +323,7 @@ int run(const Config& c) {
     progress.update(step, last.loss, static_cast<double>(words_trained) / train_seconds);
     if ((c.eval_every > 0 && step % c.eval_every == 0) || step == c.steps) {
       const auto t1 = clock::now();
-      valid_loss = evaluate(pipe, data.valid, c.bptt);
+      valid_loss = ex::evaluate(pipe, data.valid, c.bptt);
       eval_seconds += seconds_since(t1);
       progress.note("  step " + std::to_string(step) + ": valid loss " + fixed(valid_loss, 3) + ", perplexity " +
                     fixed(std::exp(valid_loss), 1) + " (unigram " + fixed(data.valid_baseline.perplexity(), 1) + ")");
@@ -341,7 +331,7 @@ int run(const Config& c) {
   }
   progress.finish();
   const auto t2 = clock::now();
-  const double test_loss = evaluate(pipe, data.test, c.bptt);
+  const double test_loss = ex::evaluate(pipe, data.test, c.bptt);
   eval_seconds += seconds_since(t2);
   if (!c.trace.empty()) last.write_chrome_trace(c.trace);
 

@@ -41,7 +41,7 @@ int64_t at_size(const ModelProfile& p, int64_t bytes, int64_t n) { return bytes 
 // runtime counts them: the graph's grad-requiring inputs and its outputs, or
 // the inputs alone when the backward replays the forward.
 int64_t stash_entry_bytes(const ModelProfile& p, const Schedule& s, int64_t a, int64_t b) {
-  if (s.stash == schedules::Stash::kInputs) return a > 0 ? p.layers[a - 1].output_bytes : p.input_bytes;
+  if (schedules::replays_forward(s.stash)) return a > 0 ? p.layers[a - 1].output_bytes : p.input_bytes;
   return (a > 0 ? p.layers[a - 1].output_grad_bytes : 0) + p.layers[b - 1].output_bytes;
 }
 
@@ -67,7 +67,7 @@ void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOpti
   int64_t inner = 0;
   for (int64_t i = a; i + 1 < b; ++i) inner += p.layers[i].output_bytes;
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  const int64_t held = s.stash == schedules::Stash::kInputs ? 1 : out.peak_inflight;
+  const int64_t held = schedules::replays_forward(s.stash) ? 1 : out.peak_inflight;
   out.activation_bytes = held * at_size(p, inner, largest);
 }
 
@@ -241,7 +241,7 @@ std::string Plan::str() const {
     os << "  stage " << k << " on " << stages.stages[k].device << ": layers [" << s.begin << ", " << s.end
        << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
     if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
-    os << "; busy " << ms(simulation.busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
+    os << "; busy " << ms(simulation.stage_busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
        << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes)
        << ", activations ~" << mib(s.activation_bytes) << ")\n";
   }
@@ -266,7 +266,7 @@ std::string Plan::versus(const StepResult& r) const {
      << diff(step_seconds(), r.wall_seconds) << "), bubble " << percent(bubble_fraction()) << " vs "
      << percent(r.bubble_fraction) << "\n";
   for (size_t k = 0; k < predicted.size() && k < r.busy_seconds.size(); ++k) {
-    os << "  stage " << k << ": busy " << ms(simulation.busy[k]) << " vs " << ms(r.busy_seconds[k]);
+    os << "  stage " << k << ": busy " << ms(simulation.stage_busy[k]) << " vs " << ms(r.busy_seconds[k]);
     if (k < r.peak_stash_bytes.size()) {
       os << "; peak stash " << predicted[k].stash_bytes << " vs " << r.peak_stash_bytes[k] << " bytes";
     }

@@ -34,6 +34,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
   std::vector<double> free_at(workers, 0.0);
   Simulation sim;
   sim.busy.assign(workers, 0.0);
+  sim.stage_busy.assign(num, 0.0);
   sim.peak_inflight.assign(num, 0);
   sim.timeline.resize(workers);
   std::vector<int> inflight(num, 0);
@@ -114,6 +115,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
         }
         free_at[w] = end;
         sim.busy[w] += end - start;
+        sim.stage_busy[k] += end - start;
         sim.timeline[w].push_back({a, start, end});
         sim.peak_inflight[k] = std::max(sim.peak_inflight[k], inflight[k]);
         ++pc[w];

@@ -46,6 +46,7 @@ struct Simulation {
   // 1 - sum(busy) / (workers * makespan): the share of worker-time spent idle.
   double bubble_fraction = 0;
   std::vector<double> busy;                         // per worker (= per stage without virtual stages)
+  std::vector<double> stage_busy;                   // per stage
   std::vector<int> peak_inflight;                   // per stage: most forwards not yet freed by a B or W
   std::vector<std::vector<ActionTiming>> timeline;  // per worker, in order
 };

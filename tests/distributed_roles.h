@@ -127,12 +127,29 @@ struct Worker {
   }
 };
 
-// One stage per rank: gradients of gpipe and 1f1b, weights after pipedream.
+// The synchronous schedules the multi-process tests compare with the
+// in-process runtime; "+recompute" asks for activation recomputation.
+inline const std::vector<std::string>& synchronous_cases() {
+  static const std::vector<std::string> cases = {"gpipe", "1f1b", "zb-h1", "zb-h1+recompute", "1f1b+offload"};
+  return cases;
+}
+
+inline PipelineOptions synchronous_case(const std::string& name) {
+  const size_t plus = name.find('+');
+  const std::string extra = plus == std::string::npos ? "" : name.substr(plus + 1);
+  return PipelineOptions()
+      .microbatches(kMicrobatches)
+      .schedule(name.substr(0, plus))
+      .recompute(extra == "recompute")
+      .offload(extra == "offload");
+}
+
+// One stage per rank: gradients of the synchronous schedules, weights after pipedream.
 inline void pipelines(Worker& w) {
   auto groups = w.groups("pipeline", w.env.world_size, std::chrono::seconds(20));
   const Data d = global_batch(0);
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule(schedule), groups);
+  for (const std::string& schedule : synchronous_cases()) {
+    DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);

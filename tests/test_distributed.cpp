@@ -45,8 +45,8 @@ void expect_equal(const TensorMap& got, const TensorMap& want, const std::string
   }
 }
 
-TensorMap in_process_grads(const char* schedule, int stages) {
-  Pipeline pipe(seeded_mlp(), PipelineOptions().stages(stages).microbatches(kMicrobatches).schedule(schedule));
+TensorMap in_process_grads(const std::string& schedule, int stages) {
+  Pipeline pipe(seeded_mlp(), synchronous_case(schedule).stages(stages));
   const Data d = global_batch(0);
   const StepResult r = pipe.train_step(d.x, d.y, mse);
   TensorMap grads = grads_of(pipe.named_parameters());
@@ -112,8 +112,8 @@ TEST_F(TwoRanks, EveryRankSucceeds) { expect_success(exits_); }
 
 TEST_F(TwoRanks, SynchronousGradientsEqualTheInProcessRuntime) {
   expect_success(exits_);
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    expect_equal(merged(out_, schedule, 2), in_process_grads(schedule, 2), std::string(schedule) + " K=2");
+  for (const std::string& schedule : synchronous_cases()) {
+    expect_equal(merged(out_, schedule, 2), in_process_grads(schedule, 2), schedule + " K=2");
   }
 }
 
@@ -205,8 +205,8 @@ TEST_F(FourRanks, EveryRankSucceeds) { expect_success(exits_); }
 
 TEST_F(FourRanks, SynchronousGradientsEqualTheInProcessRuntime) {
   expect_success(exits_);
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    expect_equal(merged(out_, schedule, 4), in_process_grads(schedule, 4), std::string(schedule) + " K=4");
+  for (const std::string& schedule : synchronous_cases()) {
+    expect_equal(merged(out_, schedule, 4), in_process_grads(schedule, 4), schedule + " K=4");
   }
 }
 

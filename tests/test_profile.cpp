@@ -87,6 +87,7 @@ TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
   const auto sample = lm_batch(3);
   for (int stages : {2, 3}) {
     for (const std::string& schedule : schedules::schedule_names()) {
+      if (schedules::is_interleaved(schedule) && stages != 2) continue;  // 2 chunks each: 4 layers, M = 4
       torch::manual_seed(5);
       auto model = testing::make_lstm_lm();
       auto profile = std::make_shared<ModelProfile>(profile_model(model, sample[0], sample[1], loss, quick()));
@@ -101,7 +102,7 @@ TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
       const StepResult r = pipe.train_step(batch[0], batch[1], loss);
       const std::string where = schedule + " K=" + std::to_string(stages);
       ASSERT_EQ(plan.stages.str(), pipe.plan().str()) << where;
-      for (int k = 0; k < stages; ++k) {
+      for (int k = 0; k < pipe.num_stages(); ++k) {  // every piece, with chunks
         EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << where << " stage " << k;
         EXPECT_GT(plan.predicted[k].stash_bytes, 0) << where << " stage " << k;
         EXPECT_EQ(plan.predicted[k].peak_inflight, r.peak_inflight[k]) << where << " stage " << k;

@@ -164,7 +164,8 @@ TEST(NewSchedules, RecomputationReplaysDropout) {
     torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
                             torch::nn::Linear(16, 16), torch::nn::Dropout(0.3), torch::nn::Linear(16, 3));
     m->to(torch::kFloat64);
-    Pipeline pipe(m, PipelineOptions().stages(2).microbatches(4).schedule("zb-h1").stage_rng(true).recompute(recompute));
+    Pipeline pipe(m,
+                  PipelineOptions().stages(2).microbatches(4).schedule("zb-h1").stage_rng(true).recompute(recompute));
     const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
     pipe.train_step(x, y, testing::mse);
     std::vector<at::Tensor> grads;

@@ -26,6 +26,7 @@
 //   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
 //   fused op; fused_ops_report() says which), stage_rng (each stage draws
 //   random numbers from its own streams: PipelineOptions::stage_rng),
+//   chunks, recompute, offload (PipelineOptions' of those names),
 //   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
 //   which train_step steps; the asynchronous schedules need it) with lr
 //   (required), momentum (sgd) and weight_decay, shared_inputs and
@@ -63,7 +64,7 @@ const std::set<std::string> kKnownOptions = {
     "stages",    "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
     "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
     "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay", "shared_inputs",
-    "shared_targets", "tied_parameters"};
+    "shared_targets", "tied_parameters", "chunks", "recompute", "offload"};
 
 // Bad arguments reach Python as ValueError, failures in a step as RuntimeError.
 template <typename Fn>
@@ -195,6 +196,9 @@ class PythonPipeline : public torch::CustomClassHolder {
       if (key == "timeout_ms") opts.timeout(std::chrono::milliseconds(as_int(key, v)));
       if (key == "optimize") layer_options.optimize = as_bool(key, v);
       if (key == "stage_rng") opts.stage_rng(as_bool(key, v));
+      if (key == "chunks") opts.chunks(static_cast<int>(as_int(key, v)));
+      if (key == "recompute") opts.recompute(as_bool(key, v));
+      if (key == "offload") opts.offload(as_bool(key, v));
       if (key == "balance") {
         const std::string b = as_string(key, v);
         if (b != "uniform" && b != "parameters") throw bad_option(key, "\"uniform\" or \"parameters\"", v);

@@ -75,6 +75,25 @@ def test_gradients_equal_the_unsplit_models(schedule, stages):
     assert_same_grads(pipe, eager)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"stages": 2, "microbatches": 4, "schedule": "interleaved"},
+        {"stages": 2, "microbatches": 3, "schedule": "zb-h1", "recompute": True},
+        {"stages": 2, "microbatches": 4, "schedule": "zb-interleaved", "offload": "true"},
+    ],
+)
+def test_interleaved_and_zero_bubble_schedules_give_the_unsplit_gradients(options):
+    eager, scripted = eager_and_scripted(Mlp)
+    pipe = torch.classes.conveyor.Pipeline(scripted, options)
+    x, y = batch()
+    loss = pipe.train_step(x, y)
+    ref = nn.functional.mse_loss(eager(x), y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+
+
 def test_lstm_language_model_with_cross_entropy_and_string_options():
     eager, scripted = eager_and_scripted(LstmLm)
     pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": "3", "microbatches": "2", "loss": "cross_entropy"})

@@ -1,0 +1,191 @@
+// The schedules beyond the seeds on this machine: for 1F1B, interleaved 1F1B,
+// ZB-H1 and interleaved zero bubble (and GPipe / 1F1B with recomputation),
+// the measured step time and bubble, the simulator's makespan and bubble fed
+// with the per-stage action times the same run measured (F, B, and for split
+// backwards I and W), and the peak stashed bytes per stage the runtime
+// reports. Configurations take turns step by step; medians of --steps steps.
+//
+//   bench_schedules [--model mlp|lstm] [--stages 2] [--microbatches 8] [--batch 64] [--steps 7]
+//                   [--threads 1]
+//
+// The stages share this machine's cores: the measured column is what this
+// machine does; the simulated one is the schedule fed with its own measured
+// action times (one device per stage, no transfer cost).
+
+#include "plugin/conveyor.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using conveyor::schedules::ActionKind;
+
+struct Args {
+  std::string model = "mlp";
+  int stages = 2, microbatches = 8, steps = 7, threads = 1;
+  int64_t batch = 64;
+};
+
+// 16 layers: 8 Linear(512, 512) + Tanh pairs, so every chunk of K = 2..4
+// workers of 2 chunks gets whole pairs. The LSTM model: embedding, 6 LSTMs of
+// 256, decoder over 2,000 words.
+torch::nn::Sequential make_model(const std::string& kind) {
+  torch::nn::Sequential m;
+  if (kind == "lstm") {
+    m->push_back(torch::nn::Embedding(2000, 256));
+    for (int i = 0; i < 6; ++i) {
+      m->push_back(conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(256, 256).batch_first(true)));
+    }
+    m->push_back(torch::nn::Linear(256, 2000));
+    return m;
+  }
+  for (int i = 0; i < 8; ++i) {
+    m->push_back(torch::nn::Linear(512, 512));
+    m->push_back(torch::nn::Tanh());
+  }
+  return m;
+}
+
+// Mean action times per stage from a traced step: forward, whole backward,
+// and the W share of split ones.
+conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
+  conveyor::schedules::StageCosts costs;
+  for (const auto& stage : r.trace) {
+    std::map<ActionKind, std::pair<double, int>> sum;
+    for (const auto& e : stage) {
+      auto& [seconds, count] = sum[e.action.kind];
+      seconds += (e.end_us - e.start_us) * 1e-6;
+      ++count;
+    }
+    const auto mean = [&](ActionKind k) { return sum[k].second ? sum[k].first / sum[k].second : 0.0; };
+    const double w = mean(ActionKind::kWeight);
+    const double b =
+        sum[ActionKind::kBackward].second ? mean(ActionKind::kBackward) : mean(ActionKind::kBackwardInput) + w;
+    costs.forward.push_back(mean(ActionKind::kForward));
+    costs.backward.push_back(b);
+    costs.weight.push_back(sum[ActionKind::kWeight].second ? w : b / 2);
+  }
+  return costs;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Config {
+  std::string label, schedule;
+  bool recompute = false;
+  std::unique_ptr<conveyor::Pipeline> pipe;
+  std::vector<double> wall, bubble;
+  conveyor::StepResult last;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved.\n"
+                   "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
+                   "  --stages K         workers (default 2)\n"
+                   "  --microbatches M   a multiple of K (default 8)\n"
+                   "  --batch N          samples per step (default 64)\n"
+                   "  --steps N          measured steps per configuration, after one warm-up (default 7)\n"
+                   "  --threads N        intra-op threads (default 1)\n";
+      return 0;
+    } else if (a == "--model") {
+      args.model = value();
+    } else if (a == "--stages") {
+      args.stages = std::stoi(value());
+    } else if (a == "--microbatches") {
+      args.microbatches = std::stoi(value());
+    } else if (a == "--batch") {
+      args.batch = std::stoll(value());
+    } else if (a == "--steps") {
+      args.steps = std::stoi(value());
+    } else if (a == "--threads") {
+      args.threads = std::stoi(value());
+    } else {
+      std::cerr << "unknown flag " << a << " (see --help)\n";
+      return 2;
+    }
+  }
+  if (args.model != "mlp" && args.model != "lstm") {
+    std::cerr << "--model expects mlp or lstm, got '" << args.model << "'\n";
+    return 2;
+  }
+  torch::set_num_threads(args.threads);
+  const bool lstm = args.model == "lstm";
+  torch::manual_seed(0);
+  const at::Tensor x = lstm ? torch::randint(2000, {args.batch, 32}) : torch::randn({args.batch, 512});
+  const at::Tensor y = lstm ? torch::randint(2000, {args.batch, 32}) : torch::randn({args.batch, 512});
+  const conveyor::LossFn loss = [lstm](const at::Tensor& out, const at::Tensor& t) {
+    return lstm ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
+                : torch::mse_loss(out, t);
+  };
+
+  std::vector<Config> configs;
+  for (const auto& [label, schedule, recompute] : std::vector<std::tuple<std::string, std::string, bool>>{
+           {"gpipe", "gpipe", false},
+           {"gpipe + recompute", "gpipe", true},
+           {"1f1b", "1f1b", false},
+           {"1f1b + recompute", "1f1b", true},
+           {"interleaved (v=2)", "interleaved", false},
+           {"zb-h1", "zb-h1", false},
+           {"zb-interleaved (v=2)", "zb-interleaved", false}}) {
+    torch::manual_seed(1);
+    Config c{label, schedule, recompute, nullptr, {}, {}, {}};
+    c.pipe = std::make_unique<conveyor::Pipeline>(make_model(args.model), conveyor::PipelineOptions()
+                                                                              .stages(args.stages)
+                                                                              .microbatches(args.microbatches)
+                                                                              .schedule(schedule)
+                                                                              .recompute(recompute)
+                                                                              .channel_capacity(4));
+    c.pipe->train_step(x, y, loss);  // warm-up
+    configs.push_back(std::move(c));
+  }
+  for (int s = 0; s < args.steps; ++s) {
+    for (auto& c : configs) {
+      for (const auto& p : c.pipe->parameters()) p.mutable_grad() = at::Tensor();
+      c.last = c.pipe->train_step(x, y, loss);
+      c.wall.push_back(c.last.wall_seconds);
+      c.bubble.push_back(c.last.bubble_fraction);
+    }
+  }
+  std::printf("model %s, batch %lld, K = %d workers, M = %d, %u hardware threads, %d intra-op thread(s); "
+              "median of %d steps taking turns\n\n",
+              args.model.c_str(), static_cast<long long>(args.batch), args.stages, args.microbatches,
+              std::thread::hardware_concurrency(), args.threads, args.steps);
+  std::printf("| schedule | measured ms | bubble | simulated ms | bubble | measured / simulated | peak stash KiB "
+              "(per piece) |\n|---|---|---|---|---|---|---|\n");
+  for (const auto& c : configs) {
+    const auto sim = conveyor::schedules::simulate(c.pipe->schedule(), measured_costs(c.last));
+    std::string stash;
+    for (size_t k = 0; k < c.last.peak_stash_bytes.size(); ++k) {
+      stash += (k ? " / " : "") + std::to_string(c.last.peak_stash_bytes[k] / 1024);
+    }
+    const double wall = median(c.wall);
+    std::printf("| %s | %.1f | %.1f%% | %.1f | %.1f%% | %.2f | %s |\n", c.label.c_str(), wall * 1e3,
+                100 * median(c.bubble), sim.makespan * 1e3, 100 * sim.bubble_fraction, wall / sim.makespan,
+                stash.c_str());
+  }
+  return 0;
+}
