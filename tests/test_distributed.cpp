@@ -5,6 +5,8 @@
 
 #include "distributed_roles.h"
 #include "distributed_tensor_roles.h"
+#include "error_of.h"
+#include "plugin/distributed/link_cost.h"
 #include "rank_launcher.h"
 
 #include <filesystem>
@@ -301,6 +303,19 @@ TEST(DataParallelBaseline, LibTorchDataParallelOnTheCpuEqualsPlainTraining) {
   }
   expect_equal(values_of(model), single_process_sgd(0.1, &want_losses), "data_parallel on cpu");
   for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(losses[step], want_losses[step], kTolerance);
+}
+
+// The planner's link for a multi-process pipeline is measured: a header and a
+// payload per transfer between two Gloo ranks on this machine.
+TEST(DistributedHelpers, TheC10dLinkIsMeasured) {
+  const LinkProfile link = measure_c10d_link(8 << 20, 3);
+  EXPECT_THAT(link.kind, HasSubstr("c10d Gloo"));
+  EXPECT_GT(link.latency_seconds, 0);
+  EXPECT_LT(link.latency_seconds, 1.0);
+  // On a busy machine the wake-ups can hide the bytes' cost (0: not measurable).
+  EXPECT_GE(link.bytes_per_second, 0);
+  EXPECT_GE(link.seconds(64 << 20), link.seconds(1 << 10));
+  EXPECT_THAT(testing::error_of([] { measure_c10d_link(16, 1); }), HasSubstr("at least 1 KiB"));
 }
 
 TEST(DistributedHelpers, ShardGivesEachReplicaItsSliceAndRejectsUnevenBatches) {
