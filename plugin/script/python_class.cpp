@@ -19,14 +19,16 @@
 // Options (a dict; values may also be given as strings):
 //   stages, microbatches, schedule, schedule_text, devices (list or
 //   comma-separated), split_points (list or comma-separated), balance
-//   ("uniform" | "parameters"), batch_dim, channel_capacity, timeout_ms,
+//   ("uniform" | "parameters" | "time"), batch_dim, channel_capacity, timeout_ms,
 //   optimize (let the TorchScript executor optimize), loss ("cross_entropy"
 //   over the last dimension | "mse" | a scripted module called as
 //   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
 //   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
 //   fused op; fused_ops_report() says which), stage_rng (each stage draws
 //   random numbers from its own streams: PipelineOptions::stage_rng),
-//   chunks, recompute, offload (PipelineOptions' of those names),
+//   chunks, recompute, offload (PipelineOptions' of those names), sample (an
+//   (input, target) batch whose first micro-batch is profiled: needed by
+//   balance "time", which splits by measured time; plan() then predicts),
 //   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
 //   which train_step steps; the asynchronous schedules need it) with lr
 //   (required), momentum (sgd) and weight_decay, shared_inputs and
@@ -52,6 +54,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -64,7 +67,7 @@ const std::set<std::string> kKnownOptions = {
     "stages",    "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
     "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
     "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay", "shared_inputs",
-    "shared_targets", "tied_parameters", "chunks", "recompute", "offload"};
+    "shared_targets", "tied_parameters", "chunks", "recompute", "offload", "sample"};
 
 // Bad arguments reach Python as ValueError, failures in a step as RuntimeError.
 template <typename Fn>
@@ -145,7 +148,8 @@ class PythonPipeline : public torch::CustomClassHolder {
   void train(bool on) { pipe_->train(on); }
   int64_t num_stages() const { return pipe_->num_stages(); }
   std::string schedule() const { return pipe_->schedule().str(); }
-  std::string plan() const { return pipe_->plan().str(); }
+  // The split, and with balance "time" the plan's predicted times and memory.
+  std::string plan() const { return plan_text_.empty() ? pipe_->plan().str() : plan_text_; }
   // What the fused_ops option swapped and left (swap_fused_ops' report).
   std::string fused_ops_report() const { return fused_ops_report_; }
 
@@ -174,6 +178,7 @@ class PythonPipeline : public torch::CustomClassHolder {
     ScriptLayerOptions layer_options;
     bool fused_ops = false;
     std::vector<std::vector<std::string>> tied_by_model_name;
+    std::optional<ProfileBatch> sample;
     loss_ = [](const Tensors& out, const Tensors& target) {
       return torch::mse_loss(first_of(out, "model output"), first_of(target, "target"));
     };
@@ -201,8 +206,17 @@ class PythonPipeline : public torch::CustomClassHolder {
       if (key == "offload") opts.offload(as_bool(key, v));
       if (key == "balance") {
         const std::string b = as_string(key, v);
-        if (b != "uniform" && b != "parameters") throw bad_option(key, "\"uniform\" or \"parameters\"", v);
-        opts.balance(b == "uniform" ? Balance::kUniform : Balance::kParameters);
+        if (b != "uniform" && b != "parameters" && b != "time") {
+          throw bad_option(key, "\"uniform\", \"parameters\" or \"time\"", v);
+        }
+        opts.balance(b == "uniform" ? Balance::kUniform : b == "time" ? Balance::kTime : Balance::kParameters);
+      }
+      if (key == "sample") {
+        if (!v.isTuple() || v.toTupleRef().elements().size() != 2) {
+          throw bad_option(key, "an (input, target) tuple, each a tensor or a tuple of tensors", v);
+        }
+        sample = ProfileBatch{as_tensors("sample input", v.toTupleRef().elements()[0]),
+                              as_tensors("sample target", v.toTupleRef().elements()[1]), nullptr};
       }
       if (key == "loss_reduction") {
         const std::string r = as_string(key, v);
@@ -222,7 +236,9 @@ class PythonPipeline : public torch::CustomClassHolder {
     }
     opts.optimizer(optimizer_from(options));
     if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
-    pipe_ = make_script_pipeline(model_, opts, split_points, layer_options, tied_by_model_name);
+    if (sample) sample->loss = loss_;
+    pipe_ = make_script_pipeline(model_, opts, split_points, layer_options, tied_by_model_name,
+                                 sample ? &*sample : nullptr, &plan_text_);
   }
 
   void set_loss(const c10::IValue& v) {
@@ -247,6 +263,7 @@ class PythonPipeline : public torch::CustomClassHolder {
 
   torch::jit::Module model_;
   std::string fused_ops_report_ = "fused_ops is off\n";
+  std::string plan_text_;
   std::unique_ptr<Pipeline> pipe_;
   TensorsLossFn loss_;
 };

@@ -1,6 +1,8 @@
 #include "plugin/script/torchscript.h"
 
 #include "plugin/errors.h"
+#include "plugin/planner.h"
+#include "plugin/profile.h"
 #include "plugin/script/script_graph.h"
 
 #include <c10/util/Exception.h>
@@ -103,7 +105,8 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points,
                                                ScriptLayerOptions layer_options,
-                                               const std::vector<std::vector<std::string>>& tied_parameters) {
+                                               const std::vector<std::vector<std::string>>& tied_parameters,
+                                               const ProfileBatch* profile_batch, std::string* plan_text) {
   if (!split_points.empty()) {
     const int stages = static_cast<int>(split_points.size()) + 1;
     if (!options.boundaries().empty()) {
@@ -124,6 +127,36 @@ std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, Pipelin
     tied.push_back(std::move(names));
   }
   options.tied_parameters(std::move(tied));
+  if (options.balance() == Balance::kTime && !options.profile()) {
+    if (!profile_batch) {
+      throw std::invalid_argument("conveyor: balance by time profiles the model on a sample batch: give one");
+    }
+    // The first micro-batch of the sample, as the pipeline will split it.
+    const auto first = [&](const Tensors& batch, const std::vector<int64_t>& shared) {
+      Tensors out;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const bool whole = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
+        const at::Tensor& t = batch[i];
+        out.push_back(!t.defined() || whole || t.dim() <= options.batch_dim()
+                          ? t
+                          : t.tensor_split(options.microbatches(), options.batch_dim())[0]);
+      }
+      return out;
+    };
+    options.profile(std::make_shared<ModelProfile>(
+        profile_model(layers, first(profile_batch->inputs, options.shared_inputs()),
+                      first(profile_batch->targets, options.shared_targets()), profile_batch->loss)));
+    if (plan_text) {
+      int64_t batch = 0;
+      for (const auto& t : profile_batch->inputs) {
+        if (t.defined() && t.dim() > options.batch_dim()) {
+          batch = t.size(options.batch_dim());
+          break;
+        }
+      }
+      *plan_text = make_plan(layers, options, batch).str();
+    }
+  }
   return std::make_unique<Pipeline>(layers, std::move(options));
 }
 

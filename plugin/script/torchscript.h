@@ -71,9 +71,19 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 // tied by itself: each later stage's layer gets a copy (under another
 // attribute, as after proj.weight = embed.weight, or fed to its segment, as
 // when a later stage reads self.embed.weight itself).
+//
+// With Balance::kTime and no profile in `options`, `profile_batch` (a whole
+// batch: its first micro-batch is profiled, plugin/profile.h) is required;
+// `plan_text` (if given) then receives the plan with its predictions.
+struct ProfileBatch {
+  Tensors inputs, targets;
+  TensorsLossFn loss;
+};
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points = {},
                                                ScriptLayerOptions layer_options = {},
-                                               const std::vector<std::vector<std::string>>& tied_parameters = {});
+                                               const std::vector<std::vector<std::string>>& tied_parameters = {},
+                                               const ProfileBatch* profile_batch = nullptr,
+                                               std::string* plan_text = nullptr);
 
 }  // namespace conveyor

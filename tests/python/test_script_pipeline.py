@@ -94,6 +94,24 @@ def test_interleaved_and_zero_bubble_schedules_give_the_unsplit_gradients(option
     assert_same_grads(pipe, eager)
 
 
+def test_balance_by_time_profiles_a_sample_and_predicts():
+    eager, scripted = eager_and_scripted(Mlp)
+    x, y = batch()
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted, {"stages": 2, "microbatches": 3, "balance": "time", "sample": (x, y)})
+    plan = pipe.plan()
+    assert "plan (balance: time): 2 stages" in plan and "predicted step" in plan
+    loss = pipe.train_step(x, y)
+    ref = nn.functional.mse_loss(eager(x), y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+    with pytest.raises(ValueError, match="balance by time profiles the model on a sample batch"):
+        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "balance": "time"})
+    with pytest.raises(ValueError, match="an \\(input, target\\) tuple"):
+        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "balance": "time", "sample": x})
+
+
 def test_lstm_language_model_with_cross_entropy_and_string_options():
     eager, scripted = eager_and_scripted(LstmLm)
     pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": "3", "microbatches": "2", "loss": "cross_entropy"})
