@@ -51,6 +51,8 @@ Modes (--parallel):
                 r / stages. Replicas average their gradients every step.
   ddp           every process holds the whole model and trains it on its shard;
                 gradients are averaged over all processes (c10d all-reduce).
+  threads       the same pipeline in one process, a thread per stage (--stages,
+                default 2); run it without torchrun.
   dataparallel  LibTorch's torch::nn::parallel::data_parallel in one process,
                 over every CUDA device; on the CPU there is one device, so it is
                 plain single-process training (the baseline). One process only.
@@ -130,8 +132,8 @@ Args parse(int argc, char** argv) {
       *it->second = number<int>(flag, value);
       if (*it->second < (flag == "stages" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
     } else if (flag == "parallel") {
-      if (value != "pipeline" && value != "ddp" && value != "dataparallel") {
-        throw std::invalid_argument("--parallel must be pipeline, ddp or dataparallel, got '" + value + "'");
+      if (value != "pipeline" && value != "threads" && value != "ddp" && value != "dataparallel") {
+        throw std::invalid_argument("--parallel must be pipeline, threads, ddp or dataparallel, got '" + value + "'");
       }
       a.parallel = value;
     } else if (flag == "schedule") {
@@ -281,6 +283,31 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   return 0;
 }
 
+// The pipeline of run_pipeline in one process, a thread per stage.
+int run_threads(const Args& a, const conveyor::LaunchEnvironment& env) {
+  if (env.world_size != 1) throw std::invalid_argument("--parallel=threads is one process; run it without torchrun");
+  const double lr = a.lr;
+  conveyor::Pipeline pipe(make_model(a), conveyor::PipelineOptions()
+                                             .stages(a.stages > 0 ? a.stages : 2)
+                                             .microbatches(a.microbatches)
+                                             .schedule(a.schedule)
+                                             .trace(false)
+                                             .optimizer([lr](std::vector<at::Tensor> p) {
+                                               return std::make_unique<torch::optim::SGD>(p, lr);
+                                             }));
+  std::cout << "threads: " << pipe.num_workers() << " stages in one process, schedule " << a.schedule << ", "
+            << a.microbatches << " micro-batches\n";
+  Meter meter;
+  for (int step = 0; step < a.steps; ++step) {
+    const Batch b = global_batch(a, step);
+    const auto r = pipe.train_step(b.x, b.y, cross_entropy);
+    meter.step_done(step, a.batch);
+    log_step(a, step, r.loss);
+  }
+  std::cout << "samples/s: " << meter.samples_per_second() << "\n";
+  return 0;
+}
+
 int run_ddp(const Args& a, const conveyor::LaunchEnvironment& env) {
   conveyor::ProcessGroups::Options group_options;
   group_options.timeout = std::chrono::milliseconds(a.timeout_ms);
@@ -348,6 +375,7 @@ int main(int argc, char** argv) {
     rank = env.rank;
     if (a.parallel == "pipeline") return run_pipeline(a, env);
     if (a.parallel == "ddp") return run_ddp(a, env);
+    if (a.parallel == "threads") return run_threads(a, env);
     return run_data_parallel(a, env);
   } catch (const std::exception& e) {
     std::cerr << "distributed_train: rank " << rank << ": " << e.what() << std::endl;
