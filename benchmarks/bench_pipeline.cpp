@@ -14,7 +14,15 @@
 // --steps measured steps, the configurations taking turns step by step.
 //
 //   bench_pipeline --predict [--model lstm|mlp|resnet] [--steps 5]
+//
+// With --plain it measures the runtime's fixed cost instead: a K = 1, M = 1
+// pipeline with its own SGD (divergence guard on, and off) against a plain
+// LibTorch loop (zero_grad, forward, loss, backward, step) on the same model,
+// at batch 16 and 256, the three taking turns (median of --steps steps).
+//
+//   bench_pipeline --plain [--model mlp|lstm] [--steps 30]
 
+#include "alternated_timing.h"
 #include "examples/resnet.h"
 #include "plugin/conveyor.h"
 
@@ -39,6 +47,7 @@ struct Args {
   int threads = 1;
   bool stage_rng = false;
   bool predict = false;
+  bool plain = false;
   int sharing = 1;  // --predict: stages sharing the CPU while profiling
 };
 
@@ -150,6 +159,43 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
   return 0;
 }
 
+// K = 1, M = 1 against the plain loop it should cost no more than.
+int plain_table(const Args& args) {
+  std::printf("model %s, %d intra-op thread(s), median of %d alternated steps; ratio = pipeline / plain\n\n",
+              args.model.c_str(), args.threads, args.steps);
+  std::printf("| batch | plain ms | pipeline ms (guard on) | ratio | pipeline ms (guard off) | ratio |\n"
+              "|---|---|---|---|---|---|\n");
+  const bool lstm = args.model == "lstm";
+  for (int64_t batch : {16, 256}) {
+    torch::manual_seed(0);
+    const at::Tensor x = lstm ? torch::randint(10000, {batch, 35}) : torch::randn({batch, 512});
+    const at::Tensor y = lstm ? torch::randint(10000, {batch, 35}) : torch::randn({batch, 512});
+    const conveyor::LossFn loss = [lstm](const at::Tensor& out, const at::Tensor& t) {
+      return lstm ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
+                  : torch::mse_loss(out, t);
+    };
+    auto plain_model = make_model(args.model);
+    torch::optim::SGD plain_sgd(plain_model->parameters(), 1e-4);
+    const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-4); };
+    conveyor::Pipeline guarded(make_model(args.model),
+                               conveyor::PipelineOptions().stages(1).microbatches(1).optimizer(sgd));
+    conveyor::Pipeline unguarded(
+        make_model(args.model),
+        conveyor::PipelineOptions().stages(1).microbatches(1).optimizer(sgd).divergence_guard(false));
+    const auto ms = conveyor::bench::alternated_median_ms(
+        false, 2, args.steps,
+        {[&] {
+           plain_sgd.zero_grad();
+           loss(plain_model->forward(x), y).backward();
+           plain_sgd.step();
+         },
+         [&] { guarded.train_step(x, y, loss); }, [&] { unguarded.train_step(x, y, loss); }});
+    std::printf("| %lld | %.2f | %.2f | %.3f | %.2f | %.3f |\n", static_cast<long long>(batch), ms[0], ms[1],
+                ms[1] / ms[0], ms[2], ms[2] / ms[0]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,6 +218,7 @@ int main(int argc, char** argv) {
                    "  --stage-rng        each stage its own random streams (its forwards take turns)\n"
                    "  --predict          the planner's predicted step time and stash against measured ones\n"
                    "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n"
+                   "  --plain            K = 1, M = 1 against a plain LibTorch loop at batch 16 and 256\n"
                    "  --profile-shared   with --predict: profile each layer beside a thread running it too,\n"
                    "                     as if the other stage were always busy (ProfileOptions::sharing_stages)\n";
       return 0;
@@ -183,6 +230,8 @@ int main(int argc, char** argv) {
       args.steps = std::stoi(value());
     } else if (a == "--predict") {
       args.predict = true;
+    } else if (a == "--plain") {
+      args.plain = true;
     } else if (a == "--profile-shared") {
       args.sharing = 2;
     } else if (a == "--stage-rng") {
@@ -213,6 +262,7 @@ int main(int argc, char** argv) {
                     : torch::mse_loss(out, t);
   };
   if (args.predict) return predict_table(args, x, y, loss);
+  if (args.plain) return plain_table(args);
 
   std::printf("model %s, batch %lld, %u hardware threads, %d intra-op thread(s)%s; times in ms per step\n",
               args.model.c_str(), static_cast<long long>(args.batch), std::thread::hardware_concurrency(), args.threads,
