@@ -45,6 +45,15 @@ TEST(Ops, CountNonfiniteOnCpu) {
   EXPECT_EQ(count_nonfinite({}).item<int64_t>(), 0);
   EXPECT_TRUE(all_finite({c, torch::zeros({2})}));
   EXPECT_FALSE(all_finite({a}));
+  // Finite elements whose sum overflows are still finite; a half tensor whose
+  // half-precision sum would overflow too; complex parts count one each.
+  EXPECT_EQ(count_nonfinite({torch::full({4}, 3e38, torch::kFloat32)}).item<int64_t>(), 0);
+  EXPECT_EQ(count_nonfinite({torch::full({4096}, 60000.0, torch::kHalf)}).item<int64_t>(), 0);
+  at::Tensor big = torch::randn({1 << 16});
+  big[(1 << 16) - 1] = std::nan("");
+  EXPECT_EQ(count_nonfinite({big, torch::full({3}, -inf).t()}).item<int64_t>(), 1 + 3);
+  const at::Tensor z = torch::complex(torch::tensor({1.0, std::nan("")}), torch::tensor({inf, 2.0}));
+  EXPECT_EQ(count_nonfinite({z, z.conj()}).item<int64_t>(), 2 + 2);
 }
 
 TEST(Ops, CountNonfiniteOnCuda) {
