@@ -3,6 +3,7 @@
 #include "ops/nonfinite/nonfinite.h"
 #include "plugin/action_timer.h"
 #include "plugin/errors.h"
+#include "plugin/fault_injection.h"
 #include "plugin/step_rollback.h"
 #include "plugin/step_context.h"
 #include "plugin/weight_versions.h"
@@ -189,6 +190,7 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     st.wait_in = st.wait_out = 0;
     timer.begin();
     try {
+      if (FaultInjector* faults = fault_injector()) faults->before_action(k, action);
       if (action.kind == ActionKind::kForward) {
         forward(k, action.microbatch, schedule, data, ctx);
       } else {

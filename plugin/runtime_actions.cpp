@@ -2,6 +2,7 @@
 // what crosses to its neighbours, the optimizer step after a backward, and
 // the tied parameters' sums. runtime.cpp runs the step that calls them.
 #include "plugin/errors.h"
+#include "plugin/fault_injection.h"
 #include "plugin/runtime.h"
 #include "plugin/step_context.h"
 
@@ -114,7 +115,8 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   Tensors roots;
   if (last) {
     c10::AutoGradMode grad_mode(build_graph);
-    const at::Tensor loss = loss_of(mb, y, data);
+    at::Tensor loss = loss_of(mb, y, data);
+    if (FaultInjector* faults = fault_injector()) loss = faults->on_loss(k, mb, loss);
     if (options_.divergence_guard) {
       check_finite(k, mb, "loss", {loss.detach()}, schedule, Action{k, ActionKind::kForward, mb}.str());
     }
