@@ -123,8 +123,12 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   if (error) {
     if (training) add_back_tied_gradients(tied_before);
     rollback.restore();
-    if (!rollback.empty() || is_divergence(error)) {
-      for (int k : local_) stages_[k]->clear_gradients();
+    // A stage with its own optimizer clears its gradients after each step it
+    // takes, so what a failed step accumulated would leak into the next one:
+    // drop it (the step is skipped). A caller's optimizer zeroes them itself.
+    const bool diverged = is_divergence(error);
+    for (int k : local_) {
+      if (!rollback.empty() || diverged || stages_[k]->optimizer()) stages_[k]->clear_gradients();
     }
     std::rethrow_exception(error);
   }
