@@ -34,6 +34,19 @@ std::string describe(const Action& a) {
   return os.str();
 }
 
+// After a stage timed out: the other stages of this process that were inside
+// an action, not blocked in the transport (a stage that stalls is one).
+std::string busy_stages(int k, const Schedule& schedule, const std::vector<std::pair<int, bool>>& stages) {
+  std::string busy;
+  for (size_t j = 0; j < stages.size(); ++j) {
+    const int action = stages[j].first;
+    if (static_cast<int>(j) == k || action < 0 || stages[j].second) continue;
+    busy += (busy.empty() ? "" : ", ") + ("stage " + std::to_string(j) + " in " +
+                                          describe(schedule.stages[j][static_cast<size_t>(action)]));
+  }
+  return busy.empty() ? "" : " (still busy meanwhile, not waiting: " + busy + ")";
+}
+
 bool is_divergence(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -192,6 +205,7 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
     st.wait_in = st.wait_out = 0;
+    st.action = static_cast<int>(i);
     timer.begin();
     try {
       if (FaultInjector* faults = fault_injector()) faults->before_action(k, action);
@@ -205,10 +219,16 @@ void Runtime::run_stage(int k, const Schedule& schedule, const StepData& data, S
     } catch (const DivergenceError&) {
       throw;
     } catch (const std::exception& e) {
-      throw PipelineError(
-          k, action.microbatch, action.str(),
-          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e));
+      std::string message =
+          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e);
+      if (dynamic_cast<const TimeoutError*>(&e)) {
+        std::vector<std::pair<int, bool>> stages;
+        for (const auto& other : ctx.stages) stages.emplace_back(other.action.load(), other.blocked.load());
+        message += busy_stages(k, schedule, stages);
+      }
+      throw PipelineError(k, action.microbatch, action.str(), message);
     }
+    st.action = -1;
     st.versions.note_peak();
     timer.end(action, st.wait_in, st.wait_out);
   }

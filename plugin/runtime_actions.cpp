@@ -87,7 +87,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
       if (t.defined()) t = t.to(stage.device());
     }
   } else {
-    x = waited(st.wait_in, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
+    x = waited(st.wait_in, st.blocked, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
     if (build_graph) make_input_leaves(x);
   }
 
@@ -102,7 +102,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
     y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr);
   }
   if (!last) {
-    waited(st.wait_out, [&] {
+    waited(st.wait_out, st.blocked, [&] {
       transport_->send(Channel::kActivation, k, k + 1, mb, detached(y));
       return 0;
     });
@@ -173,7 +173,7 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   if (k + 1 == num_stages()) {
     torch::autograd::backward(roots);
   } else {
-    const Tensors grads = waited(st.wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
+    const Tensors grads = waited(st.wait_in, st.blocked, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
     TORCH_CHECK(grads.size() == roots.size(), "stage ", k + 1, " sent ", grads.size(), " gradient",
                 grads.size() == 1 ? "" : "s", " for the ", roots.size(), " tensor", roots.size() == 1 ? "" : "s",
                 " stage ", k, " passed it");
@@ -192,7 +192,7 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
       const at::Tensor& input = entry.inputs[i];
       if (input.defined() && input.requires_grad()) input_grads[i] = input.grad();
     }
-    waited(st.wait_out, [&] {
+    waited(st.wait_out, st.blocked, [&] {
       transport_->send(Channel::kGradient, k, k - 1, mb, input_grads);
       return 0;
     });
