@@ -95,6 +95,7 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
       if (t.numel() > 0) route = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
     }
     r[kRoute] = route;
+    r[kBytes] = route == kNoPayload ? 0 : t.numel() * static_cast<int64_t>(t.element_size());
     at::Tensor payload;
     if (route != kNoPayload) payload = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
     payloads.emplace_back(route, std::move(payload));
