@@ -127,6 +127,12 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     try {
       transport_->finish_step();  // this side's messages delivered, or no weights change
       if (training) sum_tied_gradients(tied_before);
+    } catch (const std::exception& e) {
+      // After the last action, but still a failure of the step: a PipelineError.
+      const int k = local_.size() == 1 ? local_[0] : -1;
+      const std::string who = k >= 0 ? "stage " + std::to_string(k) : "the pipeline";
+      error = std::make_exception_ptr(
+          PipelineError(k, -1, "", "conveyor: " + who + " failed finishing the step: " + message_of(e)));
     } catch (...) {
       error = std::current_exception();
     }
