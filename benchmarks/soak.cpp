@@ -85,8 +85,8 @@ bool asynchronous(const std::string& schedule) {
 
 std::unique_ptr<Pipeline> make_pipeline(const std::string& schedule) {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32),
-                              torch::nn::Tanh(), torch::nn::Linear(32, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
   model->to(torch::kFloat64);
   return std::make_unique<Pipeline>(
       model, PipelineOptions()

@@ -173,7 +173,8 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
   if (k + 1 == num_stages()) {
     torch::autograd::backward(roots);
   } else {
-    const Tensors grads = waited(st.wait_in, st.blocked, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
+    const Tensors grads =
+        waited(st.wait_in, st.blocked, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
     TORCH_CHECK(grads.size() == roots.size(), "stage ", k + 1, " sent ", grads.size(), " gradient",
                 grads.size() == 1 ? "" : "s", " for the ", roots.size(), " tensor", roots.size() == 1 ? "" : "s",
                 " stage ", k, " passed it");

@@ -26,7 +26,8 @@ std::vector<char> read_bytes(const std::string& path) {
 }
 
 void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::unique_ptr<Pipeline> pipedream(uint64_t seed) {

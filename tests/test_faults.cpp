@@ -112,7 +112,8 @@ void expect_error_names_the_fault(const std::string& message, const FaultPlan& p
   switch (plan.kind) {
     case FaultKind::kThrow: {
       const std::string action = schedule.stages[plan.stage][plan.action].str();
-      EXPECT_THAT(message, HasSubstr("conveyor: stage " + std::to_string(plan.stage) + " failed in " + action)) << where;
+      EXPECT_THAT(message, HasSubstr("conveyor: stage " + std::to_string(plan.stage) + " failed in " + action))
+          << where;
       EXPECT_THAT(message, HasSubstr("injected fault in " + action)) << where;
       break;
     }
