@@ -44,8 +44,9 @@ struct Runtime::StepContext {
 };
 
 
-// Runs a blocking transport call, adding its duration to `seconds`; `blocked`
-// is set meanwhile.
+// Runs a blocking transport call, adding its duration to `seconds`. `blocked`
+// is set meanwhile, and stays set if the call throws: a stage whose wait
+// failed was waiting, not busy.
 template <typename Fn>
 auto waited(double& seconds, std::atomic<bool>& blocked, Fn&& fn) {
   const auto t0 = Clock::now();
@@ -54,9 +55,10 @@ auto waited(double& seconds, std::atomic<bool>& blocked, Fn&& fn) {
     double& seconds;
     std::atomic<bool>& blocked;
     Clock::time_point t0;
+    int exceptions = std::uncaught_exceptions();
     ~Add() {
       seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      blocked = false;
+      if (std::uncaught_exceptions() == exceptions) blocked = false;
     }
   } add{seconds, blocked, t0};
   return fn();
