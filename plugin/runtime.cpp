@@ -3,6 +3,7 @@
 #include "ops/nonfinite/nonfinite.h"
 #include "plugin/action_timer.h"
 #include "plugin/errors.h"
+#include "plugin/fault_injection.h"
 #include "plugin/step_rollback.h"
 #include "plugin/step_context.h"
 #include "plugin/weight_versions.h"
@@ -32,6 +33,20 @@ std::string describe(const Action& a) {
   std::ostringstream os;
   os << a.str() << " (" << schedules::kind_name(a.kind) << " of micro-batch " << a.microbatch << ")";
   return os.str();
+}
+
+// After a stage timed out: the other stages of this process that were inside
+// an action, not blocked in the transport (a stage that stalls is one).
+std::string busy_stages(int k, const Schedule& schedule, const std::vector<std::pair<int, bool>>& stages) {
+  std::string busy;
+  for (size_t j = 0; j < stages.size(); ++j) {
+    const int action = stages[j].first;
+    if (static_cast<int>(j) == k || action < 0 || stages[j].second) continue;
+    busy += (busy.empty() ? "" : ", ") + ("stage " + std::to_string(j) + " in " +
+                                          describe(schedule.stages[schedule.worker_of(static_cast<int>(j))]
+                                                                  [static_cast<size_t>(action)]));
+  }
+  return busy.empty() ? "" : " (still busy meanwhile, not waiting: " + busy + ")";
 }
 
 bool is_divergence(const std::exception_ptr& error) {
@@ -147,6 +162,12 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     try {
       transport_->finish_step();  // this side's messages delivered, or no weights change
       if (training) sum_tied_gradients(tied_before);
+    } catch (const std::exception& e) {
+      // After the last action, but still a failure of the step: a PipelineError.
+      const int k = local_.size() == 1 ? local_[0] : -1;
+      const std::string who = k >= 0 ? "stage " + std::to_string(k) : "the pipeline";
+      error = std::make_exception_ptr(
+          PipelineError(k, -1, "", "conveyor: " + who + " failed finishing the step: " + message_of(e)));
     } catch (...) {
       error = std::current_exception();
     }
@@ -156,8 +177,12 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   if (error) {
     if (training) add_back_tied_gradients(tied_before);
     rollback.restore();
-    if (!rollback.empty() || is_divergence(error)) {
-      for (int k : local_) stages_[k]->clear_gradients();
+    // A stage with its own optimizer clears its gradients after each step it
+    // takes, so what a failed step accumulated would leak into the next one:
+    // drop it (the step is skipped). A caller's optimizer zeroes them itself.
+    const bool diverged = is_divergence(error);
+    for (int k : local_) {
+      if (!rollback.empty() || diverged || stages_[k]->optimizer()) stages_[k]->clear_gradients();
     }
     std::rethrow_exception(error);
   }
@@ -235,18 +260,26 @@ void Runtime::run_worker(int w, const Schedule& schedule, const StepData& data, 
       }
     }
     st.wait_in = st.wait_out = 0;
+    st.action = static_cast<int>(i);
     timer.begin();
     try {
+      if (FaultInjector* faults = fault_injector()) faults->before_action(k, action);
       run_action(action, schedule, data, ctx);
     } catch (const AbortedError&) {
       throw;
     } catch (const DivergenceError&) {
       throw;
     } catch (const std::exception& e) {
-      throw PipelineError(
-          k, action.microbatch, action.str(),
-          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e));
+      std::string message =
+          "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e);
+      if (dynamic_cast<const TimeoutError*>(&e)) {
+        std::vector<std::pair<int, bool>> stages;
+        for (const auto& other : ctx.stages) stages.emplace_back(other.action.load(), other.blocked.load());
+        message += busy_stages(k, schedule, stages);
+      }
+      throw PipelineError(k, action.microbatch, action.str(), message);
     }
+    st.action = -1;
     st.versions.note_peak();
     timer.end(action, st.wait_in, st.wait_out);
   }

@@ -2,6 +2,7 @@
 // what crosses to its neighbours, the optimizer step after a backward, and
 // the tied parameters' sums. runtime.cpp runs the step that calls them.
 #include "plugin/errors.h"
+#include "plugin/fault_injection.h"
 #include "plugin/runtime.h"
 #include "plugin/step_context.h"
 
@@ -88,7 +89,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
       if (t.defined()) t = t.to(stage.device());
     }
   } else {
-    x = waited(st.wait_in, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
+    x = waited(st.wait_in, st.blocked, [&] { return transport_->recv(Channel::kActivation, k - 1, k, mb); });
     if (build_graph) make_input_leaves(x);
   }
 
@@ -105,7 +106,7 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
     y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr, layer_outputs);
   }
   if (!last) {
-    waited(st.wait_out, [&] {
+    waited(st.wait_out, st.blocked, [&] {
       transport_->send(Channel::kActivation, k, k + 1, mb, detached(y));
       return 0;
     });
@@ -118,7 +119,8 @@ void Runtime::forward(int k, int mb, const Schedule& schedule, const StepData& d
   Tensors roots;
   if (last) {
     c10::AutoGradMode grad_mode(build_graph);
-    const at::Tensor loss = loss_of(mb, y, data);
+    at::Tensor loss = loss_of(mb, y, data);
+    if (FaultInjector* faults = fault_injector()) loss = faults->on_loss(k, mb, loss);
     if (options_.divergence_guard) {
       check_finite(k, mb, "loss", {loss.detach()}, schedule, Action{k, ActionKind::kForward, mb}.str());
     }
@@ -201,7 +203,7 @@ void Runtime::backward(int k, int mb, const Schedule& schedule, const StepData& 
 
 Tensors Runtime::receive_gradients(int k, int mb, const Tensors& roots, StepContext& ctx) {
   const Tensors grads =
-      waited(ctx.stages[k].wait_in, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
+      waited(ctx.stages[k].wait_in, ctx.stages[k].blocked, [&] { return transport_->recv(Channel::kGradient, k + 1, k, mb); });
   TORCH_CHECK(grads.size() == roots.size(), "stage ", k + 1, " sent ", grads.size(), " gradient",
               grads.size() == 1 ? "" : "s", " for the ", roots.size(), " tensor", roots.size() == 1 ? "" : "s",
               " stage ", k, " passed it");
@@ -209,7 +211,7 @@ Tensors Runtime::receive_gradients(int k, int mb, const Tensors& roots, StepCont
 }
 
 void Runtime::send_input_gradients(int k, int mb, const Tensors& grads, StepContext& ctx) {
-  waited(ctx.stages[k].wait_out, [&] {
+  waited(ctx.stages[k].wait_out, ctx.stages[k].blocked, [&] {
     transport_->send(Channel::kGradient, k, k - 1, mb, grads);
     return 0;
   });

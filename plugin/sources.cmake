@@ -8,6 +8,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/atomic_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/balance_time.cpp
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fault_injection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp

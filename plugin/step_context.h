@@ -28,6 +28,11 @@ struct Runtime::StepContext {
     std::vector<TraceEvent> trace;
     at::Tensor loss_sum;
     int updates = 0;
+    // The index of the action the stage is in (-1: none), and whether it is
+    // blocked in the transport: a timeout's message names the stages busy in
+    // an action, the likely cause of the wait.
+    std::atomic<int> action{-1};
+    std::atomic<bool> blocked{false};
   };
   explicit StepContext(int k) : stages(k) {}
   std::vector<PerStage> stages;
@@ -39,15 +44,23 @@ struct Runtime::StepContext {
 };
 
 
-// Runs a blocking transport call, adding its duration to `seconds`.
+// Runs a blocking transport call, adding its duration to `seconds`. `blocked`
+// is set meanwhile, and stays set if the call throws: a stage whose wait
+// failed was waiting, not busy.
 template <typename Fn>
-auto waited(double& seconds, Fn&& fn) {
+auto waited(double& seconds, std::atomic<bool>& blocked, Fn&& fn) {
   const auto t0 = Clock::now();
+  blocked = true;
   struct Add {
     double& seconds;
+    std::atomic<bool>& blocked;
     Clock::time_point t0;
-    ~Add() { seconds += std::chrono::duration<double>(Clock::now() - t0).count(); }
-  } add{seconds, t0};
+    int exceptions = std::uncaught_exceptions();
+    ~Add() {
+      seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      if (std::uncaught_exceptions() == exceptions) blocked = false;
+    }
+  } add{seconds, blocked, t0};
   return fn();
 }
 

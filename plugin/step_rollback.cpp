@@ -15,12 +15,13 @@ void StepRollback::keep(Stage& stage) {
     archive.save_to(out);
     optimizer = out.str();
   }
-  saved_.push_back(Saved{&stage, stage.snapshot(), std::move(optimizer)});
+  saved_.push_back(Saved{&stage, stage.snapshot(), std::move(optimizer), stage.updates()});
 }
 
 void StepRollback::restore() {
   for (const Saved& saved : saved_) {
     saved.stage->restore_live(*saved.weights);
+    saved.stage->restore_updates(saved.updates);
     if (saved.optimizer.empty()) continue;
     torch::serialize::InputArchive archive;
     std::istringstream in(saved.optimizer);

@@ -1,8 +1,9 @@
 #pragma once
 // StepRollback: an asynchronous schedule updates the weights as its step
 // goes, so a step that fails part-way would leave some updates done. What it
-// changes (each local stage's live weights and optimizer state) is kept
-// before the step and put back after a failure, whatever failed.
+// changes (each local stage's live weights, optimizer state and update
+// count, which a learning-rate schedule reads) is kept before the step and
+// put back after a failure, whatever failed.
 
 #include "plugin/stage.h"
 
@@ -23,6 +24,7 @@ class StepRollback {
     Stage* stage;
     std::shared_ptr<WeightVersion> weights;
     std::string optimizer;  // serialized; empty without one
+    int64_t updates;
   };
   std::vector<Saved> saved_;
 };

@@ -28,7 +28,12 @@ std::vector<int64_t> header(std::vector<int64_t> sizes, int64_t route = kHostRou
   r[kDtype] = static_cast<int64_t>(c10::ScalarType::Float);
   r[kRoute] = route;
   r[kNdim] = static_cast<int64_t>(sizes.size());
-  for (size_t d = 0; d < sizes.size(); ++d) r[kSizes + d] = sizes[d];
+  int64_t elements = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    r[kSizes + d] = sizes[d];
+    elements *= sizes[d];
+  }
+  r[kBytes] = route == kNoPayload ? 0 : 4 * elements;
   return h;
 }
 
@@ -70,6 +75,15 @@ TEST(C10dHeader, RefusesEveryCorruptFieldNamingIt) {
   EXPECT_THAT(error_of(header({int64_t{1} << 30, int64_t{1} << 30})), HasSubstr("sizes outside [0, 2^48]"));
   EXPECT_THAT(error_of(header({0, 16}, kHostRoute)), HasSubstr("a tensor of 0 elements on route 1"));
   EXPECT_THAT(error_of(header({4, 16}, kNoPayload)), HasSubstr("a tensor of 64 elements on route 0"));
+  // Fields that do not describe the payload that follows (a lying dtype or
+  // shape): Gloo would abort the receiver if the payload were received.
+  h = header({4, 16});
+  h[kPreambleLength + kDtype] = static_cast<int64_t>(c10::ScalarType::Double);
+  EXPECT_THAT(error_of(h), HasSubstr("does not describe its payload: a Double tensor of shape [4, 16] takes 512 bytes, "
+                                     "but 256 follow"));
+  h = header({4, 16});
+  h[kPreambleLength + kSizes + 1] = 17;
+  EXPECT_THAT(error_of(h), HasSubstr("a Float tensor of shape [4, 17] takes 272 bytes, but 256 follow"));
   h = header({});
   h[kCount] = 16;  // 16 undefined records fit; defined ones that overflow the header do not
   for (int i = 0; i < 16; ++i) h[kPreambleLength + i * kSizes] = 0;

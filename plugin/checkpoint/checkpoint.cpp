@@ -1,15 +1,13 @@
 #include "plugin/checkpoint/checkpoint.h"
 
 #include "plugin/atomic_file.h"
+#include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model_names.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
@@ -34,8 +32,9 @@ using Dict = c10::impl::GenericDict;
 using List = c10::impl::GenericList;
 constexpr const char* kFormat = "conveyor-checkpoint";
 // 2 added each stage's own optimizer, its update count and the pipeline's
-// completed steps (asynchronous schedules resume from them).
-constexpr int64_t kVersion = 2;
+// completed steps (asynchronous schedules resume from them); 3 the digest of
+// the content (checkpoint_file.h).
+constexpr int64_t kVersion = 3;
 
 Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 List new_list() { return List(c10::AnyType::get()); }
@@ -143,38 +142,12 @@ Dict options_to_dict(const Pipeline& pipe) {
   return d;
 }
 
-// torch::pickle_save's format (what torch.save writes) without the type tags
-// it puts on every dict and list: Python's torch.load, whose default
-// weights_only mode refuses those tags, then reads the file as plain dicts.
-std::vector<char> pickle_plain(const c10::IValue& value) {
-  std::vector<char> pickled;
-  torch::jit::Pickler pickler([&](const char* bytes, size_t n) { pickled.insert(pickled.end(), bytes, bytes + n); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(value);
-  pickler.stop();
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    const char* bytes = static_cast<const char*>(data);
-    archive.insert(archive.end(), bytes, bytes + n);
-    return n;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
-  writer.writeEndOfFile();
-  return archive;
-}
-
 Dict read_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("conveyor: cannot read checkpoint '" + path + "': no such file");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)");
-  }
+  bool has_digest = false;
+  const c10::IValue value = read_checkpoint_bytes(bytes, path, has_digest);
   if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
       value.toGenericDict().at("format") != c10::IValue(kFormat)) {
     throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" + kFormat +
@@ -185,6 +158,10 @@ Dict read_checkpoint(const std::string& path) {
     throw std::invalid_argument("conveyor: checkpoint '" + path + "' has format version " +
                                 std::to_string(d.at("version").toInt()) + "; this build reads up to " +
                                 std::to_string(kVersion));
+  }
+  if (d.at("version").toInt() >= 3 && !has_digest) {
+    throw std::invalid_argument("conveyor: checkpoint '" + path + "' is damaged: it has lost the digest of its " +
+                                "content; nothing was loaded");
   }
   return d;
 }
@@ -250,7 +227,7 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   }
   d.insert("optimizers", optimizers);
   d.insert("rng", rng_to_dict());
-  write_atomically(path, pickle_plain(d));
+  write_atomically(path, checkpoint_bytes(d));
 }
 
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,

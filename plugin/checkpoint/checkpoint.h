@@ -8,7 +8,7 @@
 //
 // The file is the zip format of torch::pickle_save, which Python's
 // torch.load reads as a dict:
-//   format        "conveyor-checkpoint", version 2
+//   format        "conveyor-checkpoint", version 3
 //   step          the caller's step count
 //   completed_steps  Pipeline::completed_steps()
 //   num_stages    K
@@ -27,6 +27,8 @@
 //                 the whole pipeline; k: stage k's own), "param_groups":
 //                 [{"lr", "params": [names]}], "state": {name: {field: value}}}
 //   rng           {"cpu": generator state, "cuda": [state per device]}
+// The file also holds a digest of its content (plugin/checkpoint/checkpoint_file.h):
+// a file changed or cut after it was written is refused, never loaded as other weights.
 // Optimizer state is stored by parameter name, so it does not depend on the
 // order in which an optimizer was given its parameters. The stages' own
 // optimizers (every asynchronous schedule has them) are saved and restored

@@ -2,6 +2,7 @@
 #include "plugin/transport/c10d_state.h"
 
 #include "plugin/errors.h"
+#include "plugin/fault_injection.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -94,6 +95,7 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
       if (t.numel() > 0) route = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
     }
     r[kRoute] = route;
+    r[kBytes] = route == kNoPayload ? 0 : t.numel() * static_cast<int64_t>(t.element_size());
     at::Tensor payload;
     if (route != kNoPayload) payload = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
     payloads.emplace_back(route, std::move(payload));
@@ -105,11 +107,18 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     }
     if (channel == Channel::kActivation) s.sent_activations[mb] = std::move(sent);
   }
+  FaultInjector* faults = fault_injector();
+  if (faults) faults->before_send(channel, from, to, mb, h);
   const int tag = header_tag(channel, mb);
   try {
     std::vector<at::Tensor> list{header};
     message.works.push_back(s.group->send(list, to, tag));
     message.buffers.push_back(header);
+    if (faults) {
+      faults->after_header(channel, from, to, mb, [&] {
+        s.wait(message.works.front(), Clock::now() + s.options.timeout, to, message.what + " to be taken");
+      });
+    }
     for (size_t i = 0; i < payloads.size(); ++i) {
       const auto& [route, payload] = payloads[i];
       if (route == kNoPayload) continue;

@@ -9,7 +9,7 @@
 // elements:
 //
 //   [magic, channel, micro-batch, from stage, count,
-//    then per tensor: defined, dtype, route, sequence, ndim, size_0 .. size_{ndim-1}]
+//    then per tensor: defined, dtype, route, sequence, bytes, ndim, size_0 .. size_{ndim-1}]
 //
 // An undefined tensor ("no gradient") is a record with defined = 0. Each
 // message has its own block of tags (header, then one per tensor), so

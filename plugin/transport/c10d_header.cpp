@@ -42,6 +42,23 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
       throw std::invalid_argument("its header is corrupt (a tensor of " + std::to_string(elements) +
                                   " elements on route " + std::to_string(route) + ")");
     }
+    if (route != kNoPayload) {
+      int64_t item = 0;
+      try {
+        item = static_cast<int64_t>(c10::elementSize(static_cast<c10::ScalarType>(dtype)));
+      } catch (const std::exception&) {
+        throw std::invalid_argument("its header is corrupt (dtype code " + std::to_string(dtype) +
+                                    " has no element size)");
+      }
+      if (elements * item != r[kBytes]) {
+        std::string sizes;
+        for (const int64_t size : in.shape.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(size);
+        throw std::invalid_argument("its header does not describe its payload: a " +
+                                    std::string(c10::toString(static_cast<c10::ScalarType>(dtype))) +
+                                    " tensor of shape [" + sizes + "] takes " + std::to_string(elements * item) +
+                                    " bytes, but " + std::to_string(r[kBytes]) + " follow");
+      }
+    }
     in.shape.dtype = static_cast<c10::ScalarType>(dtype);
     in.route = static_cast<Route>(route);
     in.sequence = r[kSequence];

@@ -16,7 +16,11 @@ namespace conveyor::c10d_wire {
 
 inline constexpr int64_t kMagic = 0x436f6e76;  // "Conv": a header out of step with its stream is caught at once
 enum Preamble : int64_t { kMagicField, kChannel, kMicrobatch, kFrom, kCount, kPreambleLength };
-enum Record : int64_t { kDefined, kDtype, kRoute, kSequence, kNdim, kSizes };
+// kBytes: the payload's size in bytes, taken from the tensor sent, not from
+// the other fields: a header whose dtype or sizes do not describe its payload
+// is refused, where Gloo would otherwise end the receiving process (a payload
+// larger than the buffer posted for it fails an assertion in its I/O thread).
+enum Record : int64_t { kDefined, kDtype, kRoute, kSequence, kBytes, kNdim, kSizes };
 inline constexpr int64_t kHeaderLength = 256;
 // No tensor crossing a boundary has more elements than this (2^48): a larger
 // size can only be a corrupt header, and must not become an allocation.

@@ -5,6 +5,7 @@
 // on the hot path, and the caching allocator is told which streams use which
 // memory (record_stream), so nothing is freed while a copy still reads it.
 
+#include "plugin/fault_injection.h"
 #include "plugin/transport/mailbox.h"
 #include "plugin/transport/transport.h"
 
@@ -51,6 +52,7 @@ class InProcessTransport final : public Transport {
   }
 
   void send(Channel channel, int from, int to, int mb, const Tensors& tensors) override {
+    if (FaultInjector* faults = fault_injector()) faults->before_send(channel, from, to, mb, nullptr);
     Message message{tensors, nullptr};
     for (const auto& tensor : tensors) {
       if (tensor.defined() && is_accelerator(tensor.device())) {

@@ -1,0 +1,160 @@
+// Faults on the wire between processes (c10d over Gloo, loopback): a peer that
+// dies half-way through a message, stalls past the timeout, closes its
+// connections, or sends a header whose magic, channel, micro-batch, dtype or
+// shape is wrong. Each time every rank that lives ends its step with an error
+// naming the cause (no rank hangs: the launcher would kill it), and its
+// weights and optimizer state are those of the last good step. The test
+// binary starts copies of itself as the ranks (rank_launcher.h); each case's
+// rank and send come from its seed (wire_fault_roles.h).
+
+#include "rank_launcher.h"
+#include "wire_fault_roles.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace conveyor::testing {
+
+inline void several_tensors(Worker&) {}  // declared by distributed_roles.h; not a role here
+
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct Outcome {
+  std::vector<RankExit> exits;
+  std::vector<std::string> errors, kept;
+  std::string logs;
+};
+
+Outcome run_fault(const std::string& kind, uint32_t seed) {
+  const std::string out =
+      (fs::temp_directory_path() / ("conveyor-wire-" + std::to_string(::getpid()) + "-" + kind)).string();
+  Outcome o;
+  o.exits = launch("wire", 2, out, {{"CONVEYOR_TEST_FAULT", kind}, {"CONVEYOR_TEST_SEED", std::to_string(seed)}},
+                   std::chrono::seconds(40));
+  std::ostringstream logs;
+  for (int r = 0; r < 2; ++r) {
+    o.errors.push_back(text_of(out + "/error-rank" + std::to_string(r) + ".txt"));
+    o.kept.push_back(text_of(out + "/kept-rank" + std::to_string(r) + ".txt"));
+    logs << "--- rank " << r << " (exit " << o.exits[r].code << "): " << o.errors[r] << "\n" << o.exits[r].log;
+  }
+  o.logs = logs.str();
+  fs::remove_all(out);
+  return o;
+}
+
+std::string stage_name(int rank) { return "rank " + std::to_string(rank) + " (stage " + std::to_string(rank) + ")"; }
+
+// Every rank exits on its own (none killed by the launcher's limit), each that
+// lives with an error and the weights of the last good step.
+void expect_clean_failure(const Outcome& o, bool faulty_dies, uint32_t seed, const std::string& where) {
+  for (int r = 0; r < 2; ++r) {
+    if (faulty_dies && r == faulty_rank(seed)) {
+      EXPECT_EQ(o.exits[r].code, 9) << where << "\n" << o.logs;
+      continue;
+    }
+    EXPECT_EQ(o.exits[r].code, 0) << where << ": rank " << r << "\n" << o.logs;
+    EXPECT_THAT(o.errors[r], HasSubstr("conveyor: ")) << where << ": rank " << r << "\n" << o.logs;
+    EXPECT_EQ(o.kept[r], "kept") << where << ": rank " << r << "\n" << o.logs;
+  }
+}
+
+constexpr uint32_t kSeeds[] = {1, 2, 5, 6};  // both ranks, both schedules (1f1b, pipedream), different sends
+
+// The receiving rank names the sender and what is wrong with its message.
+void header_fault(const std::string& kind, const std::string& detail) {
+  for (const uint32_t seed : kSeeds) {
+    const std::string where = kind + " seed " + std::to_string(seed);
+    const Outcome o = run_fault(kind, seed);
+    expect_clean_failure(o, false, seed, where);
+    const int sender = faulty_rank(seed), receiver = 1 - sender;
+    EXPECT_THAT(o.errors[receiver], HasSubstr("from " + stage_name(sender) + " does not match what stage " +
+                                              std::to_string(receiver) + " expects: "))
+        << where << "\n" << o.logs;
+    EXPECT_THAT(o.errors[receiver], HasSubstr(detail)) << where << "\n" << o.logs;
+  }
+}
+
+TEST(WireFaults, AHeaderWithAWrongMagicIsRefused) {
+  header_fault("magic", "its header is not a conveyor message for this channel and micro-batch");
+}
+
+TEST(WireFaults, AHeaderForAnotherChannelIsRefused) {
+  header_fault("channel", "its header is not a conveyor message for this channel and micro-batch");
+}
+
+TEST(WireFaults, AHeaderForAnotherMicrobatchIsRefused) {
+  header_fault("microbatch", "its header is not a conveyor message for this channel and micro-batch");
+}
+
+TEST(WireFaults, AHeaderWithAnotherDtypeIsRefused) { header_fault("dtype", "Float"); }
+
+TEST(WireFaults, AHeaderWithAnotherShapeIsRefused) { header_fault("shape", "17]"); }
+
+TEST(WireFaults, APeerThatDiesMidMessageStopsTheOtherWithinTheTimeout) {
+  for (const uint32_t seed : kSeeds) {
+    const std::string where = "die seed " + std::to_string(seed);
+    const Outcome o = run_fault("die", seed);
+    expect_clean_failure(o, true, seed, where);
+    const int survivor = 1 - faulty_rank(seed);
+    EXPECT_THAT(o.errors[survivor], AnyOf(HasSubstr("has probably exited"), HasSubstr("timed out after 1000 ms")))
+        << where << "\n" << o.logs;
+    EXPECT_THAT(o.errors[survivor], HasSubstr(stage_name(faulty_rank(seed)))) << where << "\n" << o.logs;
+  }
+}
+
+TEST(WireFaults, APeerThatStallsPastTheTimeoutIsGivenUpOn) {
+  for (const uint32_t seed : {1u, 6u}) {
+    const std::string where = "stall seed " + std::to_string(seed);
+    const Outcome o = run_fault("stall", seed);
+    expect_clean_failure(o, false, seed, where);
+    const int waiter = 1 - faulty_rank(seed);
+    EXPECT_THAT(o.errors[waiter], HasSubstr("timed out after 1000 ms waiting for the")) << where << "\n" << o.logs;
+    EXPECT_THAT(o.errors[waiter], HasSubstr("from " + stage_name(faulty_rank(seed)))) << where << "\n" << o.logs;
+  }
+}
+
+TEST(WireFaults, APeerThatClosesItsConnectionsStopsBothRanks) {
+  for (const uint32_t seed : kSeeds) {
+    const std::string where = "close seed " + std::to_string(seed);
+    const Outcome o = run_fault("close", seed);
+    expect_clean_failure(o, false, seed, where);
+    const int other = 1 - faulty_rank(seed);
+    EXPECT_THAT(o.errors[other], AnyOf(HasSubstr("has probably exited"), HasSubstr("Connection closed by peer"),
+                                       HasSubstr("timed out after 1000 ms")))
+        << where << "\n" << o.logs;
+    EXPECT_THAT(o.errors[other], HasSubstr(stage_name(faulty_rank(seed)))) << where << "\n" << o.logs;
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("CONVEYOR_TEST_ROLE")) {
+    if (std::string(role) != "wire") return 2;
+    torch::set_num_threads(1);
+    conveyor::testing::Worker w;
+    try {
+      w.env = conveyor::LaunchEnvironment::from_environment();
+      w.out = std::getenv("CONVEYOR_TEST_OUT");
+      w.store = conveyor::connect_store(w.env, std::chrono::seconds(30));
+      conveyor::testing::wire_fault(w);
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << std::endl;
+      return 1;
+    }
+    return 0;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
