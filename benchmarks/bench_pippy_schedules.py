@@ -16,7 +16,6 @@ torch.distributed.pipelining / Conveyor (above 1: Conveyor is faster).
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,8 +23,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spawn_ranks import run_ranks  # noqa: E402
 
 WIDTH, LAYERS = 512, 8  # Linear + Tanh pairs: 16 layers, as bench_schedules' MLP
 
@@ -51,7 +52,8 @@ def pieces(model, n):
     return [nn.Sequential(*list(model)[i * size:(i + 1) * size]) for i in range(n)]
 
 
-def rank_main(rank, world, port, args, queue):
+def rank_main(rank, port, args, queue):
+    world = 2
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -94,25 +96,8 @@ def rank_main(rank, world, port, args, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pippy_round(args):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, 2, port, args, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    result = queue.get(timeout=600)
-    for p in procs:
-        p.join(timeout=120)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a torch.distributed.pipelining rank exited with {p.exitcode}")
-    return result
+    return run_ranks(rank_main, 2, args)
 
 
 def conveyor_round(args):

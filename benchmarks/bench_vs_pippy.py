@@ -25,7 +25,6 @@ that the losses of the first and last step agree across all three.
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spawn_ranks import run_ranks  # noqa: E402
 
 SEED, INPUTS, HIDDEN, LAYERS, CLASSES, LR = 1, 256, 512, 6, 10, 0.05
 CUT = 7  # uniform boundaries of 13 layers into 2 stages: [0, 7) | [7, 13)
@@ -97,24 +98,8 @@ def pippy_rank(rank, port, args, schedule, microbatches, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_pippy(args, schedule, microbatches):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=pippy_rank, args=(r, port, args, schedule, microbatches, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    result = queue.get(timeout=900)
-    for p in procs:
-        p.join(timeout=120)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a torch.distributed.pipelining rank exited with {p.exitcode}")
-    return result
+    return run_ranks(pippy_rank, 2, args, schedule, microbatches)
 
 
 def run_conveyor(args, mode, schedule, microbatches):

@@ -61,6 +61,15 @@ def assert_same_grads(pipe, eager, tol=1e-10):
         assert (got[name].grad - p.grad).abs().max().item() <= tol, name
 
 
+def assert_step_equals_eager(pipe, eager, x, y):
+    """One pipelined step gives the unsplit model's mean-squared-error loss and gradients."""
+    loss = pipe.train_step(x, y)
+    ref = nn.functional.mse_loss(eager(x), y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), abs=1e-10)
+    assert_same_grads(pipe, eager)
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_gradients_equal_the_unsplit_models(schedule, stages):
@@ -68,11 +77,7 @@ def test_gradients_equal_the_unsplit_models(schedule, stages):
     pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": stages, "microbatches": 3, "schedule": schedule})
     assert pipe.num_stages() == stages
     x, y = batch()
-    loss = pipe.train_step(x, y)
-    ref = nn.functional.mse_loss(eager(x), y)
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), abs=1e-10)
-    assert_same_grads(pipe, eager)
+    assert_step_equals_eager(pipe, eager, x, y)
 
 
 @pytest.mark.parametrize(
@@ -87,11 +92,7 @@ def test_interleaved_and_zero_bubble_schedules_give_the_unsplit_gradients(option
     eager, scripted = eager_and_scripted(Mlp)
     pipe = torch.classes.conveyor.Pipeline(scripted, options)
     x, y = batch()
-    loss = pipe.train_step(x, y)
-    ref = nn.functional.mse_loss(eager(x), y)
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), abs=1e-10)
-    assert_same_grads(pipe, eager)
+    assert_step_equals_eager(pipe, eager, x, y)
 
 
 def test_balance_by_time_profiles_a_sample_and_predicts():
@@ -101,11 +102,7 @@ def test_balance_by_time_profiles_a_sample_and_predicts():
         scripted, {"stages": 2, "microbatches": 3, "balance": "time", "sample": (x, y)})
     plan = pipe.plan()
     assert "plan (balance: time): 2 stages" in plan and "predicted step" in plan
-    loss = pipe.train_step(x, y)
-    ref = nn.functional.mse_loss(eager(x), y)
-    ref.backward()
-    assert loss == pytest.approx(ref.item(), abs=1e-10)
-    assert_same_grads(pipe, eager)
+    assert_step_equals_eager(pipe, eager, x, y)
     with pytest.raises(ValueError, match="balance by time profiles the model on a sample batch"):
         torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "balance": "time"})
     with pytest.raises(ValueError, match="an \\(input, target\\) tuple"):
