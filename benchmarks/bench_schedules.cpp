@@ -12,6 +12,7 @@
 // machine does; the simulated one is the schedule fed with its own measured
 // action times (one device per stage, no transfer cost).
 
+#include "examples/flags.h"
 #include "plugin/conveyor.h"
 
 #include <torch/torch.h>
@@ -81,6 +82,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+constexpr const char* kHelp =
+    "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved.\n"
+    "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
+    "  --stages K         workers (default 2)\n"
+    "  --microbatches M   a multiple of K (default 8)\n"
+    "  --batch N          samples per step (default 64)\n"
+    "  --steps N          measured steps per configuration, after one warm-up (default 7)\n"
+    "  --threads N        intra-op threads (default 1)\n";
+
 struct Config {
   std::string label, schedule;
   bool recompute = false;
@@ -93,41 +103,22 @@ struct Config {
 
 int main(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << a << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::cout << "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved.\n"
-                   "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
-                   "  --stages K         workers (default 2)\n"
-                   "  --microbatches M   a multiple of K (default 8)\n"
-                   "  --batch N          samples per step (default 64)\n"
-                   "  --steps N          measured steps per configuration, after one warm-up (default 7)\n"
-                   "  --threads N        intra-op threads (default 1)\n";
+  int64_t stages = args.stages, microbatches = args.microbatches, steps = args.steps, threads = args.threads;
+  conveyor::examples::Flags flags;
+  flags.text("--model", &args.model).integer("--stages", &stages, 1, 64);
+  flags.integer("--microbatches", &microbatches, 1, 4096).integer("--batch", &args.batch, 1, 1 << 20);
+  flags.integer("--steps", &steps, 1, 1000).integer("--threads", &threads, 1, 256);
+  try {
+    if (!flags.parse(argc, argv)) {
+      std::cout << kHelp;
       return 0;
-    } else if (a == "--model") {
-      args.model = value();
-    } else if (a == "--stages") {
-      args.stages = std::stoi(value());
-    } else if (a == "--microbatches") {
-      args.microbatches = std::stoi(value());
-    } else if (a == "--batch") {
-      args.batch = std::stoll(value());
-    } else if (a == "--steps") {
-      args.steps = std::stoi(value());
-    } else if (a == "--threads") {
-      args.threads = std::stoi(value());
-    } else {
-      std::cerr << "unknown flag " << a << " (see --help)\n";
-      return 2;
     }
+  } catch (const std::exception& e) {
+    std::cerr << "bench_schedules: " << e.what() << "\n";
+    return 2;
   }
+  args.stages = static_cast<int>(stages), args.microbatches = static_cast<int>(microbatches);
+  args.steps = static_cast<int>(steps), args.threads = static_cast<int>(threads);
   if (args.model != "mlp" && args.model != "lstm") {
     std::cerr << "--model expects mlp or lstm, got '" << args.model << "'\n";
     return 2;
