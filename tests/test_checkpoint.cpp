@@ -324,6 +324,56 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   std::filesystem::remove(path);
 }
 
+// A file damaged inside (a value of the wrong type, a tensor whose storage is
+// smaller than its shape, a random state that does not fit) is refused with
+// std::invalid_argument, naming the entry, before anything changes: the
+// random state used to be set, and fail, after the weights were written.
+TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
+  torch::manual_seed(3);
+  const std::string path = temp_path("damaged.ckpt");
+  Pipeline saved(testing::make_mlp(), options(2));
+  auto saved_opt = adam(saved.parameters());
+  train(saved, *saved_opt, 1);
+  save_checkpoint(path, saved, {1, {saved_opt.get()}});
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string copy = temp_path("damaged-copy.ckpt");
+  const auto damaged = [&](const std::function<void(c10::impl::GenericDict&)>& change) {
+    auto d = torch::pickle_load(bytes).toGenericDict();
+    change(d);
+    const std::vector<char> out = torch::pickle_save(d);
+    std::ofstream(copy, std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
+    return copy;
+  };
+  Pipeline pipe(testing::make_mlp(), options(2));
+  auto opt = adam(pipe.parameters());
+  const at::Tensor before = pipe.parameters()[0].clone();
+  const auto refused = [&](const std::string& file) {
+    return error_of([&] { load_checkpoint(file, pipe, {opt.get()}); });
+  };
+  EXPECT_THAT(refused(damaged([](auto& d) {
+                d.at("rng").toGenericDict().insert_or_assign("cpu", torch::zeros({3}, torch::kUInt8));
+              })),
+              AllOf(HasSubstr("is damaged"), HasSubstr("'cpu' is not a state of a cpu random generator")));
+  EXPECT_THAT(refused(damaged([](auto& d) { d.insert_or_assign("num_stages", "two"); })),
+              HasSubstr("'num_stages' is a String, not an integer"));
+  EXPECT_THAT(refused(damaged([](auto& d) {
+                auto state = d.at("optimizers").toList().get(0).toGenericDict().at("state").toGenericDict();
+                state.at("0.weight").toGenericDict().insert_or_assign("exp_avg", torch::zeros({2}));
+              })),
+              HasSubstr("'0.weight': 'exp_avg' has shape [2], its parameter [16, 8]"));
+  EXPECT_THAT(refused(damaged([](auto& d) {
+                at::Tensor small = torch::zeros({2}, torch::kFloat64);
+                small.unsafeGetTensorImpl()->set_sizes_contiguous({16, 8});  // 16 bytes of storage for 1 KiB
+                d.at("model").toGenericDict().insert_or_assign("0.weight", small);
+              })),
+              HasSubstr("'0.weight' of shape [16, 8] reaches past the end of its storage (16 bytes)"));
+  EXPECT_TRUE(torch::equal(pipe.parameters()[0], before));
+  EXPECT_TRUE(opt->state().empty());
+  std::filesystem::remove(copy);
+  std::filesystem::remove(path);
+}
+
 TEST(Checkpoint, SavingReplacesTheFileAtomically) {
   const std::string path = temp_path("atomic.ckpt");
   std::ofstream(path) << "previous";

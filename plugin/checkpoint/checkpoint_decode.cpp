@@ -1,0 +1,211 @@
+#include "plugin/checkpoint/checkpoint_decode.h"
+
+#include "plugin/checkpoint/checked_ivalue.h"
+
+#include <ATen/Context.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+using checked::Dict;
+using checked::List;
+
+
+std::string shape(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)");
+  }
+  if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
+      value.toGenericDict().at("format") != c10::IValue(kCheckpointFormat)) {
+    throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" +
+                                std::string(kCheckpointFormat) + "\")");
+  }
+  const std::string what = "conveyor: checkpoint '" + path + "' is damaged: ";
+  Dict d = checked::to_dict(value, "the file", what);
+  const int64_t version = checked::int_field(d, "version", what);
+  if (version > kCheckpointVersion) {
+    throw std::invalid_argument("conveyor: checkpoint '" + path + "' has format version " + std::to_string(version) +
+                                "; this build reads up to " + std::to_string(kCheckpointVersion));
+  }
+  return d;
+}
+
+// The model's tensors: the same names and shapes, both ways.
+std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& target, const std::string& what,
+                                     const std::string& damaged) {
+  std::vector<at::Tensor> values;
+  for (const auto& [name, t] : target.tensors) {
+    if (!checked::has(model, name)) {
+      throw std::invalid_argument(what + "is of a different model: it has no '" + name + "' (shape " + shape(t) + ")");
+    }
+    const at::Tensor saved = checked::tensor_field(model, name, damaged + "model ");
+    if (!saved.sizes().equals(t.sizes())) {
+      throw std::invalid_argument(what + "is of a different model: '" + name + "' has shape " + shape(saved) +
+                                  " there and " + shape(t) + " here");
+    }
+    values.push_back(saved.to(t.dtype()));
+  }
+  if (model.size() != target.tensors.size()) {
+    for (const auto& entry : model) {
+      const std::string& name = entry.key().toStringRef();
+      const auto& tensors = target.tensors;
+      const bool known = std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
+      if (!known) throw std::invalid_argument(what + "is of a different model: this one has no '" + name + "'");
+    }
+  }
+  return values;
+}
+
+std::string optimizer_label(size_t i) { return "optimizer " + std::to_string(i); }
+std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) + "'s optimizer"; }
+
+// Stage k's own random streams, checked on copies of generators like theirs.
+StageRandom::State stage_random_state(const Dict& r, const c10::Device& device, const std::string& what,
+                                      const std::string& damaged, int k) {
+  const std::string name = "stage " + std::to_string(k) + " rng ";
+  const StageRandom::State state{checked::tensor_field(r, "cpu", damaged + name).contiguous(),
+                                 checked::has_value(r, "device")
+                                     ? checked::tensor_field(r, "device", damaged + name).contiguous()
+                                     : at::Tensor()};
+  if (state.device.defined() != !device.is_cpu()) {
+    throw std::invalid_argument(what + "holds random streams of stage " + std::to_string(k) +
+                                " for another kind of device than " + device.str());
+  }
+  checked::check_generator_state(at::detail::getDefaultCPUGenerator(), state.cpu, "cpu", damaged + name);
+  if (state.device.defined()) {
+    checked::check_generator_state(at::globalContext().defaultGenerator(device), state.device, "device",
+                                   damaged + name);
+  }
+  return state;
+}
+
+}  // namespace
+
+ParameterNamer parameter_namer(const std::map<const void*, std::string>& names, const std::string& optimizer) {
+  return [&names, optimizer](const at::Tensor& p) {
+    const auto it = names.find(p.unsafeGetTensorImpl());
+    if (it == names.end()) {
+      throw std::invalid_argument("conveyor: " + optimizer + " holds a tensor of shape " + shape(p) +
+                                  " that is not a parameter of the pipeline");
+    }
+    return it->second;
+  };
+}
+
+CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::string& path,
+                                    const CheckpointTarget& target) {
+  const Dict d = unpickle(bytes, path);
+  const std::string what = "conveyor: checkpoint '" + path + "' ";
+  const std::string damaged = what + "is damaged: ";
+  CheckedCheckpoint out;
+  const int64_t stages = checked::int_field(d, "num_stages", damaged);
+  if (stages != target.num_stages) {
+    throw std::invalid_argument(what + "is of a pipeline of " + std::to_string(stages) + " stages, this one has " +
+                                std::to_string(target.num_stages) + "; resume with the same number of stages");
+  }
+  out.values = model_values(checked::dict_field(d, "model", damaged), target, what, damaged);
+  const List saved_optimizers = checked::list_field(d, "optimizers", damaged);
+  if (saved_optimizers.size() != target.optimizers.size()) {
+    throw std::invalid_argument(what + "holds " + std::to_string(saved_optimizers.size()) + " optimizer states, but " +
+                                std::to_string(target.optimizers.size()) + " optimizers were given");
+  }
+  for (size_t i = 0; i < target.optimizers.size(); ++i) {
+    TORCH_CHECK(target.optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
+    const Dict saved = checked::to_dict(saved_optimizers.get(i), optimizer_label(i), damaged);
+    out.restore_optimizers.push_back(optimizer_state_restorer(*target.optimizers[i], saved,
+                                                              parameter_namer(target.names, optimizer_label(i)),
+                                                              damaged + optimizer_label(i) + ": "));
+  }
+  // Each stage's own optimizer, progress and random streams (format 2; a
+  // version 1 file has none, and fits only a pipeline without them).
+  const List saved_stages = checked::list_field(d, "stages", damaged);
+  if (static_cast<int64_t>(saved_stages.size()) != stages) {
+    throw std::invalid_argument(damaged + "it has " + std::to_string(saved_stages.size()) + " stages' entries for " +
+                                std::to_string(stages) + " stages");
+  }
+  out.updates.assign(target.num_stages, 0);
+  out.random.resize(target.num_stages);
+  for (int k = 0; k < target.num_stages; ++k) {
+    const CheckpointTarget::Stage& stage = target.stages[k];
+    if (!stage.local) continue;
+    const std::string label = "stage " + std::to_string(k);
+    const Dict s = checked::to_dict(saved_stages.get(k), label, damaged);
+    if (checked::has(s, "local") && !checked::to_bool(s.at("local"), label + " local", damaged)) {
+      throw std::invalid_argument(what + "was saved by the process that does not run stage " + std::to_string(k) +
+                                  "; load the file that this stage's process saved");
+    }
+    if (checked::has(s, "updates")) out.updates[k] = checked::int_field(s, "updates", damaged + label + " ");
+    if (out.updates[k] < 0) throw std::invalid_argument(damaged + label + " has a negative update count");
+    const bool saved_own = checked::has_value(s, "optimizer");
+    if ((stage.optimizer != nullptr) != saved_own) {
+      throw std::invalid_argument(what + (saved_own ? "holds" : "holds no") + " state of stage " + std::to_string(k) +
+                                  "'s own optimizer, but this pipeline " + (stage.optimizer ? "has" : "has no") +
+                                  " such optimizer (PipelineOptions::optimizer)");
+    }
+    if (stage.optimizer) {
+      const std::string own = stage_optimizer_label(k);
+      out.restore_optimizers.push_back(optimizer_state_restorer(
+          *stage.optimizer, checked::dict_field(s, "optimizer", damaged), parameter_namer(target.names, own),
+          damaged + own + ": "));
+    }
+    // Its own random streams (PipelineOptions::stage_rng).
+    const bool saved_rng = checked::has_value(s, "rng");
+    if (stage.random.has_value() != saved_rng) {
+      throw std::invalid_argument(what + (saved_rng ? "holds" : "holds no") + " random streams of stage " +
+                                  std::to_string(k) + ", but this pipeline was built " +
+                                  (stage.random ? "with" : "without") + " PipelineOptions::stage_rng");
+    }
+    if (stage.random) {
+      out.random[k] = stage_random_state(checked::dict_field(s, "rng", damaged), *stage.random, what, damaged, k);
+    }
+  }
+  out.completed_steps = checked::has(d, "completed_steps") ? checked::int_field(d, "completed_steps", damaged) : 0;
+  if (out.completed_steps < 0) throw std::invalid_argument(damaged + "it has a negative completed step count");
+  // The global generators: the CPU's, then as many CUDA devices' as both have.
+  const Dict rng = checked::dict_field(d, "rng", damaged);
+  const List cuda = checked::list_field(rng, "cuda", damaged + "rng ");
+  for (size_t i = 0; i < target.generators.size() && i <= cuda.size(); ++i) {
+    const std::string name = i == 0 ? "cpu" : "cuda[" + std::to_string(i - 1) + "]";
+    const at::Tensor state =
+        (i == 0 ? checked::tensor_field(rng, "cpu", damaged + "rng ") : checked::to_tensor(cuda.get(i - 1), name,
+                                                                                         damaged + "rng "))
+            .contiguous();
+    checked::check_generator_state(target.generators[i], state, name, damaged + "rng ");
+    out.generator_states.push_back(state);
+  }
+  out.step = checked::int_field(d, "step", damaged);
+  return out;
+}
+
+void apply_checkpoint(const CheckedCheckpoint& checked, const CheckpointTarget& target) {
+  {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < target.tensors.size(); ++i) target.tensors[i].second.copy_(checked.values[i]);
+  }
+  for (const auto& restore : checked.restore_optimizers) restore();
+  for (size_t i = 0; i < checked.generator_states.size(); ++i) {
+    at::Generator gen = target.generators[i];
+    const std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(checked.generator_states[i]);
+  }
+}
+
+}  // namespace conveyor
