@@ -5,9 +5,13 @@
 #include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
-#include <torch/serialize.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -26,10 +30,33 @@ std::string shape(const at::Tensor& t) {
   return os.str();
 }
 
+// A file's bytes for LibTorch's zip reader, which reads where the file's own
+// offsets point: torch::pickle_load's reader copies past the end of a
+// truncated file (tests/fuzz/corpus/checkpoint/*-truncated.ckpt); this one
+// gives what is there, and the zip reader then refuses the file.
+class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, bytes_.size() - pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
+};
+
 Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   c10::IValue value;
   try {
-    value = torch::pickle_load(bytes);
+    // What torch::pickle_load does, with the bounded reader.
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(bytes));
+    value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                              /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
+                                              /*device=*/std::nullopt, reader);
   } catch (const std::exception& e) {
     throw std::invalid_argument("conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)");
   }
