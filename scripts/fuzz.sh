@@ -5,13 +5,13 @@
 # tests/fuzz/corpus/<target>/ must pass), then fuzzes each target for a
 # bounded time. Exits non-zero on a crash, a hang (an input over 10 s), a leak
 # or a sanitizer report, naming the input it saved.
-#   bash scripts/fuzz.sh                 every target (schedule, c10d_header), CONVEYOR_FUZZ_SECONDS
-#                                        each (default 60)
+#   bash scripts/fuzz.sh                 every target (schedule, c10d_header, checkpoint),
+#                                        CONVEYOR_FUZZ_SECONDS each (default 60)
 #   bash scripts/fuzz.sh schedule 600    one target, ten minutes
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-targets=(schedule c10d_header)
+targets=(schedule c10d_header checkpoint)
 if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
