@@ -115,22 +115,28 @@ at::Tensor tensor_field(const Dict& d, const std::string& key, const std::string
   return to_tensor(field(d, key, what), key, what);
 }
 
-void check_generator_state(const at::Generator& gen, const at::Tensor& state, const std::string& name,
+at::Tensor generator_state(const at::Generator& gen, const at::Tensor& state, const std::string& name,
                            const std::string& what) {
-  if (!state.is_contiguous()) refuse(what, name, "is not a contiguous tensor");
   at::Generator copy;
   {
     at::Generator shared = gen;
     const std::lock_guard<std::mutex> lock(shared.mutex());
     copy = shared.clone();
   }
+  // Its size first: a tensor of stride 0 may reach few bytes and have many elements.
+  if (state.numel() != copy.get_state().numel()) {
+    refuse(what, name, "has " + std::to_string(state.numel()) + " elements, a " + gen.device().str() +
+                           " random generator's state " + std::to_string(copy.get_state().numel()));
+  }
+  const at::Tensor contiguous = state.contiguous();
   try {
-    copy.set_state(state);
+    copy.set_state(contiguous);
   } catch (const std::exception& e) {
     std::string reason = e.what();
     reason = reason.substr(0, reason.find('\n'));
     refuse(what, name, "is not a state of a " + gen.device().str() + " random generator (" + reason + ")");
   }
+  return contiguous;
 }
 
 }  // namespace conveyor::checked

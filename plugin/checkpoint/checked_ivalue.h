@@ -41,9 +41,9 @@ List list_field(const Dict& d, const std::string& key, const std::string& what);
 Dict dict_field(const Dict& d, const std::string& key, const std::string& what);
 at::Tensor tensor_field(const Dict& d, const std::string& key, const std::string& what);
 
-// Throws unless `state` is a state that `gen` accepts (checked on a copy of
-// gen, which is left as it was).
-void check_generator_state(const at::Generator& gen, const at::Tensor& state, const std::string& name,
+// `state` (a to_tensor) as a contiguous tensor that `gen` accepts as its state
+// (checked on a copy of gen, which is left as it was); throws otherwise.
+at::Tensor generator_state(const at::Generator& gen, const at::Tensor& state, const std::string& name,
                            const std::string& what);
 
 }  // namespace conveyor::checked

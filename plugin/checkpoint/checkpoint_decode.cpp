@@ -54,6 +54,11 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   try {
     // What torch::pickle_load does, with the bounded reader.
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(bytes));
+    // The records are stored uncompressed: one that claims more bytes than the
+    // file has is damaged (and reading it would first allocate all of them).
+    for (const std::string& record : reader.getAllRecords()) {
+      if (reader.getRecordSize(record) > bytes.size()) throw std::invalid_argument("a record outsizes the file");
+    }
     value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                               /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
                                               /*device=*/std::nullopt, reader);
@@ -108,18 +113,17 @@ std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) +
 StageRandom::State stage_random_state(const Dict& r, const c10::Device& device, const std::string& what,
                                       const std::string& damaged, int k) {
   const std::string name = "stage " + std::to_string(k) + " rng ";
-  const StageRandom::State state{checked::tensor_field(r, "cpu", damaged + name).contiguous(),
-                                 checked::has_value(r, "device")
-                                     ? checked::tensor_field(r, "device", damaged + name).contiguous()
-                                     : at::Tensor()};
+  StageRandom::State state{checked::tensor_field(r, "cpu", damaged + name),
+                           checked::has_value(r, "device") ? checked::tensor_field(r, "device", damaged + name)
+                                                           : at::Tensor()};
   if (state.device.defined() != !device.is_cpu()) {
     throw std::invalid_argument(what + "holds random streams of stage " + std::to_string(k) +
                                 " for another kind of device than " + device.str());
   }
-  checked::check_generator_state(at::detail::getDefaultCPUGenerator(), state.cpu, "cpu", damaged + name);
+  state.cpu = checked::generator_state(at::detail::getDefaultCPUGenerator(), state.cpu, "cpu", damaged + name);
   if (state.device.defined()) {
-    checked::check_generator_state(at::globalContext().defaultGenerator(device), state.device, "device",
-                                   damaged + name);
+    state.device = checked::generator_state(at::globalContext().defaultGenerator(device), state.device, "device",
+                                            damaged + name);
   }
   return state;
 }
@@ -211,11 +215,9 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   const List cuda = checked::list_field(rng, "cuda", damaged + "rng ");
   for (size_t i = 0; i < target.generators.size() && i <= cuda.size(); ++i) {
     const std::string name = i == 0 ? "cpu" : "cuda[" + std::to_string(i - 1) + "]";
-    const at::Tensor state =
-        (i == 0 ? checked::tensor_field(rng, "cpu", damaged + "rng ") : checked::to_tensor(cuda.get(i - 1), name,
-                                                                                         damaged + "rng "))
-            .contiguous();
-    checked::check_generator_state(target.generators[i], state, name, damaged + "rng ");
+    const at::Tensor saved = i == 0 ? checked::tensor_field(rng, "cpu", damaged + "rng ")
+                                    : checked::to_tensor(cuda.get(i - 1), name, damaged + "rng ");
+    const at::Tensor state = checked::generator_state(target.generators[i], saved, name, damaged + "rng ");
     out.generator_states.push_back(state);
   }
   out.step = checked::int_field(d, "step", damaged);
