@@ -40,10 +40,7 @@ for t in "${targets[@]}"; do
   work="$build/corpus-$t"
   artifacts="$build/artifacts-$t/"
   mkdir -p "$work" "$artifacts"
-  # LibTorch's unpickler reserves what a string's declared length says (up to
-  # 4 GiB) before it finds the data short: the checkpoint target needs room.
   rss=2048
-  [ "$t" != checkpoint ] || rss=5120
   echo "fuzz: $t: replaying $(find "$corpus" -type f | wc -l) committed inputs"
   if ! "$bin" -runs=0 -rss_limit_mb=$rss "$corpus" >"$build/replay-$t.log" 2>&1 ||
     ! "$bin" -rss_limit_mb=$rss $(find "$corpus" -type f) >>"$build/replay-$t.log" 2>&1; then

@@ -49,6 +49,74 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& bytes_;
 };
 
+// Whether every length that the pickle's opcodes declare fits in what is left
+// of it: LibTorch's unpickler allocates a string's or a frame's declared
+// length (any 64-bit number), and a memo table as long as a memo id, before it
+// finds the data short. Scanning stops, leaving the rest to
+// the unpickler, at STOP, at an opcode it does not know or at a cut line.
+bool pickle_lengths_fit(const char* data, size_t size) {
+  const auto le = [&](size_t at, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data[at + i]);
+    return v;
+  };
+  size_t at = 0;
+  while (at < size) {
+    const unsigned char op = static_cast<unsigned char>(data[at++]);
+    const size_t left = size - at;
+    int fixed = -1, prefix = 0, lines = 0;
+    if (std::strchr("(.0125NRabde}l]ostu)Q", op) != nullptr || (op >= 0x81 && op <= 0x89 && op != 0x82 &&
+                                                                   op != 0x83 && op != 0x84) ||
+        (op >= 0x8f && op <= 0x94) || op == 0x97 || op == 0x98) {
+      fixed = 0;
+    } else if (op == 'K' || op == 'q' || op == 'h' || op == 0x80 || op == 0x82) {
+      fixed = 1;
+    } else if (op == 'M' || op == 0x83) {
+      fixed = 2;
+    } else if (op == 'J' || op == 'r' || op == 'j' || op == 0x84) {
+      fixed = 4;
+    } else if (op == 'G') {
+      fixed = 8;
+    } else if (op == 0x95) {  // FRAME: the unpickler allocates the frame's declared length
+      if (left < 8 || le(at, 8) > left - 8) return left < 8;
+      at += 8;
+      continue;
+    } else if (op == 'U' || op == 'C' || op == 0x8c || op == 0x8a) {
+      prefix = 1;
+    } else if (op == 'T' || op == 'B' || op == 'X' || op == 0x8b) {
+      prefix = 4;
+    } else if (op == 0x8d || op == 0x8e || op == 0x96) {
+      prefix = 8;
+    } else if (std::strchr("ILSVFPgp", op) != nullptr) {
+      lines = 1;
+    } else if (op == 'c' || op == 'i') {
+      lines = 2;
+    } else {
+      return true;  // not known here: the unpickler decides
+    }
+    if (op == '.') return true;
+    // LONG_BINPUT: the unpickler grows its memo table to the id; a pickle
+    // numbers its memo entries from 0, so no id exceeds its size.
+    if (op == 'r' && left >= 4 && le(at, 4) > size) return false;
+    if (fixed >= 0) {
+      if (static_cast<size_t>(fixed) > left) return true;
+      at += fixed;
+    } else if (prefix > 0) {
+      if (static_cast<size_t>(prefix) > left) return true;
+      const uint64_t length = le(at, prefix);
+      if (length > left - prefix) return false;
+      at += prefix + length;
+    } else {
+      for (int i = 0; i < lines; ++i) {
+        const void* end = std::memchr(data + at, '\n', size - at);
+        if (end == nullptr) return true;
+        at = static_cast<size_t>(static_cast<const char*>(end) - data) + 1;
+      }
+    }
+  }
+  return true;
+}
+
 Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   c10::IValue value;
   try {
@@ -58,6 +126,12 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
     // file has is damaged (and reading it would first allocate all of them).
     for (const std::string& record : reader.getAllRecords()) {
       if (reader.getRecordSize(record) > bytes.size()) throw std::invalid_argument("a record outsizes the file");
+    }
+    if (reader.hasRecord("data.pkl")) {
+      const auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+      if (!pickle_lengths_fit(static_cast<const char*>(pickle.get()), pickle_size)) {
+        throw std::invalid_argument("a length or memo id in the pickle outsizes it");
+      }
     }
     value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                               /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,

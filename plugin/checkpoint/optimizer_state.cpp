@@ -98,7 +98,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(
       os << what << "'" << name << "' has shape " << saved.sizes() << ", its parameter " << param.sizes();
       throw std::invalid_argument(os.str());
     }
-    return saved.to(param.device(), param.scalar_type());
+    // Its own contiguous memory: the optimizer updates it in place.
+    return saved.to(param.device(), param.scalar_type()).clone(at::MemoryFormat::Contiguous);
   };
   const auto step = [&]() {
     const int64_t n = checked::has(d, "step") ? checked::int_field(d, "step", what) : int64_t{0};
