@@ -130,7 +130,8 @@ for kind in "${kinds[@]}"; do
       # (compute kernels without threads of their own): 25 files fewer to build.
       configure "$dir" -fsanitize=thread -DCONVEYOR_TORCHSCRIPT=OFF -DCONVEYOR_FUSED_OPS=
       build "$dir" test_conveyor
-      export TSAN_OPTIONS="suppressions=$supp/tsan.supp:halt_on_error=0:second_deadlock_stack=1:log_path=$dir/sanitizer-logs/tsan"
+      export TSAN_OPTIONS="suppressions=$supp/tsan.supp:halt_on_error=0:second_deadlock_stack=1"
+      TSAN_OPTIONS+=":log_path=$dir/sanitizer-logs/tsan"
       # One intra-op thread: LibTorch's OpenMP pool synchronises in code TSan cannot see.
       OMP_NUM_THREADS=1 run_tests "$dir" test_conveyor:2 || status=1
       unset TSAN_OPTIONS
