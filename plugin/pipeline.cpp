@@ -120,11 +120,14 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
         tie.emplace_back(k, 0);  // another process's stage: only its index matters
         continue;
       }
-      const at::Tensor* p = stages[k]->module()->named_parameters().find(name);
+      // The dict must outlive the pointer that find() returns into it.
+      const auto named = stages[k]->module()->named_parameters();
+      const at::Tensor* p = named.find(name);
+      TORCH_INTERNAL_ASSERT(p, "conveyor: tied parameter ", name, " is not in stage ", k);
       const auto& live = stages[k]->live();
       size_t index = 0;
       while (index < live.size() && live[index].unsafeGetTensorImpl() != p->unsafeGetTensorImpl()) ++index;
-      TORCH_INTERNAL_ASSERT(p && index < live.size(), "conveyor: tied parameter ", name, " is not in stage ", k);
+      TORCH_INTERNAL_ASSERT(index < live.size(), "conveyor: tied parameter ", name, " is not in stage ", k);
       tie.emplace_back(k, index);
     }
     ties.push_back(std::move(tie));

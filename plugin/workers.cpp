@@ -1,5 +1,7 @@
 #include "plugin/workers.h"
 
+#include <utility>
+
 namespace conveyor {
 
 StageWorkers::StageWorkers(int count) : errors_(count) {
@@ -52,7 +54,9 @@ void StageWorkers::loop(int k) {
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      errors_[k] = error;
+      // Handed off, not shared: the worker keeps no reference to the
+      // exception that the caller reads (and frees) once the step is over.
+      errors_[k] = std::move(error);
       if (--pending_ == 0) done_.notify_all();
     }
   }

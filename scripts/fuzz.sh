@@ -5,13 +5,13 @@
 # tests/fuzz/corpus/<target>/ must pass), then fuzzes each target for a
 # bounded time. Exits non-zero on a crash, a hang (an input over 10 s), a leak
 # or a sanitizer report, naming the input it saved.
-#   bash scripts/fuzz.sh                 every target (schedule, c10d_header), CONVEYOR_FUZZ_SECONDS
-#                                        each (default 60)
+#   bash scripts/fuzz.sh                 every target (schedule, c10d_header, checkpoint),
+#                                        CONVEYOR_FUZZ_SECONDS each (default 60)
 #   bash scripts/fuzz.sh schedule 600    one target, ten minutes
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-targets=(schedule c10d_header)
+targets=(schedule c10d_header checkpoint)
 if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
@@ -27,8 +27,10 @@ if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
 fi
 cmake --build "$build" --parallel "$(nproc)" >/dev/null
 
-# Sanitizers: leaks count as failures; UBSan reports abort (as a crash).
+# Sanitizers: leaks count as failures, but those of tests/fuzz/lsan.supp
+# (LibTorch's own, each with its reason); UBSan reports abort (as a crash).
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
+export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
 status=0
 for t in "${targets[@]}"; do
@@ -38,15 +40,17 @@ for t in "${targets[@]}"; do
   work="$build/corpus-$t"
   artifacts="$build/artifacts-$t/"
   mkdir -p "$work" "$artifacts"
+  rss=2048
   echo "fuzz: $t: replaying $(find "$corpus" -type f | wc -l) committed inputs"
-  if ! "$bin" -runs=0 "$corpus" >"$build/replay-$t.log" 2>&1 || ! "$bin" $(find "$corpus" -type f) >>"$build/replay-$t.log" 2>&1; then
+  if ! "$bin" -runs=0 -rss_limit_mb=$rss "$corpus" >"$build/replay-$t.log" 2>&1 ||
+    ! "$bin" -rss_limit_mb=$rss $(find "$corpus" -type f) >>"$build/replay-$t.log" 2>&1; then
     tail -n 40 "$build/replay-$t.log" >&2
     echo "fuzz: $t: a committed input fails (log: $build/replay-$t.log)" >&2
     status=1
     continue
   fi
   echo "fuzz: $t: fuzzing for ${seconds} s"
-  if "$bin" "$work" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  if "$bin" "$work" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$rss \
       -artifact_prefix="$artifacts" -print_final_stats=1 >"$build/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-$t.log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz: $t: PASS, $runs inputs run, corpus $(find "$work" -type f | wc -l) files"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set-up, build, fuzz the parsers, then every test (C++ and Python) via ctest.
+# The test command: set-up, build, fuzz the parsers, every test (C++ and Python) via ctest, then
+# the C++ tests again under sanitizers.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 start=$(date +%s)
@@ -10,4 +11,7 @@ export PATH="$root/.venv/bin:$PATH"
 # target, default 60; 0 skips), then every test.
 if [ "${CONVEYOR_FUZZ_SECONDS:-60}" != 0 ]; then bash "$root/scripts/fuzz.sh"; fi
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900
+# The C++ tests under ASan + UBSan and the in-process runtime's under TSan,
+# in build-asan/ and build-tsan/ (CONVEYOR_SANITIZE=0 skips).
+if [ "${CONVEYOR_SANITIZE:-1}" != 0 ]; then bash "$root/scripts/sanitize.sh"; fi
 echo "test.sh: done in $(( $(date +%s) - start )) s"

@@ -3,6 +3,7 @@
 // another model or stage count is refused before anything changes.
 #include "error_of.h"
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/script/torchscript.h"
 
 #include "script_fixtures.h"
@@ -321,6 +322,56 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   std::ofstream(junk) << "not a checkpoint";
   EXPECT_THAT(error_of([&] { load_checkpoint(junk, same); }), HasSubstr("is not a readable checkpoint"));
   std::filesystem::remove(junk);
+  std::filesystem::remove(path);
+}
+
+// A file damaged inside (a value of the wrong type or shape, a random state
+// that does not fit, a truncated file) is refused with
+// std::invalid_argument, naming the entry, before anything changes: the
+// random state used to be set, and fail, after the weights were written.
+TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
+  torch::manual_seed(3);
+  const std::string path = temp_path("damaged.ckpt");
+  Pipeline saved(testing::make_mlp(), options(2));
+  auto saved_opt = adam(saved.parameters());
+  train(saved, *saved_opt, 1);
+  save_checkpoint(path, saved, {1, {saved_opt.get()}});
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string copy = temp_path("damaged-copy.ckpt");
+  const auto damaged = [&](const std::function<void(c10::impl::GenericDict&)>& change) {
+    auto d = torch::pickle_load(bytes).toGenericDict();
+    change(d);
+    // With a digest of the changed content: what a writer's bug would leave.
+    const std::vector<char> out = checkpoint_bytes(d);
+    std::ofstream(copy, std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
+    return copy;
+  };
+  Pipeline pipe(testing::make_mlp(), options(2));
+  auto opt = adam(pipe.parameters());
+  const at::Tensor before = pipe.parameters()[0].clone();
+  const auto refused = [&](const std::string& file) {
+    return error_of([&] { load_checkpoint(file, pipe, {opt.get()}); });
+  };
+  EXPECT_THAT(refused(damaged([](auto& d) {
+                d.at("rng").toGenericDict().insert_or_assign("cpu", torch::zeros({3}, torch::kUInt8));
+              })),
+              AllOf(HasSubstr("is damaged"), HasSubstr("rng 'cpu' has 3 elements, a cpu random generator's state")));
+  EXPECT_THAT(refused(damaged([](auto& d) { d.insert_or_assign("num_stages", "two"); })),
+              HasSubstr("'num_stages' is a String, not an integer"));
+  EXPECT_THAT(refused(damaged([](auto& d) {
+                auto state = d.at("optimizers").toList().get(0).toGenericDict().at("state").toGenericDict();
+                state.at("0.weight").toGenericDict().insert_or_assign("exp_avg", torch::zeros({2}));
+              })),
+              HasSubstr("'0.weight': 'exp_avg' has shape [2], its parameter [16, 8]"));
+  EXPECT_THAT(refused(damaged([](auto& d) { d.at("model").toGenericDict().insert_or_assign("0.weight", 3.5); })),
+              HasSubstr("model '0.weight' is a Double, not a tensor"));
+  // A truncated file: LibTorch's own reader of a file's bytes read past their end.
+  std::ofstream(copy, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  EXPECT_THAT(refused(copy), HasSubstr("is not a readable checkpoint"));
+  EXPECT_TRUE(torch::equal(pipe.parameters()[0], before));
+  EXPECT_TRUE(opt->state().empty());
+  std::filesystem::remove(copy);
   std::filesystem::remove(path);
 }
 

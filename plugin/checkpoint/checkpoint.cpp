@@ -1,6 +1,7 @@
 #include "plugin/checkpoint/checkpoint.h"
 
 #include "plugin/atomic_file.h"
+#include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model_names.h"
@@ -30,11 +31,6 @@ namespace {
 
 using Dict = c10::impl::GenericDict;
 using List = c10::impl::GenericList;
-constexpr const char* kFormat = "conveyor-checkpoint";
-// 2 added each stage's own optimizer, its update count and the pipeline's
-// completed steps (asynchronous schedules resume from them); 3 the digest of
-// the content (checkpoint_file.h).
-constexpr int64_t kVersion = 3;
 
 Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
 List new_list() { return List(c10::AnyType::get()); }
@@ -70,17 +66,6 @@ std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
   return names;
 }
 
-ParameterNamer namer(const std::map<const void*, std::string>& names, const std::string& optimizer) {
-  return [&names, optimizer](const at::Tensor& p) {
-    const auto it = names.find(p.unsafeGetTensorImpl());
-    if (it == names.end()) {
-      throw std::invalid_argument("conveyor: " + optimizer + " holds a tensor of shape " + shape(p) +
-                                  " that is not a parameter of the pipeline");
-    }
-    return it->second;
-  };
-}
-
 std::string optimizer_label(size_t i) { return "optimizer " + std::to_string(i); }
 std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) + "'s optimizer"; }
 
@@ -112,16 +97,6 @@ Dict rng_to_dict() {
   return d;
 }
 
-void restore_rng(const Dict& d) {
-  const auto gens = generators();
-  const List cuda = d.at("cuda").toList();
-  for (size_t i = 0; i < gens.size() && i <= cuda.size(); ++i) {
-    at::Generator gen = gens[i];
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(i == 0 ? d.at("cpu").toTensor() : cuda.get(i - 1).toTensor());
-  }
-}
-
 // --- the file ------------------------------------------------------------------
 
 Dict options_to_dict(const Pipeline& pipe) {
@@ -142,36 +117,12 @@ Dict options_to_dict(const Pipeline& pipe) {
   return d;
 }
 
-Dict read_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("conveyor: cannot read checkpoint '" + path + "': no such file");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  bool has_digest = false;
-  const c10::IValue value = read_checkpoint_bytes(bytes, path, has_digest);
-  if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
-      value.toGenericDict().at("format") != c10::IValue(kFormat)) {
-    throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" + kFormat +
-                                "\")");
-  }
-  Dict d = value.toGenericDict();
-  if (d.at("version").toInt() > kVersion) {
-    throw std::invalid_argument("conveyor: checkpoint '" + path + "' has format version " +
-                                std::to_string(d.at("version").toInt()) + "; this build reads up to " +
-                                std::to_string(kVersion));
-  }
-  if (d.at("version").toInt() >= 3 && !has_digest) {
-    throw std::invalid_argument("conveyor: checkpoint '" + path + "' is damaged: it has lost the digest of its " +
-                                "content; nothing was loaded");
-  }
-  return d;
-}
-
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state) {
   Dict d = new_dict();
-  d.insert("format", kFormat);
-  d.insert("version", kVersion);
+  d.insert("format", kCheckpointFormat);
+  d.insert("version", kCheckpointVersion);
   d.insert("step", state.step);
   d.insert("num_stages", int64_t{pipe.num_stages()});
   d.insert("schedule", pipe.schedule().str());
@@ -210,7 +161,7 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
       s.insert("rng", c10::IValue());
     }
     if (torch::optim::Optimizer* own = pipe.stage(k).optimizer()) {
-      Dict o = optimizer_state_to_dict(*own, namer(names, stage_optimizer_label(k)));
+      Dict o = optimizer_state_to_dict(*own, parameter_namer(names, stage_optimizer_label(k)));
       o.insert_or_assign("stage", int64_t{k});
       s.insert("optimizer", o);
     } else {
@@ -223,7 +174,7 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   List optimizers = new_list();
   for (size_t i = 0; i < state.optimizers.size(); ++i) {
     TORCH_CHECK(state.optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
-    optimizers.push_back(optimizer_state_to_dict(*state.optimizers[i], namer(names, optimizer_label(i))));
+    optimizers.push_back(optimizer_state_to_dict(*state.optimizers[i], parameter_namer(names, optimizer_label(i))));
   }
   d.insert("optimizers", optimizers);
   d.insert("rng", rng_to_dict());
@@ -232,100 +183,33 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
 
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers) {
-  const Dict d = read_checkpoint(path);
-  const std::string what = "conveyor: checkpoint '" + path + "' ";
-  const int64_t stages = d.at("num_stages").toInt();
-  if (stages != pipe.num_stages()) {
-    throw std::invalid_argument(what + "is of a pipeline of " + std::to_string(stages) + " stages, this one has " +
-                                std::to_string(pipe.num_stages()) + "; resume with the same number of stages");
-  }
-  // The model's signature: the same names and shapes, both ways.
-  const Dict model = d.at("model").toGenericDict();
-  auto tensors = model_named_parameters(pipe);
-  for (auto& b : model_named_buffers(pipe)) tensors.push_back(std::move(b));
-  for (const auto& [name, t] : tensors) {
-    if (!model.contains(name)) {
-      throw std::invalid_argument(what + "is of a different model: it has no '" + name + "' (shape " + shape(t) + ")");
-    }
-    const at::Tensor saved = model.at(name).toTensor();
-    if (!saved.sizes().equals(t.sizes())) {
-      throw std::invalid_argument(what + "is of a different model: '" + name + "' has shape " + shape(saved) +
-                                  " there and " + shape(t) + " here");
-    }
-  }
-  if (model.size() != tensors.size()) {
-    for (const auto& entry : model) {
-      const std::string& name = entry.key().toStringRef();
-      const bool known = std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
-      if (!known) throw std::invalid_argument(what + "is of a different model: this one has no '" + name + "'");
-    }
-  }
-  const List saved_optimizers = d.at("optimizers").toList();
-  if (saved_optimizers.size() != optimizers.size()) {
-    throw std::invalid_argument(what + "holds " + std::to_string(saved_optimizers.size()) + " optimizer states, but " +
-                                std::to_string(optimizers.size()) + " optimizers were given");
-  }
-  const auto names = names_by_tensor(pipe);
-  std::vector<std::function<void()>> restore;
-  for (size_t i = 0; i < optimizers.size(); ++i) {
-    TORCH_CHECK(optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
-    restore.push_back(optimizer_state_restorer(*optimizers[i], saved_optimizers.get(i).toGenericDict(),
-                                               namer(names, optimizer_label(i)),
-                                               "conveyor: " + optimizer_label(i) + ": "));
-  }
-  // Each stage's own optimizer, progress and random streams (format 2; a
-  // version 1 file has none, and fits only a pipeline without them).
-  const List saved_stages = d.at("stages").toList();
-  std::vector<int64_t> updates(pipe.num_stages(), 0);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("conveyor: cannot read checkpoint '" + path + "': no such file");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CheckpointTarget target;
+  target.num_stages = pipe.num_stages();
+  target.tensors = model_named_parameters(pipe);
+  for (auto& b : model_named_buffers(pipe)) target.tensors.push_back(std::move(b));
+  target.names = names_by_tensor(pipe);
   for (int k = 0; k < pipe.num_stages(); ++k) {
-    if (!pipe.is_local(k)) continue;
-    const Dict s = saved_stages.get(k).toGenericDict();
-    if (s.contains("local") && !s.at("local").toBool()) {
-      throw std::invalid_argument(what + "was saved by the process that does not run stage " + std::to_string(k) +
-                                  "; load the file that this stage's process saved");
+    CheckpointTarget::Stage stage;
+    stage.local = pipe.is_local(k);
+    if (stage.local) {
+      stage.optimizer = pipe.stage(k).optimizer();
+      if (const StageRandom* random = pipe.stage(k).random()) stage.random = random->device();
     }
-    if (s.contains("updates")) updates[k] = s.at("updates").toInt();
-    torch::optim::Optimizer* own = pipe.stage(k).optimizer();
-    const bool saved_own = s.contains("optimizer") && !s.at("optimizer").isNone();
-    if ((own != nullptr) != saved_own) {
-      throw std::invalid_argument(what + (saved_own ? "holds" : "holds no") + " state of stage " + std::to_string(k) +
-                                  "'s own optimizer, but this pipeline " + (own ? "has" : "has no") +
-                                  " such optimizer (PipelineOptions::optimizer)");
-    }
-    if (own) {
-      restore.push_back(optimizer_state_restorer(*own, s.at("optimizer").toGenericDict(),
-                                                 namer(names, stage_optimizer_label(k)),
-                                                 "conveyor: " + stage_optimizer_label(k) + ": "));
-    }
-    // Its own random streams (PipelineOptions::stage_rng).
-    const bool saved_rng = s.contains("rng") && !s.at("rng").isNone();
-    StageRandom* random = pipe.stage(k).random();
-    if ((random != nullptr) != saved_rng) {
-      throw std::invalid_argument(what + (saved_rng ? "holds" : "holds no") + " random streams of stage " +
-                                  std::to_string(k) + ", but this pipeline was built " + (random ? "with" : "without") +
-                                  " PipelineOptions::stage_rng");
-    }
-    if (random) {
-      const Dict r = s.at("rng").toGenericDict();
-      StageRandom::State state{r.at("cpu").toTensor(),
-                               r.at("device").isNone() ? at::Tensor() : r.at("device").toTensor()};
-      if (state.device.defined() != !random->device().is_cpu()) {
-        throw std::invalid_argument(what + "holds random streams of stage " + std::to_string(k) +
-                                    " for another kind of device than " + random->device().str());
-      }
-      restore.push_back([random, state] { random->set_state(state); });
-    }
+    target.stages.push_back(stage);
   }
-  const int64_t completed = d.contains("completed_steps") ? d.at("completed_steps").toInt() : 0;
-  // Everything matches: only now is anything changed.
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, t] : tensors) t.copy_(model.at(name).toTensor());
+  target.optimizers = optimizers;
+  target.generators = generators();
+  // Everything is checked first: only then is anything changed.
+  const CheckedCheckpoint checked = decode_checkpoint(bytes, path, target);
+  apply_checkpoint(checked, target);
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (checked.random[k]) pipe.stage(k).random()->set_state(*checked.random[k]);
   }
-  for (const auto& r : restore) r();
-  pipe.restore_progress(completed, updates);
-  restore_rng(d.at("rng").toGenericDict());
-  return d.at("step").toInt();
+  pipe.restore_progress(checked.completed_steps, checked.updates);
+  return checked.step;
 }
 
 }  // namespace conveyor

@@ -1,15 +1,12 @@
 #include "plugin/checkpoint/checkpoint_file.h"
 
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <torch/serialize.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <memory>
 #include <stdexcept>
 
 namespace conveyor {
@@ -70,38 +67,27 @@ std::vector<char> checkpoint_bytes(const c10::IValue& value) {
   return archive;
 }
 
-c10::IValue read_checkpoint_bytes(const std::vector<char>& bytes, const std::string& path, bool& has_digest) {
-  const std::string unreadable = "conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)";
-  has_digest = false;
+bool check_digest(caffe2::serialize::PyTorchStreamReader& reader, const std::string& path) {
+  if (!reader.hasRecord(kDigestRecord)) return false;
+  Digest digest;
+  std::string stored;
   try {
-    caffe2::serialize::PyTorchStreamReader reader(
-        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    if (reader.hasRecord(kDigestRecord)) {
-      has_digest = true;
-      Digest digest;
-      const auto add = [&](const std::string& name) {
-        const auto [data, size] = reader.getRecord(name);
-        digest.add(data.get(), size);
-      };
-      add("data.pkl");
-      for (int i = 0; reader.hasRecord("data/" + std::to_string(i)); ++i) add("data/" + std::to_string(i));
-      const auto [stored, size] = reader.getRecord(kDigestRecord);
-      if (std::string(static_cast<const char*>(stored.get()), size) != digest.hex()) {
-        throw std::invalid_argument("conveyor: checkpoint '" + path + "' is damaged: its content does not match the " +
-                                    "digest it was saved with (changed or cut after it was written); nothing was " +
-                                    "loaded");
-      }
-    }
-  } catch (const std::invalid_argument&) {
-    throw;
+    const auto add = [&](const std::string& name) {
+      const auto [data, size] = reader.getRecord(name);
+      digest.add(data.get(), size);
+    };
+    add("data.pkl");
+    for (int i = 0; reader.hasRecord("data/" + std::to_string(i)); ++i) add("data/" + std::to_string(i));
+    const auto [data, size] = reader.getRecord(kDigestRecord);
+    stored.assign(static_cast<const char*>(data.get()), size);
   } catch (const std::exception&) {
-    throw std::invalid_argument(unreadable);
+    throw std::invalid_argument("conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)");
   }
-  try {
-    return torch::pickle_load(bytes);
-  } catch (const std::exception&) {
-    throw std::invalid_argument(unreadable);
+  if (stored != digest.hex()) {
+    throw std::invalid_argument("conveyor: checkpoint '" + path + "' is damaged: its content does not match the " +
+                                "digest it was saved with (changed or cut after it was written); nothing was loaded");
   }
+  return true;
 }
 
 }  // namespace conveyor

@@ -8,6 +8,7 @@
 // is refused. Python's torch.load ignores the extra record.
 
 #include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <string>
 #include <vector>
@@ -17,10 +18,11 @@ namespace conveyor {
 // The file's bytes for `value`, digest included.
 std::vector<char> checkpoint_bytes(const c10::IValue& value);
 
-// The value in `bytes` (read from `path`, named in errors). Throws
-// std::invalid_argument for bytes that are not a readable archive, or whose
-// digest does not match their content. `has_digest` tells whether it had one
-// (files of format version 1 and 2 have none).
-c10::IValue read_checkpoint_bytes(const std::vector<char>& bytes, const std::string& path, bool& has_digest);
+// Checks the digest of the archive that `reader` reads (a file at `path`,
+// named in errors): returns whether it has one (files of format version 1 and
+// 2 have none); throws std::invalid_argument if its content does not match it
+// or its records cannot be read. The caller has checked that no record
+// outsizes the file.
+bool check_digest(caffe2::serialize::PyTorchStreamReader& reader, const std::string& path);
 
 }  // namespace conveyor

@@ -1,9 +1,14 @@
 #include "plugin/checkpoint/optimizer_state.h"
 
+#include "plugin/checkpoint/checked_ivalue.h"
+
 #include <torch/optim.h>
 
 #include <memory>
+#include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace conveyor {
 
@@ -62,12 +67,45 @@ Dict param_state_to_dict(const std::string& type, torch::optim::OptimizerParamSt
   return d;
 }
 
-std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(const std::string& type, const Dict& d,
-                                                                         const at::Tensor& param) {
+// Whether the optimizer's step reads the field (it fails on a state without it).
+bool needs(const std::string& type, const torch::optim::OptimizerOptions& options, const std::string& field) {
+  if (type == "SGD") return static_cast<const torch::optim::SGDOptions&>(options).momentum() != 0;
+  if (type == "Adam" || type == "AdamW") {
+    const bool amsgrad = type == "Adam" ? static_cast<const torch::optim::AdamOptions&>(options).amsgrad()
+                                        : static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
+    return field != "max_exp_avg_sq" || amsgrad;
+  }
+  if (type == "Adagrad") return true;
+  const auto& rms = static_cast<const torch::optim::RMSpropOptions&>(options);
+  return field == "square_avg" || (field == "momentum_buffer" && rms.momentum() > 0) ||
+         (field == "grad_avg" && rms.centered());
+}
+
+// The state of `param` from its saved dict, every field checked (its type, a
+// tensor's shape against the parameter's, the fields the optimizer's step
+// reads all there); nothing is installed yet.
+std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(
+    const std::string& type, const torch::optim::OptimizerOptions& options, const Dict& d, const at::Tensor& param,
+    const std::string& what) {
   const auto tensor = [&](const char* name) {
-    return d.contains(name) ? d.at(name).toTensor().to(param.device()) : at::Tensor();
+    if (!checked::has(d, name)) {
+      if (needs(type, options, name)) throw std::invalid_argument(what + "'" + name + "' is missing");
+      return at::Tensor();
+    }
+    const at::Tensor saved = checked::tensor_field(d, name, what);
+    if (!saved.sizes().equals(param.sizes())) {
+      std::ostringstream os;
+      os << what << "'" << name << "' has shape " << saved.sizes() << ", its parameter " << param.sizes();
+      throw std::invalid_argument(os.str());
+    }
+    // Its own contiguous memory: the optimizer updates it in place.
+    return saved.to(param.device(), param.scalar_type()).clone(at::MemoryFormat::Contiguous);
   };
-  const auto step = [&]() { return d.contains("step") ? d.at("step").toInt() : int64_t{0}; };
+  const auto step = [&]() {
+    const int64_t n = checked::has(d, "step") ? checked::int_field(d, "step", what) : int64_t{0};
+    if (n < 0) throw std::invalid_argument(what + "'step' is negative");
+    return n;
+  };
   if (type == "SGD") {
     auto st = std::make_unique<torch::optim::SGDParamState>();
     st->momentum_buffer(tensor("momentum_buffer"));
@@ -128,40 +166,46 @@ Dict optimizer_state_to_dict(torch::optim::Optimizer& opt, const ParameterNamer&
 std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, const Dict& saved,
                                                const ParameterNamer& name_of, const std::string& what) {
   const std::string type = optimizer_type(opt);
-  const std::string saved_type = saved.at("type").toStringRef();
+  const std::string saved_type = checked::to_string(checked::field(saved, "type", what), "type", what);
   if (type != saved_type) {
     throw std::invalid_argument(what + "the saved state is of " + saved_type + ", this optimizer is " + type);
   }
-  const List groups = saved.at("param_groups").toList();
+  const List groups = checked::list_field(saved, "param_groups", what);
   if (groups.size() != opt.param_groups().size()) {
     throw std::invalid_argument(what + "the saved state has " + std::to_string(groups.size()) + " parameter groups, " +
                                 "this optimizer " + std::to_string(opt.param_groups().size()));
   }
+  const Dict state = checked::dict_field(saved, "state", what);
+  // Everything is read and checked here; the function returned only installs it.
+  std::vector<double> lrs;
+  std::vector<std::pair<at::TensorImpl*, std::shared_ptr<torch::optim::OptimizerParamState>>> states;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const List saved_params = groups.get(g).toGenericDict().at("params").toList();
+    const std::string group_name = "param_groups[" + std::to_string(g) + "]";
+    const Dict group = checked::to_dict(groups.get(g), group_name, what);
+    const List saved_params = checked::list_field(group, "params", what);
     const auto& params = opt.param_groups()[g].params();
     bool same = saved_params.size() == params.size();
-    for (size_t i = 0; same && i < params.size(); ++i) same = saved_params.get(i).toStringRef() == name_of(params[i]);
+    for (size_t i = 0; same && i < params.size(); ++i) {
+      same = checked::to_string(saved_params.get(i), group_name + ".params", what) == name_of(params[i]);
+    }
     if (!same) {
       throw std::invalid_argument(what + "parameter group " + std::to_string(g) +
                                   " holds other parameters than the saved one");
     }
-  }
-  return [&opt, saved, groups, type]() {
-    const Dict state = saved.at("state").toGenericDict();
-    opt.state().clear();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      auto& group = opt.param_groups()[g];
-      const Dict saved_group = groups.get(g).toGenericDict();
-      group.options().set_lr(saved_group.at("lr").toDouble());
-      const List names_in_group = saved_group.at("params").toList();
-      for (size_t i = 0; i < group.params().size(); ++i) {
-        const std::string name = names_in_group.get(i).toStringRef();
-        if (!state.contains(name)) continue;
-        const at::Tensor& p = group.params()[i];
-        opt.state()[p.unsafeGetTensorImpl()] = param_state_from_dict(type, state.at(name).toGenericDict(), p);
-      }
+    lrs.push_back(checked::to_double(checked::field(group, "lr", what), "lr", what));
+    for (const auto& p : params) {
+      const std::string name = name_of(p);
+      if (!checked::has(state, name)) continue;
+      const Dict fields = checked::dict_field(state, name, what);
+      const auto& options = opt.param_groups()[g].options();
+      states.emplace_back(p.unsafeGetTensorImpl(),
+                          param_state_from_dict(type, options, fields, p, what + "'" + name + "': "));
     }
+  }
+  return [&opt, lrs, states]() {
+    opt.state().clear();
+    for (size_t g = 0; g < lrs.size(); ++g) opt.param_groups()[g].options().set_lr(lrs[g]);
+    for (const auto& [impl, s] : states) opt.state()[impl] = s->clone();
   };
 }
 

@@ -1,0 +1,79 @@
+#pragma once
+// The checking half of load_checkpoint (plugin/checkpoint/checkpoint.h): reads
+// a checkpoint's bytes against what they are to be loaded into and checks all
+// of it, changing nothing; what it returns then restores without failing. A
+// file that is damaged, foreign or of another model is refused here with
+// std::invalid_argument, whatever its bytes. load_checkpoint is this, then
+// apply_checkpoint; tests/fuzz/fuzz_checkpoint.cpp feeds it arbitrary bytes.
+
+#include "plugin/checkpoint/optimizer_state.h"
+#include "plugin/stage_random.h"
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace conveyor {
+
+// The file's "format" and the newest "version" this build writes and reads
+// (2 added each stage's own optimizer, its update count and the pipeline's
+// completed steps: asynchronous schedules resume from them; 3 the digest of
+// the content, plugin/checkpoint/checkpoint_file.h).
+inline constexpr const char* kCheckpointFormat = "conveyor-checkpoint";
+inline constexpr int64_t kCheckpointVersion = 3;
+
+// What a checkpoint is loaded into: a pipeline as the loader sees it.
+struct CheckpointTarget {
+  int num_stages = 0;
+  // The parameters, then the buffers, of the local stages by model name
+  // (model_named_parameters, model_named_buffers).
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  // Every tensor an optimizer may hold (by TensorImpl) and its model name.
+  std::map<const void*, std::string> names;
+  struct Stage {
+    bool local = true;
+    torch::optim::Optimizer* optimizer = nullptr;  // its own (PipelineOptions::optimizer)
+    std::optional<c10::Device> random;             // PipelineOptions::stage_rng: its streams' device
+  };
+  std::vector<Stage> stages;  // num_stages of them
+  std::vector<torch::optim::Optimizer*> optimizers;  // the caller's, over the pipeline's parameters
+  // The generators whose states the file restores: the CPU's, then each CUDA device's.
+  std::vector<at::Generator> generators;
+};
+
+// A checked checkpoint: what load_checkpoint restores.
+struct CheckedCheckpoint {
+  int64_t step = 0;
+  int64_t completed_steps = 0;
+  std::vector<int64_t> updates;  // per stage
+  std::vector<at::Tensor> values;  // per target tensor: its saved value, of its shape
+  std::vector<std::function<void()>> restore_optimizers;
+  std::vector<std::optional<StageRandom::State>> random;  // per stage
+  std::vector<at::Tensor> generator_states;  // the first generator_states.size() target generators'
+};
+
+// Names an optimizer's tensors by `names` (CheckpointTarget::names); throws
+// std::invalid_argument, naming `optimizer`, for one the pipeline does not have.
+ParameterNamer parameter_namer(const std::map<const void*, std::string>& names, const std::string& optimizer);
+
+// Unpickles and checks `bytes` (a checkpoint file's; `path` names it in
+// messages). Throws std::invalid_argument for bytes that are not a checkpoint,
+// a checkpoint of another model, stage count or optimizers, or any value of
+// the wrong type or shape.
+CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::string& path,
+                                    const CheckpointTarget& target);
+
+// Writes a checked checkpoint's tensors, optimizer states and generator states
+// into the target (the stages' streams and progress are the pipeline's to set).
+void apply_checkpoint(const CheckedCheckpoint& checked, const CheckpointTarget& target);
+
+}  // namespace conveyor
