@@ -1,9 +1,12 @@
 // Writes the checkpoint fuzzer's seed corpus (tests/fuzz/corpus/checkpoint/)
 // into the folder given: real checkpoints of checkpoint_fixture.h's pipeline
 // in both set-ups (saved by save_checkpoint after a training step), one of
-// another model, and truncated and corrupted copies.
+// another model, truncated and corrupted copies, and copies in format version
+// 2, which has no digest: a mutated file with a digest is refused by it, so
+// only those reach the loader's checks of the content.
 //   make_checkpoint_seeds tests/fuzz/corpus/checkpoint
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/checkpoint/checkpoint_file.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 
 #include <cstdio>
@@ -70,6 +73,9 @@ int main(int argc, char** argv) {
     std::vector<char> flipped = bytes;  // bytes of the pickle and of the tensors' data
     for (size_t i = 64; i < flipped.size(); i += flipped.size() / 7) flipped[i] = static_cast<char>(flipped[i] ^ 0x5a);
     write(dir + "/" + name + "-corrupted.ckpt", flipped);
+    c10::impl::GenericDict d = torch::pickle_load(bytes).toGenericDict();
+    d.insert_or_assign("version", int64_t{2});
+    write(dir + "/" + name + "-v2.ckpt", torch::pickle_save(d));
   }
   std::printf("make_checkpoint_seeds: wrote the seeds into %s\n", dir.c_str());
   return 0;
