@@ -138,6 +138,9 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   if (training && !schedule.synchronous()) {
     for (int k : local_) rollback.keep(*stages_[k]);
   }
+  // Each stage's own random streams go back too: a failed step has drawn
+  // nothing, and a retried one draws the same dropout masks.
+  for (int k : local_) rollback.keep_random(*stages_[k]);
 
   const std::vector<std::exception_ptr> errors = workers_.run([&](int i) {
     try {

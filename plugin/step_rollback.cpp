@@ -18,7 +18,12 @@ void StepRollback::keep(Stage& stage) {
   saved_.push_back(Saved{&stage, stage.snapshot(), std::move(optimizer), stage.updates()});
 }
 
+void StepRollback::keep_random(Stage& stage) {
+  if (StageRandom* random = stage.random()) random_.emplace_back(random, random->state());
+}
+
 void StepRollback::restore() {
+  for (const auto& [random, state] : random_) random->set_state(state);
   for (const Saved& saved : saved_) {
     saved.stage->restore_live(*saved.weights);
     saved.stage->restore_updates(saved.updates);

@@ -3,11 +3,13 @@
 // goes, so a step that fails part-way would leave some updates done. What it
 // changes (each local stage's live weights, optimizer state and update
 // count, which a learning-rate schedule reads) is kept before the step and
-// put back after a failure, whatever failed.
+// put back after a failure, whatever failed. So are the stages' own random
+// streams (PipelineOptions::stage_rng), for every schedule.
 
 #include "plugin/stage.h"
 
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,11 @@ namespace conveyor {
 class StepRollback {
  public:
   void keep(Stage& stage);
+  // Keeps only the stage's random streams, if it has its own (a reference
+  // to their state tensors, which drawing replaces rather than changes).
+  void keep_random(Stage& stage);
   void restore();
+  // Whether weights are kept (random streams alone do not count).
   bool empty() const { return saved_.empty(); }
 
  private:
@@ -27,6 +33,7 @@ class StepRollback {
     int64_t updates;
   };
   std::vector<Saved> saved_;
+  std::vector<std::pair<StageRandom*, StageRandom::State>> random_;
 };
 
 }  // namespace conveyor

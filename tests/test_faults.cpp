@@ -213,5 +213,49 @@ TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   expect_same_state(state_of(*pipe), before, "after the stalled step");
 }
 
+// With stage_rng, each stage's random streams are part of what a failed step
+// leaves as it was: the step after a failure draws the dropout masks that a
+// run which skipped the failed step draws.
+TEST(InProcessFaults, AFailedStepLeavesEachStagesRandomStreamsAsTheyWere) {
+  const auto make = [](const std::string& schedule) {
+    torch::manual_seed(0);
+    torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
+                                torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
+                                torch::nn::Linear(16, 3));
+    model->to(torch::kFloat64);
+    return std::make_unique<Pipeline>(model, options_for(schedule).boundaries({2, 5}).stage_rng(true));
+  };
+  for (const std::string schedule : {"1f1b", "pipedream"}) {
+    for (uint32_t seed = 0; seed <= 3; ++seed) {
+      auto pipe = make(schedule);
+      std::mt19937 rng(seed);
+      FaultPlan plan = draw_fault(FaultKind::kThrow, pipe->schedule(), rng, 4 * kTimeout);
+      if (seed == 0) {  // the step's last action: every forward has drawn its masks
+        plan.stage = kStages - 1;
+        plan.action = static_cast<int>(pipe->schedule().stages[plan.stage].size()) - 1;
+      }
+      const std::string where = schedule + " seed " + std::to_string(seed);
+      train(*pipe, 0);
+      std::vector<at::Tensor> streams;
+      for (int k = 0; k < kStages; ++k) streams.push_back(pipe->stage(k).random()->state().cpu.clone());
+      PlannedFaults faults;
+      {
+        InjectorScope scope(&faults);
+        faults.arm(plan);
+        error_of<PipelineError>([&] { train(*pipe, 1); });
+        faults.disarm();
+      }
+      ASSERT_TRUE(faults.fired()) << where;
+      for (int k = 0; k < kStages; ++k) {
+        EXPECT_TRUE(torch::equal(pipe->stage(k).random()->state().cpu, streams[k])) << where << ": stage " << k;
+      }
+      train(*pipe, 2);
+      auto reference = make(schedule);
+      for (int step : {0, 2}) train(*reference, step);
+      expect_same_state(state_of(*pipe), state_of(*reference), where + ", the step after");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::testing
