@@ -239,12 +239,24 @@ void Runtime::run_worker(int w, const Schedule& schedule, const StepData& data, 
   }
   ActionTimer timer(stream, options_.trace, ctx.start);
 
+  // Where every stage is now, for a timeout's message.
+  const auto busy_now = [&](int k) {
+    std::vector<std::pair<int, bool>> stages;
+    for (const auto& other : ctx.stages) stages.emplace_back(other.action.load(), other.blocked.load());
+    return busy_stages(k, schedule, stages);
+  };
   const std::vector<size_t> no_barriers;
   const auto& barriers = schedule.barriers.empty() ? no_barriers : schedule.barriers[w];
   size_t next_barrier = 0;
   const auto meet_barriers = [&](size_t position) {
     for (; next_barrier < barriers.size() && barriers[next_barrier] == position; ++next_barrier) {
-      transport_->barrier(w, static_cast<int>(next_barrier));
+      try {
+        transport_->barrier(w, static_cast<int>(next_barrier));
+      } catch (const TimeoutError& e) {
+        const int k = mine.front();
+        throw PipelineError(k, -1, "", "conveyor: stage " + std::to_string(k) + " failed at lock-step barrier " +
+                                           std::to_string(next_barrier) + ": " + message_of(e) + busy_now(k));
+      }
     }
   };
 
@@ -275,11 +287,7 @@ void Runtime::run_worker(int w, const Schedule& schedule, const StepData& data, 
     } catch (const std::exception& e) {
       std::string message =
           "conveyor: stage " + std::to_string(k) + " failed in " + describe(action) + ": " + message_of(e);
-      if (dynamic_cast<const TimeoutError*>(&e)) {
-        std::vector<std::pair<int, bool>> stages;
-        for (const auto& other : ctx.stages) stages.emplace_back(other.action.load(), other.blocked.load());
-        message += busy_stages(k, schedule, stages);
-      }
+      if (dynamic_cast<const TimeoutError*>(&e)) message += busy_now(k);
       throw PipelineError(k, action.microbatch, action.str(), message);
     }
     st.action = -1;

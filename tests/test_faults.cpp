@@ -7,9 +7,11 @@
 #include "fault_plans.h"
 #include "test_models.h"
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace conveyor::testing {
@@ -32,7 +34,7 @@ Batch batch(int step) {
   return {torch::randn({8, 8}, torch::kFloat64), torch::randn({8, 3}, torch::kFloat64)};
 }
 
-bool asynchronous(const std::string& schedule) { return schedule == "pipedream"; }
+bool asynchronous(const std::string& schedule) { return schedule == "pipedream" || schedule == "ddg"; }
 
 // SGD with momentum and a learning rate that depends on the update count, so
 // that a failed step that left gradients, momentum or counts behind shows.
@@ -213,6 +215,34 @@ TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   expect_same_state(state_of(*pipe), before, "after the stalled step");
 }
 
+// Under DDG the stages meet at lock-step barriers; a stage stalled before
+// one keeps the others waiting there, and the timeout is a PipelineError
+// that names the barrier or the message it waited for, like any other wait.
+TEST(InProcessFaults, AStallBeforeALockStepBarrierFailsTheStepWithItsName) {
+  struct StallBeforeBarrier : FaultInjector {
+    size_t position = 0;
+    std::atomic<int> seen{0};
+    void before_action(int stage, const schedules::Action&) override {
+      if (stage == 1 && static_cast<size_t>(seen++) + 1 == position) std::this_thread::sleep_for(4 * kTimeout);
+    }
+  } stall;
+  auto pipe = seeded_pipeline("ddg");
+  ASSERT_FALSE(pipe->schedule().barriers.empty());
+  ASSERT_FALSE(pipe->schedule().barriers[1].empty());
+  stall.position = pipe->schedule().barriers[1].front();  // stage 1's action before its first barrier
+  train(*pipe, 0);
+  const State before = state_of(*pipe);
+  std::string message;
+  {
+    InjectorScope scope(&stall);
+    message = error_of<PipelineError>([&] { train(*pipe, 1); });
+  }
+  EXPECT_THAT(message, HasSubstr("timed out after 200 ms"));
+  EXPECT_THAT(message, AnyOf(HasSubstr("failed at lock-step barrier 0"), HasSubstr("from stage 1"),
+                             HasSubstr("to stage 1")));
+  expect_same_state(state_of(*pipe), before, "after the stall before a barrier");
+}
+
 // With stage_rng, each stage's random streams are part of what a failed step
 // leaves as it was: the step after a failure draws the dropout masks that a
 // run which skipped the failed step draws.
@@ -223,7 +253,10 @@ TEST(InProcessFaults, AFailedStepLeavesEachStagesRandomStreamsAsTheyWere) {
                                 torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
                                 torch::nn::Linear(16, 3));
     model->to(torch::kFloat64);
-    return std::make_unique<Pipeline>(model, options_for(schedule).boundaries({2, 5}).stage_rng(true));
+    // No wait is meant to time out here: a timeout far above the step's time
+    // even under a sanitizer (the stages' forwards take turns).
+    return std::make_unique<Pipeline>(
+        model, options_for(schedule).boundaries({2, 5}).stage_rng(true).timeout(std::chrono::seconds(30)));
   };
   for (const std::string schedule : {"1f1b", "pipedream"}) {
     for (uint32_t seed = 0; seed <= 3; ++seed) {
