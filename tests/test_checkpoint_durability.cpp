@@ -3,11 +3,15 @@
 // file damaged afterwards (cut, or one bit flipped) is refused with a clear
 // error and changes nothing in the pipeline it was loaded into, or, where the
 // damage missed the content (zip bookkeeping), loads that very content.
+#include "error_of.h"
 #include "fault_plans.h"
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/checkpoint/checkpoint_file.h"
 #include "temp_dir.h"
 #include "test_models.h"
+#include "tests/fuzz/checkpoint_fixture.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -184,6 +188,72 @@ TEST_F(CheckpointDurability, AFlippedBitIsRefusedOrMissesTheContent) {
   EXPECT_GE(refused, tried / 2) << refused << " of " << tried << " flips refused";
   RecordProperty("flips_refused", refused);
   RecordProperty("flips_tried", tried);
+}
+
+// The checkpoint fuzzer's find (tests/fuzz/corpus/checkpoint/regression-crash-
+// tensor-outsizes-its-record.ckpt, a format-2 file, so without a digest): an
+// optimizer state whose pickle declares 2^30 elements and a row stride of
+// 2^27 over a record of 48 bytes. LibTorch's unpickler sized the storage by
+// the declaration, so the bounds check passed and copying the tensor read
+// far past the record (SEGV); storages are now the records' own bytes, which
+// LibTorch then checks the tensor against.
+TEST(CheckpointDamage, ATensorThatReachesPastItsRecordIsRefused) {
+  torch::nn::Sequential model = fuzzing::fixture_model();
+  Pipeline pipe(model, PipelineOptions().stages(2).microbatches(2).boundaries({fuzzing::kSplit}));
+  auto adam = fuzzing::caller_adam(pipe.parameters());
+  const std::vector<at::Tensor> before = weights_of(pipe);
+  const std::string file =
+      std::string(CONVEYOR_FUZZ_CORPUS_DIR) + "/checkpoint/regression-crash-tensor-outsizes-its-record.ckpt";
+  try {
+    load_checkpoint(file, pipe, {adam.get()});
+    ADD_FAILURE() << "a tensor reaching past its record was loaded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is not a readable checkpoint"));
+    EXPECT_THAT(e.what(), HasSubstr("require a storage of at least 1073741840 bytes, but storage only has 48 bytes"));
+  }
+  EXPECT_TRUE(same(weights_of(pipe), before));
+  EXPECT_TRUE(adam->state().empty());
+}
+
+// The fuzzer's next find (regression-oom-record-size-read-while-opening.ckpt):
+// a record whose central-directory entry says "deflated, 2.9 GB" made
+// LibTorch's reader allocate that much while opening the file, before any
+// check of ours could run. Sizes are now read from the directory first.
+TEST(CheckpointDamage, ARecordSizeOutsizingTheFileIsRefusedBeforeTheFileIsOpened) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", "conveyor-checkpoint");
+  d.insert("weights", torch::arange(12, torch::kFloat32));
+  const std::vector<char> good = checkpoint_bytes(d);
+  ASSERT_TRUE(zip_records_fit(good));
+  // The central directory's entries, found by their signature.
+  std::vector<size_t> entries;
+  for (size_t at = 0; at + 4 <= good.size(); ++at) {
+    if (std::memcmp(good.data() + at, "PK\x01\x02", 4) == 0) entries.push_back(at);
+  }
+  ASSERT_GE(entries.size(), 3u);
+  const auto put = [](std::vector<char>& bytes, size_t at, uint64_t value, int n) {
+    for (int i = 0; i < n; ++i) bytes[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  };
+  for (size_t entry : entries) {
+    std::vector<char> deflated = good;
+    put(deflated, entry + 10, 8, 2);            // method: deflate, which miniz lets differ in size
+    put(deflated, entry + 24, 0xb0000028, 4);   // uncompressed size: 2.9 GB
+    EXPECT_FALSE(zip_records_fit(deflated)) << "entry at " << entry;
+    std::vector<char> zip64 = good;
+    put(zip64, entry + 24, 0xffffffff, 4);      // "in the ZIP64 field", where there is none
+    EXPECT_FALSE(zip_records_fit(zip64)) << "entry at " << entry;
+  }
+  examples::TempDir dir;
+  const std::string file = dir.str() + "/oom.ckpt";
+  std::vector<char> bad = good;
+  put(bad, entries[0] + 10, 8, 2);
+  put(bad, entries[0] + 24, 0xb0000028, 4);
+  write_bytes(file, bad);
+  Pipeline pipe(make_mlp(), PipelineOptions().stages(2).microbatches(2));
+  EXPECT_THAT(error_of([&] { load_checkpoint(file, pipe); }), HasSubstr("is not a readable checkpoint"));
+  const std::string regression =
+      std::string(CONVEYOR_FUZZ_CORPUS_DIR) + "/checkpoint/regression-oom-record-size-read-while-opening.ckpt";
+  EXPECT_FALSE(zip_records_fit(read_bytes(regression)));
 }
 
 }  // namespace

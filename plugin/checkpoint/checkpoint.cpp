@@ -22,7 +22,6 @@
 #include <iterator>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
@@ -43,12 +42,6 @@ List list_of(const std::vector<T>& items) {
 }
 
 at::Tensor to_cpu(const at::Tensor& t) { return t.detach().to(at::kCPU); }
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
 
 // Every tensor an optimizer may hold, by its model name: the layers'
 // parameters and, where weight stashing keeps them apart, the live weights.

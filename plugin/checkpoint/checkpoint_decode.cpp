@@ -9,6 +9,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/storage_context.h>
 
 #include <algorithm>
 #include <cstring>
@@ -122,13 +123,11 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   const std::string unreadable = "conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)";
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   try {
-    // What torch::pickle_load does, with the bounded reader.
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<BoundedReader>(bytes));
     // The records are stored uncompressed: one that claims more bytes than the
     // file has is damaged (and reading it would first allocate all of them).
-    for (const std::string& record : reader->getAllRecords()) {
-      if (reader->getRecordSize(record) > bytes.size()) throw std::invalid_argument("a record outsizes the file");
-    }
+    if (!zip_records_fit(bytes)) throw std::invalid_argument("a record outsizes the file");
+    // What torch::pickle_load does, with the bounded reader.
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(std::make_shared<BoundedReader>(bytes));
   } catch (const std::exception&) {
     throw std::invalid_argument(unreadable);
   }
@@ -141,11 +140,25 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
         throw std::invalid_argument("a length or memo id in the pickle outsizes it");
       }
     }
+    // Each tensor record as a storage of the bytes it has: left to itself the
+    // unpickler sizes a storage by the element count the pickle declares, so a
+    // tensor could then reach past its record (a SEGV, or other memory read
+    // as weights); checked::to_tensor refuses one that reaches past these.
+    auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
+    for (const std::string& record : reader->getAllRecords()) {
+      if (record.rfind("data/", 0) != 0) continue;
+      auto [data, size] = reader->getRecord(record);
+      storages->addStorage(record.substr(5), c10::Storage(c10::Storage::use_byte_size_t(), size, std::move(data),
+                                                          /*allocator=*/nullptr, /*resizable=*/false));
+    }
     value = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                               /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
-                                              /*device=*/std::nullopt, *reader);
-  } catch (const std::exception&) {
-    throw std::invalid_argument(unreadable);
+                                              /*device=*/std::nullopt, *reader,
+                                              torch::jit::Unpickler::defaultTypeParser, storages);
+  } catch (const std::exception& e) {
+    // LibTorch's reason, first line only (its messages carry a C++ backtrace).
+    const std::string reason = e.what();
+    throw std::invalid_argument(unreadable + ": " + reason.substr(0, reason.find('\n')));
   }
   if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
       value.toGenericDict().at("format") != c10::IValue(kCheckpointFormat)) {

@@ -35,7 +35,69 @@ class Digest {
   uint64_t state_ = 0xcbf29ce484222325ULL;
 };
 
+// The n-byte little-endian number at `at` (the caller checked the bounds).
+uint64_t little_endian(const std::vector<char>& bytes, uint64_t at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
+  return v;
+}
+
 }  // namespace
+
+bool zip_records_fit(const std::vector<char>& bytes) {
+  const uint64_t size = bytes.size();
+  const auto le = [&](uint64_t at, int n) { return little_endian(bytes, at, n); };
+  constexpr uint64_t kEnd = 22, kLocator = 20, kEnd64 = 56, kEntry = 46, kMax32 = 0xffffffffULL;
+  if (size < kEnd) return false;
+  // The end-of-directory record: the last signature with room for the record
+  // after it, within the final 64 KiB (a comment's most) and 22 bytes.
+  uint64_t end = size - kEnd + 1;
+  const uint64_t lowest = size > 0xffff + kEnd ? size - 0xffff - kEnd : 0;
+  do {
+    if (end-- == lowest) return false;
+  } while (le(end, 4) != 0x06054b50);
+  uint64_t entries = le(end + 10, 2), dir_size = le(end + 12, 4), dir_at = le(end + 16, 4);
+  if (end >= kLocator + kEnd64 && le(end - kLocator, 4) == 0x07064b50) {
+    const uint64_t at64 = le(end - kLocator + 8, 8);
+    if (at64 > size - kEnd64) return false;
+    if (le(at64, 4) == 0x06064b50) {  // ZIP64: its numbers replace those of the 32-bit record
+      entries = le(at64 + 32, 8);
+      dir_size = le(at64 + 40, 8);
+      dir_at = le(at64 + 48, 8);
+    }
+  }
+  if (dir_at > size || dir_size > size - dir_at || entries > dir_size / kEntry) return false;
+  uint64_t at = dir_at;
+  const uint64_t dir_end = dir_at + dir_size;
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (dir_end - at < kEntry || le(at, 4) != 0x02014b50) return false;
+    uint64_t packed = le(at + 20, 4), unpacked = le(at + 24, 4), local = le(at + 42, 4);
+    const uint64_t name = le(at + 28, 2), extra = le(at + 30, 2), comment = le(at + 32, 2);
+    if (kEntry + name + extra + comment > dir_end - at) return false;
+    // A size of 2^32 - 1 stands for the 64-bit one in the ZIP64 extra field
+    // (id 1), which holds those that stand for one, in this order.
+    uint64_t field = at + kEntry + name;
+    const uint64_t fields_end = field + extra;
+    while (fields_end - field >= 4) {
+      const uint64_t id = le(field, 2), length = le(field + 2, 2);
+      if (length > fields_end - field - 4) return false;
+      if (id == 1) {
+        uint64_t value = field + 4;
+        for (uint64_t* v : {&unpacked, &packed, &local}) {
+          if (*v != kMax32) continue;
+          if (field + 4 + length - value < 8) return false;
+          *v = le(value, 8);
+          value += 8;
+        }
+        break;
+      }
+      field += 4 + length;
+    }
+    if (unpacked > size || packed > size) return false;
+    at += kEntry + name + extra + comment;
+  }
+  return true;
+}
 
 std::vector<char> checkpoint_bytes(const c10::IValue& value) {
   // torch::pickle_save without the type tags it puts on every dict and list:

@@ -18,6 +18,14 @@ namespace conveyor {
 // The file's bytes for `value`, digest included.
 std::vector<char> checkpoint_bytes(const c10::IValue& value);
 
+// Whether every record of the zip archive `bytes` fits in it, by the sizes
+// its central directory declares (found as miniz, LibTorch's zip reader, finds
+// them, ZIP64 fields included): LibTorch's reader allocates a record's
+// declared size before reading it, already while it opens the archive, so a
+// damaged size must be caught before. Also false where the directory cannot
+// be read at all.
+bool zip_records_fit(const std::vector<char>& bytes);
+
 // Checks the digest of the archive that `reader` reads (a file at `path`,
 // named in errors): returns whether it has one (files of format version 1 and
 // 2 have none); throws std::invalid_argument if its content does not match it
