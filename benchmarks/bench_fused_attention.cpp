@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
           const double reference_ms = train ? sdpa_default.training_ms : sdpa_default.forward_ms;
           conveyor::DispatchRow row{"attention", device_token, dtype_name,
                                     fused_ms * 1.03 < reference_ms ? conveyor::FusedPath::kFused
-                                                                   : conveyor::FusedPath::kReference};
+                                                                   : conveyor::FusedPath::kReference,
+                                    {}, {}};
           row.shape = {{"batch_heads", double(o.batch * o.heads)}, {"seq_q", double(s)}, {"seq_k", double(s)},
                        {"head_dim", double(d)}, {"causal", causal ? 1.0 : 0.0}, {"train", train ? 1.0 : 0.0}};
           row.measured = {{"fused_ms", fused_ms}, {"reference_ms", reference_ms}};

@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
   if (flags.grid) {
     for (int64_t layers : use_cuda ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1}) {
       for (int64_t hidden : use_cuda ? std::vector<int64_t>{256, 512, 1024} : std::vector<int64_t>{64, 256}) {
-        const auto batches = use_cuda ? std::vector<int64_t>{1, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 4, 16, 64};
+        const auto batches =
+            use_cuda ? std::vector<int64_t>{1, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 4, 16, 64};
         for (int64_t batch : batches) {
           shapes.push_back({batch, use_cuda ? 50 : 20, hidden, layers});
         }
@@ -206,7 +207,8 @@ int main(int argc, char** argv) {
           // The fused kernel only where it is clearly faster: the replaced op is the safe default.
           conveyor::DispatchRow row{"lstm", device_token, name,
                                     t.fused_ms * kMargin < t.torch_ms ? conveyor::FusedPath::kFused
-                                                                      : conveyor::FusedPath::kReference};
+                                                                      : conveyor::FusedPath::kReference,
+                                    {}, {}};
           row.shape = {{"batch", double(s.batch)}, {"seq", double(s.seq)},       {"input", double(s.hidden)},
                        {"hidden", double(s.hidden)}, {"layers", double(s.layers)}, {"train", backward ? 1.0 : 0.0}};
           row.measured = {{"fused_ms", t.fused_ms}, {"reference_ms", t.torch_ms}};

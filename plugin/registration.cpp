@@ -28,8 +28,11 @@ void validate_schedule(const std::string& text, int64_t channel_capacity) {
 
 std::tuple<double, double, std::vector<int64_t>> simulate_schedule(const std::string& text, std::vector<double> forward,
                                                                    std::vector<double> backward, double transfer) {
-  const auto sim = schedules::simulate(schedules::Schedule::parse(text),
-                                       schedules::StageCosts{std::move(forward), std::move(backward), transfer, {}});
+  schedules::StageCosts costs;
+  costs.forward = std::move(forward);
+  costs.backward = std::move(backward);
+  costs.transfer = transfer;
+  const auto sim = schedules::simulate(schedules::Schedule::parse(text), costs);
   return {sim.makespan, sim.bubble_fraction, std::vector<int64_t>(sim.peak_inflight.begin(), sim.peak_inflight.end())};
 }
 

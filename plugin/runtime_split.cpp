@@ -30,7 +30,7 @@ bool differentiable(const at::Tensor& t) { return t.defined() && t.requires_grad
 
 }  // namespace
 
-void Runtime::backward_input(int k, int mb, const Schedule& schedule, const StepData& data, StepContext& ctx) {
+void Runtime::backward_input(int k, int mb, const Schedule& /*schedule*/, const StepData& data, StepContext& ctx) {
   Stage& stage = *stages_[k];
   StashEntry& entry = ctx.stages[k].stash.at(mb);
   TORCH_CHECK(!entry.input_backward_done, "the input backward of micro-batch ", mb, " already ran");

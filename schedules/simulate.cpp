@@ -10,7 +10,11 @@
 namespace conveyor::schedules {
 
 StageCosts StageCosts::uniform(int num_stages, double forward, double backward, double transfer) {
-  return StageCosts{std::vector<double>(num_stages, forward), std::vector<double>(num_stages, backward), transfer};
+  StageCosts costs;
+  costs.forward.assign(num_stages, forward);
+  costs.backward.assign(num_stages, backward);
+  costs.transfer = transfer;
+  return costs;
 }
 
 namespace {

@@ -15,6 +15,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Index of the first tensor record (an int: the header's enums do not mix).
+constexpr int64_t kRecord0 = kPreambleLength;
+
 // A header of one float32 tensor of `sizes` on the host route, from stage 0, micro-batch 3.
 std::vector<int64_t> header(std::vector<int64_t> sizes, int64_t route = kHostRoute) {
   std::vector<int64_t> h(kHeaderLength, 0);
@@ -63,13 +66,13 @@ TEST(C10dHeader, RefusesEveryCorruptFieldNamingIt) {
   h[kCount] = -1;
   EXPECT_THAT(error_of(h), HasSubstr("corrupt (-1 tensors)"));
   h = header({4, 16});
-  h[kPreambleLength + kNdim] = kHeaderLength;
+  h[kRecord0 + kNdim] = kHeaderLength;
   EXPECT_THAT(error_of(h), HasSubstr("corrupt (ndim 256"));
   h = header({4, 16});
-  h[kPreambleLength + kDtype] = 999;
+  h[kRecord0 + kDtype] = 999;
   EXPECT_THAT(error_of(h), HasSubstr("dtype code 999"));
   h = header({4, 16});
-  h[kPreambleLength + kRoute] = 7;
+  h[kRecord0 + kRoute] = 7;
   EXPECT_THAT(error_of(h), HasSubstr("route 7"));
   EXPECT_THAT(error_of(header({4, -16})), HasSubstr("sizes outside [0, 2^48] elements"));
   EXPECT_THAT(error_of(header({int64_t{1} << 30, int64_t{1} << 30})), HasSubstr("sizes outside [0, 2^48]"));
@@ -78,20 +81,20 @@ TEST(C10dHeader, RefusesEveryCorruptFieldNamingIt) {
   // Fields that do not describe the payload that follows (a lying dtype or
   // shape): Gloo would abort the receiver if the payload were received.
   h = header({4, 16});
-  h[kPreambleLength + kDtype] = static_cast<int64_t>(c10::ScalarType::Double);
+  h[kRecord0 + kDtype] = static_cast<int64_t>(c10::ScalarType::Double);
   EXPECT_THAT(error_of(h), HasSubstr("does not describe its payload: a Double tensor of shape [4, 16] takes 512 bytes, "
                                      "but 256 follow"));
   h = header({4, 16});
-  h[kPreambleLength + kSizes + 1] = 17;
+  h[kRecord0 + kSizes + 1] = 17;
   EXPECT_THAT(error_of(h), HasSubstr("a Float tensor of shape [4, 17] takes 272 bytes, but 256 follow"));
   h = header({});
   h[kCount] = 16;  // 16 undefined records fit; defined ones that overflow the header do not
-  for (int i = 0; i < 16; ++i) h[kPreambleLength + i * kSizes] = 0;
+  for (int i = 0; i < 16; ++i) h[kRecord0 + i * kSizes] = 0;
   EXPECT_EQ(decode_header(h.data(), Channel::kActivation, 3, 0, 16).size(), 16u);
   h = header({});
   h[kCount] = 2;
-  h[kPreambleLength + kNdim] = kHeaderLength - kPreambleLength - kSizes;  // fills the header
-  h[kPreambleLength + kRoute] = kNoPayload;
+  h[kRecord0 + kNdim] = kHeaderLength - kRecord0 - kSizes;  // fills the header
+  h[kRecord0 + kRoute] = kNoPayload;
   EXPECT_THAT(error_of(h), HasSubstr("records run past its end"));
 }
 
