@@ -10,6 +10,12 @@
 #include "rank_launcher.h"
 #include "wire_fault_roles.h"
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -134,6 +140,46 @@ TEST(WireFaults, APeerThatClosesItsConnectionsStopsBothRanks) {
         << where << "\n" << o.logs;
     EXPECT_THAT(o.errors[other], HasSubstr(stage_name(faulty_rank(seed)))) << where << "\n" << o.logs;
   }
+}
+
+// A write to a connection the peer closed, in a child that starts with
+// SIGPIPE's default action and calls ignore_broken_pipes() first or not.
+// Returns the child's wait status.
+int write_to_a_closed_peer(bool ignore_first) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    if (ignore_first && !ignore_broken_pipes()) ::_exit(3);
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, ends) != 0) ::_exit(4);
+    ::close(ends[1]);
+    const char byte = 0;
+    const bool epipe = ::write(ends[0], &byte, 1) < 0 && errno == EPIPE;
+    ::_exit(epipe ? 0 : 5);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return status;
+}
+
+// The rank whose peer closed its sockets was once killed by SIGPIPE when Gloo
+// wrote to it (exit 141 in the test above, now and then), instead of failing
+// with an error that names the peer: the store and the groups now make a
+// closed socket an error (EPIPE), unless the program chose SIGPIPE's action.
+TEST(WireFaults, APeersClosedSocketIsAnErrorNotASilentDeath) {
+  const int without = write_to_a_closed_peer(false);
+  EXPECT_TRUE(WIFSIGNALED(without) && WTERMSIG(without) == SIGPIPE) << "status " << without;
+  const int with = write_to_a_closed_peer(true);
+  EXPECT_TRUE(WIFEXITED(with) && WEXITSTATUS(with) == 0) << "status " << with;
+  struct sigaction saved {};
+  ::sigaction(SIGPIPE, nullptr, &saved);
+  ::signal(SIGPIPE, +[](int) {});
+  EXPECT_FALSE(ignore_broken_pipes());  // a handler the program chose stays
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_NE(now.sa_handler, SIG_IGN);
+  EXPECT_NE(now.sa_handler, SIG_DFL);
+  ::sigaction(SIGPIPE, &saved, nullptr);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <csignal>
 #include <charconv>
 #include <cstdlib>
 #include <map>
@@ -138,7 +139,18 @@ LaunchEnvironment LaunchEnvironment::from_environment() {
   return e;
 }
 
+bool ignore_broken_pipes() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return false;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  return ::sigaction(SIGPIPE, &ignore, nullptr) == 0;
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnvironment& env, std::chrono::milliseconds timeout) {
+  ignore_broken_pipes();
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(env.master_port);
   options.isServer = env.rank == 0 && !env.agent_store;
@@ -200,6 +212,7 @@ ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, Hy
         throw std::invalid_argument("this LibTorch (or this build of conveyor) has no NCCL");
 #endif
       }
+      ignore_broken_pipes();
       return make_gloo_group(prefixed, group_rank, static_cast<int>(ranks.size()), options_.connect_timeout,
                              options_.timeout);
     } catch (const std::exception& e) {

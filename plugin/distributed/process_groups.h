@@ -48,9 +48,22 @@ struct LaunchEnvironment {
   static LaunchEnvironment from_environment();
 };
 
+// A write to a connection that the peer has closed raises SIGPIPE, whose
+// default action kills the process without a word: Gloo and the TCP store
+// write without MSG_NOSIGNAL, so a rank that dies (or closes its sockets)
+// could take a surviving peer down with it instead of that peer failing with
+// an error that names the dead rank. Python ignores SIGPIPE from the start; a
+// C++ program does not. So, while SIGPIPE has its default action, this sets
+// it to be ignored (the write then fails with EPIPE, which Gloo reports); a
+// handler or disposition the program chose is left alone. connect_store and
+// every group ProcessGroups connects call it. Returns whether it changed
+// the disposition.
+bool ignore_broken_pipes();
+
 // The job's key-value store: rank 0 serves it at MASTER_ADDR:MASTER_PORT (or
 // torchrun's agent does) and every rank connects, waiting at most `timeout`
-// for the others.
+// for the others. Ignores SIGPIPE unless the program chose what it does
+// (ignore_broken_pipes).
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnvironment& env, std::chrono::milliseconds timeout);
 
 struct HybridLayout {
