@@ -57,11 +57,7 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
 // finds the data short. Scanning stops, leaving the rest to
 // the unpickler, at STOP, at an opcode it does not know or at a cut line.
 bool pickle_lengths_fit(const char* data, size_t size) {
-  const auto le = [&](size_t at, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data[at + i]);
-    return v;
-  };
+  const auto le = [&](size_t at, int n) { return little_endian(data + at, n); };
   size_t at = 0;
   while (at < size) {
     const unsigned char op = static_cast<unsigned char>(data[at++]);

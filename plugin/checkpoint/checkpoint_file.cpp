@@ -35,18 +35,17 @@ class Digest {
   uint64_t state_ = 0xcbf29ce484222325ULL;
 };
 
-// The n-byte little-endian number at `at` (the caller checked the bounds).
-uint64_t little_endian(const std::vector<char>& bytes, uint64_t at, int n) {
+}  // namespace
+
+uint64_t little_endian(const char* bytes, int n) {
   uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(bytes[i]);
   return v;
 }
 
-}  // namespace
-
 bool zip_records_fit(const std::vector<char>& bytes) {
   const uint64_t size = bytes.size();
-  const auto le = [&](uint64_t at, int n) { return little_endian(bytes, at, n); };
+  const auto le = [&](uint64_t at, int n) { return little_endian(bytes.data() + at, n); };
   constexpr uint64_t kEnd = 22, kLocator = 20, kEnd64 = 56, kEntry = 46, kMax32 = 0xffffffffULL;
   if (size < kEnd) return false;
   // The end-of-directory record: the last signature with room for the record

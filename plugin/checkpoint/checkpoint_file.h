@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ namespace conveyor {
 
 // The file's bytes for `value`, digest included.
 std::vector<char> checkpoint_bytes(const c10::IValue& value);
+
+// The n-byte little-endian number at `bytes` (zip and pickle fields; the
+// caller checked the bounds).
+uint64_t little_endian(const char* bytes, int n);
 
 // Whether every record of the zip archive `bytes` fits in it, by the sizes
 // its central directory declares (found as miniz, LibTorch's zip reader, finds
