@@ -40,7 +40,8 @@ class FaultInjector {
   // in-process transport passes null. May throw, sleep or end the process.
   virtual void before_send(Channel /*channel*/, int /*from*/, int /*to*/, int /*mb*/, int64_t* /*header*/) {}
 
-  // c10d: a message's header is posted, its payloads not yet.
+  // c10d: a message's first part is posted (its header, and the payloads that
+  // ride with it); payloads on tags of their own are not yet.
   // `header_delivered` waits (bounded) until the peer has taken the header.
   virtual void after_header(Channel /*channel*/, int /*from*/, int /*to*/, int /*mb*/,
                             const std::function<void()>& /*header_delivered*/) {}

@@ -126,6 +126,16 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   }
   const bool training = data.loss_fn != nullptr;
   transport_->reset();
+  // What this process will receive, in order: a transport may post it ahead.
+  for (int w : local_workers_) {
+    for (const Action& a : schedule.stages[w]) {
+      if (a.kind == ActionKind::kForward && a.stage > 0) {
+        transport_->expect(Channel::kActivation, a.stage - 1, a.stage, a.microbatch);
+      } else if (training && schedules::is_backward(a.kind) && a.stage + 1 < num) {
+        transport_->expect(Channel::kGradient, a.stage + 1, a.stage, a.microbatch);
+      }
+    }
+  }
   // A step's backwards accumulate a tied parameter's gradient into each copy
   // from zero; what the copies held before is added back after the sum.
   std::vector<Tensors> tied_before;
@@ -165,6 +175,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     try {
       transport_->finish_step();  // this side's messages delivered, or no weights change
       if (training) sum_tied_gradients(tied_before);
+      if (training) transport_->commit();  // and every side's step came through
     } catch (const std::exception& e) {
       // After the last action, but still a failure of the step: a PipelineError.
       const int k = local_.size() == 1 ? local_[0] : -1;

@@ -6,6 +6,7 @@
 // use the same models and data.
 
 #include "distributed_roles.h"
+#include "plugin/transport/c10d.h"
 
 namespace conveyor::testing {
 
@@ -67,6 +68,38 @@ inline std::pair<at::Tensor, at::Tensor> tied_lm_batch(int step) {
   return {torch::randint(kVocab, {kBatch, 6}), torch::randint(kVocab, {kBatch, 6})};
 }
 
+// A boundary of `width` float64 values a sample: 16 (a message of a few
+// hundred bytes) or 70,000 (1.1 MB a micro-batch, past the 1 MiB that a
+// message's first part may hold).
+inline torch::nn::Sequential seeded_wide(int64_t width) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(8, width), torch::nn::Tanh(), torch::nn::Linear(width, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+// One 1F1B step of each, over a transport made here so that its counts can be
+// read: "messages wire-messages" that this rank sent, and the gradients.
+inline void wire_counts(Worker& w) {
+  auto groups = w.groups("counts", 2, std::chrono::seconds(20));
+  const Data d = global_batch(0);
+  for (const int64_t width : {16, 70000}) {
+    C10dTransportOptions o;
+    o.stage = groups->stage();
+    o.ranks = {0, 1};
+    o.timeout = std::chrono::seconds(20);
+    auto transport = std::make_unique<C10dTransport>(groups->pipeline(), nullptr, o);
+    const C10dTransport& wire = *transport;
+    Pipeline pipe(seeded_wide(width), PipelineOptions().stages(2).microbatches(kMicrobatches), o.stage,
+                  std::move(transport));
+    pipe.train_step(d.x, d.y, mse);
+    const std::string what = "wide" + std::to_string(width);
+    w.note(what, std::to_string(wire.counts().messages) + " " + std::to_string(wire.counts().wire_messages));
+    write_tensors(w.file(what), grads_of(pipe.named_parameters()));
+  }
+  groups->barrier();
+}
+
 inline void several_tensors(Worker& w) {
   auto groups = w.groups("tensors", w.env.world_size, std::chrono::seconds(20));
   const Data d = global_batch(0);
@@ -93,6 +126,7 @@ inline void several_tensors(Worker& w) {
     write_tensors(w.file("tied"), values_of(pipe.named_parameters()));
   }
   groups->barrier();
+  wire_counts(w);
 }
 
 }  // namespace conveyor::testing

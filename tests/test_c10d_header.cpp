@@ -55,6 +55,28 @@ TEST(C10dHeader, DecodesWhatTheSenderWrote) {
   EXPECT_EQ(empty[0].shape.sizes, (std::vector<int64_t>{0, 7}));
 }
 
+TEST(C10dHeader, PlacesInlinePayloadsAfterTheHeaderAndWithinTheMessage) {
+  auto h = header({4, 16}, kInlineRoute);
+  h[kCount] = 2;
+  int64_t* second = h.data() + kRecord0 + kSizes + 2;
+  std::copy(h.begin() + kRecord0, h.begin() + kRecord0 + kSizes + 2, second);
+  second[kSizes] = 3;  // [3, 16] floats: 192 bytes
+  second[kBytes] = 192;
+  const auto in = decode_header(h.data(), Channel::kActivation, 3, 0, 16);
+  ASSERT_EQ(in.size(), 2u);
+  EXPECT_EQ(in[0].offset, kHeaderBytes);
+  EXPECT_EQ(in[0].bytes, 256);
+  EXPECT_EQ(in[1].offset, kHeaderBytes + 256);
+  EXPECT_EQ(in[1].bytes, 192);
+  EXPECT_EQ(aligned_payload(192), 192);
+  EXPECT_EQ(aligned_payload(193), 256);
+
+  // A payload that would run past the buffer every receiver posts is refused.
+  const int64_t rows = (kMessageBytes - kHeaderBytes) / 64 + 1;  // rows of 16 floats, one too many
+  EXPECT_THAT(error_of(header({rows, 16}, kInlineRoute)), HasSubstr("inline payloads run past the message's 1048576"));
+  EXPECT_NO_THROW(decode_header(header({rows - 1, 16}, kInlineRoute).data(), Channel::kActivation, 3, 0, 16));
+}
+
 TEST(C10dHeader, RefusesEveryCorruptFieldNamingIt) {
   auto h = header({4, 16});
   EXPECT_THAT(error_of(h, /*mb=*/4), HasSubstr("not a conveyor message for this channel and micro-batch"));

@@ -175,6 +175,29 @@ TEST_F(TwoRanks, SeveralTensorsCrossProcessesAsInProcess) {
   expect_equal(merged(out_, "bucketed", 2), grads_of(bucketed.named_parameters()), "bucketed K=2");
 }
 
+// One message per micro-batch and boundary: the payload rides with its header
+// while the whole fits 1 MiB, and follows on a tag of its own otherwise. Each
+// rank sends kMicrobatches messages a step (activations one way, gradients the
+// other) and the gradients stay those of the in-process runtime.
+TEST_F(TwoRanks, EachMicrobatchCrossesABoundaryAsOneMessageUnlessItIsLarge) {
+  expect_success(exits_);
+  const Data d = global_batch(0);
+  for (const int64_t width : {16, 70000}) {
+    const std::string what = "wide" + std::to_string(width);
+    const int per_message = width == 16 ? 1 : 2;
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in(out_ + "/" + what + "-rank" + std::to_string(r) + ".txt");
+      int64_t messages = -1, wire = -1;
+      in >> messages >> wire;
+      EXPECT_EQ(messages, kMicrobatches) << what << " rank " << r;
+      EXPECT_EQ(wire, per_message * kMicrobatches) << what << " rank " << r;
+    }
+    Pipeline pipe(seeded_wide(width), PipelineOptions().stages(2).microbatches(kMicrobatches));
+    pipe.train_step(d.x, d.y, mse);
+    expect_equal(merged(out_, what, 2), grads_of(pipe.named_parameters()), what);
+  }
+}
+
 TEST_F(TwoRanks, TiedWeightsInTwoProcessesStayBitIdenticalAndMatchInProcess) {
   expect_success(exits_);
   const TensorMap got = merged(out_, "tied", 2);

@@ -74,7 +74,7 @@ class WireFault : public FaultInjector {
   void after_header(Channel, int, int, int, const std::function<void()>& header_delivered) override {
     if (!hit_ || kind_ != "die") return;
     header_delivered();
-    ::_exit(9);  // mid-message: the header is out, its payload never will be
+    ::_exit(9);  // mid-step: this message is out (its header, at least), the rest never will be
   }
 
  private:

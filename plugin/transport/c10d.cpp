@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -65,8 +66,20 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
   TORCH_CHECK(tensors.size() <= static_cast<size_t>(kMaxTensors), "conveyor: ", s.prefix, ": ", message.what, " has ",
               tensors.size(), " tensors; at most ", kMaxTensors, " cross a stage boundary");
 
-  at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
-  int64_t* h = header.data_ptr<int64_t>();
+  // Each tensor's route; the host payloads ride inline if the message fits a receiver's buffer.
+  std::vector<Route> routes(tensors.size(), kNoPayload);
+  int64_t length = kHeaderBytes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!t.defined() || t.numel() == 0) continue;
+    routes[i] = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
+    if (routes[i] == kHostRoute) length += aligned_payload(t.numel() * static_cast<int64_t>(t.element_size()));
+  }
+  const bool inline_host = length <= kMessageBytes;
+  at::Tensor first = at::empty({inline_host ? length : kHeaderBytes}, at::kByte);
+  char* base = static_cast<char*>(first.data_ptr());
+  std::memset(base, 0, kHeaderBytes);
+  int64_t* h = reinterpret_cast<int64_t*>(base);
   h[kMagicField] = kMagic;
   h[kChannel] = static_cast<int64_t>(channel);
   h[kMicrobatch] = mb;
@@ -74,8 +87,8 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
   h[kCount] = static_cast<int64_t>(tensors.size());
   std::vector<Sent> sent(tensors.size());
   std::vector<int64_t> records;
-  std::vector<std::pair<Route, at::Tensor>> payloads;
-  int64_t at = kPreambleLength;
+  std::vector<std::pair<Route, at::Tensor>> payloads;  // one per tensor; those not inline have tags of their own
+  int64_t at = kPreambleLength, offset = kHeaderBytes;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor t = tensors[i].defined() ? tensors[i].detach() : tensors[i];
     const int64_t ndim = t.defined() ? t.dim() : 0;
@@ -85,19 +98,25 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     int64_t* r = h + at;
     records.push_back(at);
     at += kSizes + ndim;
-    Route route = kNoPayload;
+    const Route route = routes[i] == kHostRoute && inline_host ? kInlineRoute : routes[i];
     r[kDefined] = t.defined() ? 1 : 0;
     if (t.defined()) {
       r[kDtype] = static_cast<int64_t>(t.scalar_type());
       r[kNdim] = ndim;
       for (int64_t d = 0; d < ndim; ++d) r[kSizes + d] = t.size(d);
       sent[i] = {true, t.sizes().vec(), t.scalar_type()};
-      if (t.numel() > 0) route = (t.device().is_cuda() && s.device_group) ? kDeviceRoute : kHostRoute;
     }
     r[kRoute] = route;
-    r[kBytes] = route == kNoPayload ? 0 : t.numel() * static_cast<int64_t>(t.element_size());
+    const int64_t bytes = route == kNoPayload ? 0 : t.numel() * static_cast<int64_t>(t.element_size());
+    r[kBytes] = bytes;
     at::Tensor payload;
-    if (route != kNoPayload) payload = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
+    if (route == kInlineRoute) {
+      const at::Tensor host = t.to(c10::kCPU).contiguous();
+      std::memcpy(base + offset, host.const_data_ptr(), static_cast<size_t>(bytes));
+      offset += aligned_payload(bytes);
+    } else if (route != kNoPayload) {
+      payload = route == kDeviceRoute ? t.contiguous() : t.to(c10::kCPU).contiguous();
+    }
     payloads.emplace_back(route, std::move(payload));
   }
   {
@@ -111,9 +130,9 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
   if (faults) faults->before_send(channel, from, to, mb, h);
   const int tag = header_tag(channel, mb);
   try {
-    std::vector<at::Tensor> list{header};
+    std::vector<at::Tensor> list{first};
     message.works.push_back(s.group->send(list, to, tag));
-    message.buffers.push_back(header);
+    message.buffers.push_back(first);
     if (faults) {
       faults->after_header(channel, from, to, mb, [&] {
         s.wait(message.works.front(), Clock::now() + s.options.timeout, to, message.what + " to be taken");
@@ -121,7 +140,7 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     }
     for (size_t i = 0; i < payloads.size(); ++i) {
       const auto& [route, payload] = payloads[i];
-      if (route == kNoPayload) continue;
+      if (route == kNoPayload || route == kInlineRoute) continue;
       list = {payload};
       message.works.push_back((route == kDeviceRoute ? s.device_group : s.group)->send(list, to, tag + 1 + int(i)));
       message.buffers.push_back(payload);
@@ -130,6 +149,8 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     s.fail(s.prefix + ": could not send " + message.what + " to " + s.stage_name(to) + " [" + message_of(e) + "]");
   }
   std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.counts.messages;
+  s.counts.wire_messages += static_cast<int64_t>(message.works.size());
   s.posted.push_back(std::move(message));
 }
 
@@ -144,17 +165,23 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
   const std::string what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb) +
                            " from " + s.stage_name(from);
   const int tag = header_tag(channel, mb);
-  at::Tensor header = at::empty({kHeaderLength}, at::kLong);
-  c10::intrusive_ptr<Work> work;
+  // The message's first part: in a buffer posted ahead, or posted now.
+  State::Ahead first;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (const auto it = s.ahead.find({channel, mb}); it != s.ahead.end()) {
+      first = std::move(it->second);
+      s.ahead.erase(it);
+    }
+  }
   try {
-    std::vector<at::Tensor> header_list{header};
-    work = s.group->recv(header_list, from, tag);
+    if (!first.work) first = s.post_receive(channel, from, mb);
   } catch (const std::exception& e) {
     s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
   }
-  s.wait(work, deadline, from, what);
-
-  const int64_t* h = header.data_ptr<int64_t>();
+  s.wait(first.work, deadline, from, what);
+  const char* base = static_cast<const char*>(first.buffer.const_data_ptr());
+  const int64_t* h = reinterpret_cast<const int64_t*>(base);
   const auto mismatch = [&](const std::string& detail) {
     s.fail(s.prefix + ": " + what + " does not match what stage " + std::to_string(to) + " expects: " + detail);
   };
@@ -222,6 +249,12 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
       tensors[i] = at::empty(in.shape.sizes, options.device(s.options.device));
       continue;
     }
+    if (in.route == kInlineRoute) {
+      tensors[i] = at::empty(in.shape.sizes, options.device(c10::kCPU));
+      std::memcpy(tensors[i].mutable_data_ptr(), base + in.offset, static_cast<size_t>(in.bytes));
+      if (tensors[i].device() != s.options.device) tensors[i] = tensors[i].to(s.options.device);
+      continue;
+    }
     if (in.route == kDeviceRoute) {
       if (!s.device_group) mismatch("it was sent on an accelerator group this stage does not have");
       int64_t expected = 0;
@@ -244,11 +277,38 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
       s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
     }
   }
+  s.give_buffer(std::move(first.buffer));
+  try {
+    s.post_ahead(channel);
+  } catch (const std::exception& e) {
+    s.fail(s.prefix + ": could not post the receives after " + what + " [" + message_of(e) + "]");
+  }
   for (const auto& [payload, i] : pending) {
     s.wait(payload, deadline, from, what);
     if (tensors[i].device() != s.options.device) tensors[i] = tensors[i].to(s.options.device);
   }
   return tensors;
+}
+
+void C10dTransport::expect(Channel channel, int from, int to, int mb) {
+  State& s = *state_;
+  if (to != s.options.stage || from < 0 || from >= static_cast<int>(s.options.ranks.size())) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (!s.failure.empty()) return;
+    s.expected[channel].emplace_back(from, mb);
+  }
+  try {
+    s.post_ahead(channel);
+  } catch (const std::exception& e) {
+    s.fail(s.prefix + ": could not post the receive of the " + channel_name(channel) + " of micro-batch " +
+           std::to_string(mb) + " from " + s.stage_name(from) + " [" + message_of(e) + "]");
+  }
+}
+
+C10dTransport::Counts C10dTransport::counts() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->counts;
 }
 
 void C10dTransport::barrier(int stage, int index) {
@@ -275,7 +335,9 @@ void C10dTransport::abort() {
     if (s.failure.empty()) s.failure = s.prefix + ": the step was stopped by a failure on this rank";
     pending = s.waiting;
     for (const auto& p : s.posted) pending.insert(pending.end(), p.works.begin(), p.works.end());
+    for (const auto& [key, a] : s.ahead) pending.push_back(a.work);
     s.posted.clear();
+    s.expected.clear();
   }
   for (const auto& work : pending) {
     try {
@@ -299,11 +361,31 @@ void C10dTransport::finish_step() {
   }
 }
 
+void C10dTransport::commit() {
+  State& s = *state_;
+  s.check_usable();
+  std::string others;
+  for (int k = 0; k < static_cast<int>(s.options.ranks.size()); ++k) {
+    if (k != s.options.stage) others += (others.empty() ? "" : ", ") + s.stage_name(k);
+  }
+  const std::string what = "the other stages (" + others + ") to finish the step";
+  c10d::BarrierOptions options;
+  options.timeout = s.options.timeout;
+  c10::intrusive_ptr<Work> work;
+  try {
+    work = s.group->barrier(options);
+  } catch (const std::exception& e) {
+    s.fail(s.prefix + ": could not wait for " + what + " [" + message_of(e) + "]");
+  }
+  s.wait(work, Clock::now() + s.options.timeout, -1, what);
+}
+
 void C10dTransport::reset() {
   state_->check_usable();
   finish_step();
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->sent_activations.clear();
+  state_->expected.clear();
 }
 
 }  // namespace conveyor

@@ -18,6 +18,12 @@
 // (bucketing). A message carries at most kMaxTensors tensors and as many
 // dimensions as fit the header.
 //
+// One Gloo message per micro-batch and boundary: host payloads ride in the
+// header's message when the whole fits c10d_wire::kMessageBytes (1 MiB);
+// larger ones, and accelerator payloads, follow on their own tags. The
+// runtime tells the transport what it will receive (expect()), and the
+// receives are posted ahead, so a message lands while the stage computes.
+//
 // Sends never block: a message stays posted until its receiver takes it, and
 // the sender keeps the tensor alive until then (it holds it anyway: the stash
 // keeps every in-flight activation). finish_step() waits for every posted
@@ -81,6 +87,7 @@ class C10dTransport final : public Transport {
 
   void send(Channel channel, int from, int to, int mb, const Tensors& tensors) override;
   Tensors recv(Channel channel, int from, int to, int mb) override;
+  void expect(Channel channel, int from, int to, int mb) override;
   // A barrier of the pipeline group, bounded by the timeout.
   void barrier(int stage, int index) override;
   void abort() override;
@@ -89,10 +96,21 @@ class C10dTransport final : public Transport {
   // Waits, at most the timeout, until every message this stage posted has
   // been received. Throws (and fails the transport) otherwise.
   void finish_step() override;
+  // A barrier of the pipeline group, bounded by the timeout: a stage that
+  // failed never joins it, so the others fail too and keep their weights.
+  void commit() override;
   // Tied parameters (Transport): the holders send their tensor to the first
   // holder, which adds them in stage order and sends the sum back.
   at::Tensor sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor) override;
   at::Tensor first_holders_value(int tie, const std::vector<int>& holders, const at::Tensor& tensor) override;
+  // What this side has sent since it was made: messages (one per send()) and
+  // the Gloo/NCCL messages they took.
+  struct Counts {
+    int64_t messages = 0;
+    int64_t wire_messages = 0;
+  };
+  Counts counts() const;
+
   // The first failure, empty while there has been none.
   std::string failure() const;
   bool failed() const { return !failure().empty(); }

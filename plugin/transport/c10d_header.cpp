@@ -16,6 +16,7 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
   }
   std::vector<Incoming> incoming(static_cast<size_t>(count));
   int64_t at = kPreambleLength;
+  int64_t end = kHeaderBytes;  // of the inline payloads so far
   for (auto& in : incoming) {
     if (at + kSizes > kHeaderLength) throw std::invalid_argument("its header is corrupt (records run past its end)");
     const int64_t* r = h + at;
@@ -26,7 +27,7 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
     }
     const int64_t ndim = r[kNdim], dtype = r[kDtype], route = r[kRoute];
     if (ndim < 0 || ndim > kHeaderLength - kSizes - at || dtype < 0 ||
-        dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions) || route < kNoPayload || route > kDeviceRoute) {
+        dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions) || route < kNoPayload || route > kInlineRoute) {
       throw std::invalid_argument("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " +
                                   std::to_string(dtype) + ", route " + std::to_string(route) + ")");
     }
@@ -59,9 +60,19 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
                                     " bytes, but " + std::to_string(r[kBytes]) + " follow");
       }
     }
+    if (route == kInlineRoute) {
+      // kBytes equals the tensor's size (checked above), so nothing here overflows.
+      if (r[kBytes] > kMessageBytes - end) {
+        throw std::invalid_argument("its header is corrupt (inline payloads run past the message's " +
+                                    std::to_string(kMessageBytes) + " bytes)");
+      }
+      in.offset = end;
+      end += aligned_payload(r[kBytes]);
+    }
     in.shape.dtype = static_cast<c10::ScalarType>(dtype);
     in.route = static_cast<Route>(route);
     in.sequence = r[kSequence];
+    in.bytes = route == kNoPayload ? 0 : r[kBytes];
     at += kSizes + ndim;
   }
   return incoming;

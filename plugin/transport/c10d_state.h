@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -30,7 +31,9 @@ using c10d::Work;
 // use tags above every message's.
 inline constexpr int kTagsPerMessage = C10dTransport::kMaxTensors + 1;
 inline constexpr int kTieTags = 1 << 30;
-inline int header_tag(Channel channel, int mb) { return (2 * mb + (channel == Channel::kGradient ? 1 : 0)) * kTagsPerMessage; }
+inline int header_tag(Channel channel, int mb) {
+  return (2 * mb + (channel == Channel::kGradient ? 1 : 0)) * kTagsPerMessage;
+}
 
 inline std::string shape_text(at::IntArrayRef sizes) {
   std::ostringstream os;
@@ -60,6 +63,59 @@ struct C10dTransport::State {
   std::map<Channel, int64_t> device_sent, device_received;  // ordered accelerator payloads per channel
   std::vector<c10::intrusive_ptr<Work>> waiting;            // blocking waits abort() can wake
   std::string failure;
+  Counts counts;
+
+  // Receives posted before recv() asks for them, up to kPostedAhead per
+  // channel: Gloo then writes a message into its buffer as soon as it is
+  // sent, instead of waiting for recv() to say it is ready (a round trip).
+  struct Ahead {
+    at::Tensor buffer;
+    c10::intrusive_ptr<Work> work;
+  };
+  static constexpr size_t kPostedAhead = 8;
+  std::map<std::pair<Channel, int>, Ahead> ahead;                // (channel, micro-batch)
+  std::map<Channel, std::deque<std::pair<int, int>>> expected;  // (from, micro-batch), in recv() order
+  std::vector<at::Tensor> free_buffers;                          // kMessageBytes each
+
+  at::Tensor take_buffer() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (free_buffers.empty()) return at::empty({kMessageBytes}, at::kByte);
+    at::Tensor buffer = std::move(free_buffers.back());
+    free_buffers.pop_back();
+    return buffer;
+  }
+  void give_buffer(at::Tensor buffer) {
+    std::lock_guard<std::mutex> lock(mutex);
+    free_buffers.push_back(std::move(buffer));
+  }
+
+  // Posts the receive of the first part of micro-batch `mb`'s message on `channel`.
+  Ahead post_receive(Channel channel, int from, int mb) {
+    Ahead posted{take_buffer(), {}};
+    std::vector<at::Tensor> list{posted.buffer};
+    posted.work = group->recv(list, from, header_tag(channel, mb));
+    return posted;
+  }
+
+  // Tops up the receives posted ahead on `channel` from what is expected.
+  void post_ahead(Channel channel) {
+    for (;;) {
+      std::pair<int, int> next;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto& queue = expected[channel];
+        const auto outstanding = std::count_if(ahead.begin(), ahead.end(),
+                                               [&](const auto& entry) { return entry.first.first == channel; });
+        if (!failure.empty() || queue.empty() || static_cast<size_t>(outstanding) >= kPostedAhead) return;
+        next = queue.front();
+        queue.pop_front();
+        if (ahead.count({channel, next.second})) continue;
+      }
+      Ahead posted = post_receive(channel, next.first, next.second);
+      std::lock_guard<std::mutex> lock(mutex);
+      ahead.emplace(std::make_pair(channel, next.second), std::move(posted));
+    }
+  }
 
   std::string stage_name(int stage) const {
     const int rank = stage >= 0 && stage < static_cast<int>(options.ranks.size()) ? options.ranks[stage] : -1;

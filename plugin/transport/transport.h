@@ -40,6 +40,11 @@ class Transport {
   // receiver's current stream after this call sees them complete.
   virtual Tensors recv(Channel channel, int from, int to, int mb) = 0;
 
+  // Says, before a step's first action, that this side will call
+  // recv(channel, from, to, mb) during the step, in the order of these calls:
+  // a transport may post the receive ahead. Only a hint; reset() forgets it.
+  virtual void expect(Channel /*channel*/, int /*from*/, int /*to*/, int /*mb*/) {}
+
   // A lock-step barrier: returns once every stage has called barrier(_, index),
   // at most until the timeout.
   virtual void barrier(int stage, int index) = 0;
@@ -56,6 +61,13 @@ class Transport {
   // step, so a step whose messages did not arrive changes no weights.
   // In-process there is nothing to wait for.
   virtual void finish_step() {}
+
+  // Ends a training step that succeeded on this side, after finish_step():
+  // returns once every side's step got this far, at most until the timeout,
+  // and throws otherwise. A message delivered is not a message accepted (its
+  // receiver may refuse it, or fail after it): no side changes its weights
+  // until all have come through. In-process the runtime sees every stage.
+  virtual void commit() {}
 
   // Tied parameters held by stages of other processes. `holders` are the
   // stages that hold one logical parameter, ascending; `tie` numbers it among
