@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
 """Conveyor's pipelines against torch.distributed.pipelining on this machine.
 
-The same model, data, loss and optimizer as examples/distributed_train: an
-MLP of 6 hidden layers of 512 (ReLU, He initialisation) plus a linear layer
-to 10 classes, 13 layers cut 7 | 6 into K = 2 stages, batch 256 of synthetic
-data labelled by a fixed linear teacher (seeded per step), mean cross-entropy,
-SGD with learning rate 0.05 stepped after every batch. Three contestants,
-one intra-op thread per stage, CPU:
+Two models of examples/distributed_train (--model), each built from the same
+seed in the same order here as there, so all contestants start from the
+same weights and see the same data, K = 2 stages cut as Conveyor cuts them
+(uniform by layers), mean cross-entropy, SGD stepped after every batch:
+
+  mlp  6 hidden layers of 512 (ReLU, He initialisation) + a linear layer to 10
+       classes, 13 layers cut 7 | 6, batch 256 of synthetic features labelled
+       by a fixed linear teacher (seeded per step), learning rate 0.05;
+  lm   the demo's LSTM language model (examples/lm_model.h: embedding 64, two
+       LSTMs of 128, dropout 0, linear to 2000 words), 7 layers cut 4 | 3,
+       batch 64 sequences of 20 tokens, each target a fixed function of its
+       token, learning rate 0.5.
+
+Three contestants, one intra-op thread per stage, CPU:
 
   pippy     torch.distributed.pipelining (ScheduleGPipe / Schedule1F1B), one
             process per stage, Gloo (spawned here);
@@ -37,13 +45,48 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from spawn_ranks import run_ranks  # noqa: E402
 
-SEED, INPUTS, HIDDEN, LAYERS, CLASSES, LR = 1, 256, 512, 6, 10, 0.05
-CUT = 7  # uniform boundaries of 13 layers into 2 stages: [0, 7) | [7, 13)
+SEED = 1
+MODELS = {
+    "mlp": dict(batch=256, cut=7, lr=0.05, flags=[]),
+    "lm": dict(batch=64, cut=4, lr=0.5, flags=["--model=lm", "--hidden=128"]),
+}
+INPUTS, HIDDEN, LAYERS, CLASSES = 256, 512, 6, 10  # mlp
+VOCAB, EMBED, LM_HIDDEN, LENGTH = 2000, 64, 128, 20  # lm
 
 
-def make_model():
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose gradient is made contiguous: Gloo sends only contiguous tensors."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+class FirstOutput(nn.Module):
+    """conveyor::FirstOutput: an LSTM's output without its state (contiguous both ways, for PiPPy's sends)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(_ContiguousGrad.apply(x))[0].contiguous()
+
+
+def make_model(kind):
     """distributed_train's make_model, draw for draw."""
     torch.manual_seed(SEED)
+    if kind == "lm":  # make_language_model builds the decoder first
+        decoder = nn.Linear(LM_HIDDEN, VOCAB)
+        embedding = nn.Embedding(VOCAB, EMBED)
+        lstm1 = nn.LSTM(EMBED, LM_HIDDEN, batch_first=True)
+        lstm2 = nn.LSTM(LM_HIDDEN, LM_HIDDEN, batch_first=True)
+        return nn.Sequential(embedding, nn.Dropout(0.0), FirstOutput(lstm1), nn.Dropout(0.0), FirstOutput(lstm2),
+                             nn.Dropout(0.0), decoder)
     layers, width = [], INPUTS
 
     def linear(i, o):
@@ -59,7 +102,11 @@ def make_model():
     return nn.Sequential(*layers)
 
 
-def global_batch(step, batch):
+def global_batch(kind, step, batch):
+    if kind == "lm":
+        torch.manual_seed(SEED + step)
+        x = torch.randint(VOCAB, (batch, LENGTH))
+        return x, (x * 7 + 3) % VOCAB
     torch.manual_seed(SEED + 7919)
     teacher = torch.randn(INPUTS, CLASSES)
     torch.manual_seed(SEED + step)
@@ -67,21 +114,26 @@ def global_batch(step, batch):
     return x, (x @ teacher).argmax(1)
 
 
-def pippy_rank(rank, port, args, schedule, microbatches, queue):
+def cross_entropy(out, target):
+    return nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1))
+
+
+def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from torch.distributed import pipelining
 
-    model = make_model()
-    part = nn.Sequential(*list(model)[:CUT]) if rank == 0 else nn.Sequential(*list(model)[CUT:])
+    model, spec = make_model(kind), MODELS[kind]
+    cut = spec["cut"]
+    part = nn.Sequential(*list(model)[:cut]) if rank == 0 else nn.Sequential(*list(model)[cut:])
     stage = pipelining.PipelineStage(part, rank, 2, torch.device("cpu"))
     cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
-    sched = cls(stage, n_microbatches=microbatches, loss_fn=nn.functional.cross_entropy)
-    opt = torch.optim.SGD(part.parameters(), lr=LR)
+    sched = cls(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
+    opt = torch.optim.SGD(part.parameters(), lr=spec["lr"])
     losses_by_step, start = [], None
     for step in range(args.steps):
-        x, y = global_batch(step, args.batch)
+        x, y = global_batch(kind, step, spec["batch"])
         if rank == 0:
             sched.step(x)
         else:
@@ -94,17 +146,19 @@ def pippy_rank(rank, port, args, schedule, microbatches, queue):
             start = time.perf_counter()
     seconds = time.perf_counter() - start
     if rank == 1:
-        queue.put((args.batch * (args.steps - 1) / seconds, losses_by_step[0], losses_by_step[-1]))
+        queue.put((spec["batch"] * (args.steps - 1) / seconds, losses_by_step[0], losses_by_step[-1]))
     dist.destroy_process_group()
 
 
-def run_pippy(args, schedule, microbatches):
-    return run_ranks(pippy_rank, 2, args, schedule, microbatches)
+def run_pippy(args, kind, schedule, microbatches):
+    return run_ranks(pippy_rank, 2, args, kind, schedule, microbatches)
 
 
-def run_conveyor(args, mode, schedule, microbatches):
+def run_conveyor(args, kind, mode, schedule, microbatches):
+    spec = MODELS[kind]
     flags = [f"--parallel={mode}", "--stages=2", f"--schedule={schedule}", f"--microbatches={microbatches}",
-             f"--steps={args.steps}", f"--batch={args.batch}", "--threads=1", f"--log-every={args.steps - 1}"]
+             f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
+             f"--log-every={args.steps - 1}"] + spec["flags"]
     if mode == "pipeline":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
         cmd = [torchrun, "--standalone", "--nproc-per-node=2", "--no-python", args.binary] + flags
@@ -116,44 +170,59 @@ def run_conveyor(args, mode, schedule, microbatches):
     return rate, losses[0], losses[-1]
 
 
+def check_same_start(args):
+    """Both frameworks build the same model and batch: the first step's loss agrees (to the 4 decimals printed)."""
+    for kind, spec in MODELS.items():
+        x, y = global_batch(kind, 0, spec["batch"])
+        with torch.no_grad():
+            want = cross_entropy(make_model(kind)(x), y).item()
+        out = subprocess.run([args.binary, "--parallel=threads", "--steps=1", f"--batch={spec['batch']}"]
+                             + spec["flags"], check=True, capture_output=True, text=True, timeout=300).stdout
+        got = float(re.search(r"^step\s+0\s+loss\s+([0-9.]+)", out, re.M).group(1))
+        print(f"{kind}: torch.nn {want:.4f}, Conveyor {got:.4f}")
+        if abs(got - want) > 1e-3:
+            sys.exit(f"bench_vs_pippy: the {kind} models or data differ between the frameworks")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--binary", default="build/examples/distributed_train")
+    parser.add_argument("--models", nargs="+", default=["mlp", "lm"], choices=sorted(MODELS))
     parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])
     parser.add_argument("--microbatches", nargs="+", type=int, default=[4, 16, 64])
-    parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--check", action="store_true", help="only check that both frameworks start the same")
     args = parser.parse_args()
     if not os.access(args.binary, os.X_OK):
         sys.exit(f"bench_vs_pippy: no {args.binary} (build it: bash scripts/build.sh --target distributed_train)")
+    if args.check:
+        return check_same_start(args)
     contestants = {
-        "pippy": lambda s, m: run_pippy(args, s, m),
-        "c10d": lambda s, m: run_conveyor(args, "pipeline", s, m),
-        "threads": lambda s, m: run_conveyor(args, "threads", s, m),
+        "pippy": lambda k, s, m: run_pippy(args, k, s, m),
+        "c10d": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m),
+        "threads": lambda k, s, m: run_conveyor(args, k, "threads", s, m),
     }
-    rates = {}
-    losses = {}
+    configs = [(k, s, m) for k in args.models for s in args.schedules for m in args.microbatches]
+    rates, losses = {}, {}
     for r in range(args.rounds):
-        for schedule in args.schedules:
-            for m in args.microbatches:
-                order = list(contestants) if r % 2 == 0 else list(reversed(contestants))
-                for name in order:
-                    rate, first, last = contestants[name](schedule, m)
-                    rates.setdefault((schedule, m, name), []).append(rate)
-                    losses.setdefault((schedule, m), []).append((first, last))
+        for config in configs:
+            order = list(contestants) if r % 2 == 0 else list(reversed(contestants))
+            for name in order:
+                rate, first, last = contestants[name](*config)
+                rates.setdefault(config + (name,), []).append(rate)
+                losses.setdefault(config, []).append((first, last))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"MLP 13 layers (6 x 512 ReLU + 10), batch {args.batch}, K = 2, {args.steps} steps, "
-          f"{os.cpu_count()} CPUs, one intra-op thread per stage; median samples/s over {args.rounds} "
-          "alternated rounds\n")
-    print("| schedule | M | pippy | Conveyor c10d | Conveyor threads | c10d / pippy | threads / pippy "
-          "| losses agree (max diff) |\n|---|---|---|---|---|---|---|---|")
-    for schedule in args.schedules:
-        for m in args.microbatches:
-            p, c, t = (statistics.median(rates[(schedule, m, n)]) for n in ("pippy", "c10d", "threads"))
-            pairs = losses[(schedule, m)]
-            diff = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a in pairs for b in pairs)
-            print(f"| {schedule} | {m} | {p:.0f} | {c:.0f} | {t:.0f} | {c / p:.2f} | {t / p:.2f} | {diff:.1e} |")
+    print(f"K = 2, {args.steps} steps, {os.cpu_count()} CPUs, one intra-op thread per stage; median samples/s "
+          f"over {args.rounds} alternated rounds\n")
+    print("| model | schedule | M | pippy | Conveyor c10d | Conveyor threads | c10d / pippy | threads / pippy "
+          "| losses agree (max diff) |\n|---|---|---|---|---|---|---|---|---|")
+    for config in configs:
+        p, c, t = (statistics.median(rates[config + (n,)]) for n in ("pippy", "c10d", "threads"))
+        pairs = losses[config]
+        diff = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a in pairs for b in pairs)
+        kind, schedule, m = config
+        print(f"| {kind} | {schedule} | {m} | {p:.0f} | {c:.0f} | {t:.0f} | {c / p:.2f} | {t / p:.2f} | {diff:.1e} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 // LibTorch's single-process DataParallel), so they can be compared on the
 // same work. Run with --help.
 
+#include "examples/distributed_models.h"
 #include "plugin/conveyor.h"
 #include "plugin/distributed/distributed_pipeline.h"
 
@@ -24,7 +25,7 @@
 
 namespace {
 
-constexpr const char* kHelp = R"(distributed_train: train one MLP by pipeline, hybrid or data parallelism.
+constexpr const char* kHelp = R"(distributed_train: train one model by pipeline, hybrid or data parallelism.
 
 Launch with torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT), one process per stage or replica:
@@ -42,7 +43,10 @@ classifying --inputs features into --classes classes, trained with SGD on the
 mean cross-entropy. The data are synthetic and endless: step s draws a global
 batch of --batch samples from a generator seeded with --seed + s, labelled by a
 fixed random linear teacher, so every rank can draw the same batch and each
-replica trains on its own shard of it.
+replica trains on its own shard of it. With --model=lm: the demo's LSTM
+language model (embedding --embed, two LSTMs of --hidden, dropout 0) on
+--batch sequences of --length tokens drawn from --vocab words, each target a
+fixed function of its token.
 
 Modes (--parallel):
   pipeline      the layers cut into --stages stages, one process each, under
@@ -69,7 +73,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              SGD learning rate (default 0.05)
   --scale-lr          multiply the learning rate by the replicas (linear scaling)
+  --model NAME        mlp (default) | lm
   --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
+  --vocab N, --embed N, --length N   the lm's words, embedding, tokens (2000, 64, 20)
   --threads N         intra-op threads per process (default 1)
   --timeout-ms N      bound on every wait for another process (default 60000);
                       a dead or stalled peer stops every rank within it
@@ -82,14 +88,21 @@ Logging, checkpointing and evaluation happen on rank 0 only. The last line
 rank 0 prints is "samples/s: X" over the steps after the first.
 )";
 
+using conveyor::examples::Batch;
+using conveyor::examples::cross_entropy;
+
 struct Args {
   std::string parallel = "pipeline", schedule = "1f1b", checkpoint;
-  int stages = 0, replicas = 1, microbatches = 4, steps = 50, batch = 256, hidden = 512, layers = 6, inputs = 256,
-      classes = 10, threads = 1, log_every = 10;
-  int64_t timeout_ms = 60000, seed = 1;
+  int stages = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10;
+  int64_t timeout_ms = 60000;
   double lr = 0.05;
   bool scale_lr = false;
+  conveyor::examples::DistributedModel model;
 };
+
+torch::nn::Sequential make_model(const Args& a) { return conveyor::examples::make_model(a.model); }
+Batch global_batch(const Args& a, int64_t step) { return conveyor::examples::global_batch(a.model, step); }
+void evaluate(const Args& a, torch::nn::Sequential model) { conveyor::examples::evaluate(a.model, model); }
 
 template <typename T>
 T number(const std::string& flag, const std::string& text) {
@@ -124,10 +137,11 @@ Args parse(int argc, char** argv) {
       throw std::invalid_argument("--" + flag + " needs a value");
     }
     const std::map<std::string, int*> ints = {
-        {"stages", &a.stages},   {"replicas", &a.replicas},  {"microbatches", &a.microbatches},
-        {"steps", &a.steps},     {"batch", &a.batch},        {"hidden", &a.hidden},
-        {"layers", &a.layers},   {"inputs", &a.inputs},      {"classes", &a.classes},
-        {"threads", &a.threads}, {"log-every", &a.log_every}};
+        {"stages", &a.stages},          {"replicas", &a.replicas},     {"microbatches", &a.microbatches},
+        {"steps", &a.steps},            {"batch", &a.model.batch},     {"hidden", &a.model.hidden},
+        {"layers", &a.model.layers},    {"inputs", &a.model.inputs},   {"classes", &a.model.classes},
+        {"vocab", &a.model.vocab},      {"embed", &a.model.embed},     {"length", &a.model.length},
+        {"threads", &a.threads},        {"log-every", &a.log_every}};
     if (const auto it = ints.find(flag); it != ints.end()) {
       *it->second = number<int>(flag, value);
       if (*it->second < (flag == "stages" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
@@ -138,13 +152,18 @@ Args parse(int argc, char** argv) {
       a.parallel = value;
     } else if (flag == "schedule") {
       a.schedule = value;
+    } else if (flag == "model") {
+      if (value != "mlp" && value != "lm") {
+        throw std::invalid_argument("--model must be mlp or lm, got '" + value + "'");
+      }
+      a.model.kind = value;
     } else if (flag == "checkpoint") {
       a.checkpoint = value;
     } else if (flag == "timeout-ms") {
       a.timeout_ms = number<int64_t>(flag, value);
       if (a.timeout_ms <= 0) throw std::invalid_argument("--timeout-ms must be positive");
     } else if (flag == "seed") {
-      a.seed = number<int64_t>(flag, value);
+      a.model.seed = number<int64_t>(flag, value);
     } else if (flag == "lr") {
       a.lr = std::stod(value);
     } else {
@@ -152,55 +171,6 @@ Args parse(int argc, char** argv) {
     }
   }
   return a;
-}
-
-torch::nn::Sequential make_model(const Args& a) {
-  torch::manual_seed(a.seed);
-  torch::nn::Sequential model;
-  int width = a.inputs;
-  // He initialisation: LibTorch's default shrinks a deep ReLU stack's signal
-  // until nothing learns in a short run.
-  const auto linear = [](int in, int out) {
-    torch::nn::Linear layer(in, out);
-    torch::nn::init::kaiming_normal_(layer->weight, 0.0, torch::kFanIn, torch::kReLU);
-    torch::nn::init::zeros_(layer->bias);
-    return layer;
-  };
-  for (int i = 0; i < a.layers; ++i) {
-    model->push_back(linear(width, a.hidden));
-    model->push_back(torch::nn::ReLU());
-    width = a.hidden;
-  }
-  model->push_back(linear(width, a.classes));
-  return model;
-}
-
-struct Batch {
-  at::Tensor x, y;
-};
-
-// The same global batch on every rank: seeded by the step.
-Batch global_batch(const Args& a, int64_t step) {
-  torch::manual_seed(a.seed + 7919);
-  const at::Tensor teacher = torch::randn({a.inputs, a.classes});
-  torch::manual_seed(a.seed + step);
-  const at::Tensor x = torch::randn({a.batch, a.inputs});
-  return {x, x.matmul(teacher).argmax(1)};
-}
-
-at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target) {
-  return torch::nn::functional::cross_entropy(out, target);
-}
-
-// Evaluation on one rank, with the whole model: loss and accuracy on a batch
-// no step trains on.
-void evaluate(const Args& a, torch::nn::Sequential model) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  const Batch held_out = global_batch(a, -1);
-  const at::Tensor out = model->forward(held_out.x);
-  const double accuracy = out.argmax(1).eq(held_out.y).to(at::kDouble).mean().item<double>();
-  std::cout << "eval: loss " << cross_entropy(out, held_out.y).item<double>() << ", accuracy " << accuracy << "\n";
 }
 
 void save(const std::string& path, const torch::nn::Sequential& model) {
@@ -270,7 +240,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
     const Batch b = global_batch(a, step);
     const auto r =
         pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas), cross_entropy);
-    meter.step_done(step, a.batch);
+    meter.step_done(step, a.model.batch);
     if (pipe.is_logging_rank()) log_step(a, step, r.loss);
   }
   pipe.gather_model();
@@ -301,7 +271,7 @@ int run_threads(const Args& a, const conveyor::LaunchEnvironment& env) {
   for (int step = 0; step < a.steps; ++step) {
     const Batch b = global_batch(a, step);
     const auto r = pipe.train_step(b.x, b.y, cross_entropy);
-    meter.step_done(step, a.batch);
+    meter.step_done(step, a.model.batch);
     log_step(a, step, r.loss);
   }
   std::cout << "samples/s: " << meter.samples_per_second() << "\n";
@@ -324,7 +294,7 @@ int run_ddp(const Args& a, const conveyor::LaunchEnvironment& env) {
     const Batch b = global_batch(a, step);
     const double loss =
         ddp.train_step(conveyor::shard(b.x, d, replicas), conveyor::shard(b.y, d, replicas), cross_entropy);
-    meter.step_done(step, a.batch);
+    meter.step_done(step, a.model.batch);
     if (ddp.is_logging_rank()) log_step(a, step, loss);
   }
   if (ddp.is_logging_rank()) {
@@ -354,7 +324,7 @@ int run_data_parallel(const Args& a, const conveyor::LaunchEnvironment& env) {
   for (int step = 0; step < a.steps; ++step) {
     const Batch b = global_batch(a, step);
     const double loss = conveyor::data_parallel_step(model, sgd, b.x, b.y, cross_entropy, devices);
-    meter.step_done(step, a.batch);
+    meter.step_done(step, a.model.batch);
     log_step(a, step, loss);
   }
   model->to(torch::kCPU);
