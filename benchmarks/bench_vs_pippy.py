@@ -118,6 +118,17 @@ def cross_entropy(out, target):
     return nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), target.reshape(-1))
 
 
+def uniform_pieces(layers, n):
+    """Conveyor's uniform cut: n pieces of consecutive layers, the first ones one longer."""
+    each, extra = divmod(len(layers), n)
+    pieces, at = [], 0
+    for i in range(n):
+        size = each + (1 if i < extra else 0)
+        pieces.append(layers[at:at + size])
+        at += size
+    return pieces
+
+
 def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -125,12 +136,22 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
     from torch.distributed import pipelining
 
     model, spec = make_model(kind), MODELS[kind]
-    cut = spec["cut"]
-    part = nn.Sequential(*list(model)[:cut]) if rank == 0 else nn.Sequential(*list(model)[cut:])
-    stage = pipelining.PipelineStage(part, rank, 2, torch.device("cpu"))
-    cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
-    sched = cls(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
-    opt = torch.optim.SGD(part.parameters(), lr=spec["lr"])
+    interleaved = {"interleaved": pipelining.ScheduleInterleaved1F1B,
+                   "zb-interleaved": pipelining.ScheduleInterleavedZeroBubble}
+    if schedule in interleaved:  # two chunks per rank, placed in a loop: pieces r and r + 2
+        pieces = [nn.Sequential(*p) for p in uniform_pieces(list(model), 4)]
+        mine = [rank, rank + 2]
+        stages = [pipelining.PipelineStage(pieces[i], i, 4, torch.device("cpu")) for i in mine]
+        sched = interleaved[schedule](stages, n_microbatches=microbatches, loss_fn=cross_entropy)
+        params = [p for i in mine for p in pieces[i].parameters()]
+    else:
+        cut = spec["cut"]
+        part = nn.Sequential(*list(model)[:cut]) if rank == 0 else nn.Sequential(*list(model)[cut:])
+        stage = pipelining.PipelineStage(part, rank, 2, torch.device("cpu"))
+        cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
+        sched = cls(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
+        params = list(part.parameters())
+    opt = torch.optim.SGD(params, lr=spec["lr"])
     losses_by_step, start = [], None
     for step in range(args.steps):
         x, y = global_batch(kind, step, spec["batch"])

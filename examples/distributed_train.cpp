@@ -66,9 +66,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --stages N          pipeline stages (default: WORLD_SIZE / --replicas)
   --replicas N        data-parallel replicas of the pipeline (default 1)
   --microbatches N    micro-batches per replica batch (default 4)
-  --schedule NAME     gpipe | 1f1b | zb-h1 | sequential | pipedream | ddg | fr
-                      (default 1f1b; the interleaved ones put several chunks in
-                      one process, so they run in-process only)
+  --schedule NAME     gpipe | 1f1b | zb-h1 | interleaved | zb-interleaved |
+                      sequential | pipedream | ddg | fr (default 1f1b; the
+                      interleaved ones run two chunks of the model per process)
   --steps N           training steps (default 50)
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              SGD learning rate (default 0.05)

@@ -48,26 +48,25 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
   build(model, -1, nullptr);
 }
 
-Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage,
+Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
                    std::unique_ptr<Transport> transport)
     : options_(std::move(options)), plan_(plan_stages(model, options_)) {
   const int num_stages = static_cast<int>(plan_.stages.size());
-  if (local_stage < 0 || local_stage >= num_stages) {
-    throw std::invalid_argument("conveyor: local stage " + std::to_string(local_stage) + " is not a stage of this " +
-                                std::to_string(num_stages) + "-stage pipeline");
-  }
-  if (!transport) throw std::invalid_argument("conveyor: a pipeline with one local stage needs a transport");
   const schedules::Schedule schedule = build_schedule(options_, num_stages);
-  if (schedule.has_virtual_stages()) {
-    throw std::invalid_argument("conveyor: schedule '" + schedule.name + "' runs " +
-                                std::to_string(schedule.num_stages) + " chunks on " +
-                                std::to_string(schedule.num_workers()) + " workers; a process runs one chunk, so " +
-                                "virtual stages run in one process (Pipeline) only");
+  if (local_worker < 0 || local_worker >= schedule.num_workers()) {
+    throw std::invalid_argument("conveyor: local worker " + std::to_string(local_worker) + " is not a worker of this " +
+                                std::to_string(schedule.num_workers()) + "-worker pipeline");
   }
-  build(model, local_stage, std::move(transport));
+  if (!transport) throw std::invalid_argument("conveyor: a pipeline with one local worker needs a transport");
+  if (schedule.has_virtual_stages() && !options_.tied_parameters().empty()) {
+    throw std::invalid_argument("conveyor: tied parameters across processes need one stage per process; schedule '" +
+                                schedule.name + "' runs " + std::to_string(schedule.num_stages) + " chunks on " +
+                                std::to_string(schedule.num_workers()) + " workers");
+  }
+  build(model, local_worker, std::move(transport));
 }
 
-void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_ptr<Transport> transport) {
+void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
   const int num_stages = static_cast<int>(plan_.stages.size());
   schedule_ = build_schedule(options_, num_stages);
   check_optimizer_options(options_, schedule_);
@@ -78,7 +77,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   int64_t i = 0;
   for (const auto& layer : *model) named.emplace_back(children[i++].key(), layer);
   const std::vector<TiedNames> tied =
-      find_tied_parameters(named, plan_, options_.tied_parameters(), /*untie=*/local_stage < 0);
+      find_tied_parameters(named, plan_, options_.tied_parameters(), /*untie=*/local_worker < 0);
   if (!tied.empty() && !schedule_.synchronous()) {
     throw std::invalid_argument("conveyor: schedule '" + schedule_.name + "' updates each stage's weights on its own " +
                                 "after every micro-batch, so the copies of tied parameter '" + tied[0][0].second +
@@ -93,7 +92,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
   for (int k = 0; k < num_stages; ++k) {
     const StageSpec& spec = plan_.stages[k];
     devices.push_back(spec.device);
-    if (local_stage >= 0 && k != local_stage) {
+    if (local_worker >= 0 && schedule_.worker_of(k) != local_worker) {
       stages.push_back(nullptr);  // runs in another process
       continue;
     }
@@ -134,6 +133,9 @@ void Pipeline::build(torch::nn::Sequential& model, int local_stage, std::unique_
     tied_names_.push_back(std::move(group));
   }
   if (!transport) transport = make_in_process_transport(devices, options_.channel_capacity(), options_.timeout());
+  std::vector<int> placement;
+  for (int k = 0; k < num_stages; ++k) placement.push_back(schedule_.worker_of(k));
+  transport->place(placement);
   runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options),
                                        std::move(ties));
   runtime_->unify_tied_values();

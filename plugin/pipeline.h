@@ -52,13 +52,15 @@ class Pipeline {
   // before anything is moved.
   explicit Pipeline(torch::nn::Sequential model, PipelineOptions options = {});
 
-  // One stage of a pipeline whose other stages run in other processes (see
+  // One worker of a pipeline whose other workers run in other processes (see
   // plugin/distributed/distributed_pipeline.h): plans the whole model as above but builds and runs
-  // only stage `local_stage`, reaching its neighbours through `transport`.
-  // Only that stage's layers are moved and trained; parameters() are its
-  // weights; train_step's loss is NaN and forward() undefined unless it is the
-  // last stage.
-  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_stage, std::unique_ptr<Transport> transport);
+  // only the stages the schedule places on worker `local_worker` (one, or
+  // its chunks under an interleaved schedule), reaching the others through
+  // `transport`. Only those layers are moved and trained; parameters() are
+  // their weights; train_step's loss is NaN and forward() undefined unless
+  // the worker runs the last stage.
+  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
+           std::unique_ptr<Transport> transport);
 
   // One training step on a whole batch: splits it into micro-batches, runs
   // the schedule, accumulates gradients. Returns the batch's loss and timings.
@@ -112,8 +114,8 @@ class Pipeline {
   const std::vector<std::vector<std::string>>& tied_parameters() const { return tied_names_; }
 
  private:
-  // Builds the stages (all, or only `local_stage` >= 0) and the runtime.
-  void build(torch::nn::Sequential& model, int local_stage, std::unique_ptr<Transport> transport);
+  // Builds the stages (all, or only those of `local_worker` >= 0) and the runtime.
+  void build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport);
   // Micro-batch i's share of each tensor; returns the samples in the batch.
   int64_t split(const Tensors& batch, const char* what, const std::vector<int64_t>& shared, int num_microbatches,
                 std::vector<Tensors>& out) const;

@@ -134,7 +134,19 @@ inline const std::vector<std::string>& synchronous_cases() {
   return cases;
 }
 
+// Schedules with two chunks per process (virtual stages), on two ranks: the
+// 7-layer MLP has too few layers for 4 ranks x 2 chunks.
+inline const std::vector<std::string>& virtual_stage_cases() {
+  static const std::vector<std::string> cases = {"interleaved", "zb-interleaved", "interleaved+recompute", "v-shape"};
+  return cases;
+}
+
 inline PipelineOptions synchronous_case(const std::string& name) {
+  if (name == "v-shape") {  // the README's: rank 0 runs pieces 0 and 3, rank 1 pieces 1 and 2
+    return PipelineOptions().microbatches(2).schedule_text(
+        "0F0,0F1,3F0,3I0,3F1,3I1,0I0,3W0,0I1,3W1,0W0,0W1\n"
+        "1F0,2F0,1F1,2F1,2I0,1I0,2I1,1I1,2W0,1W0,2W1,1W1\n");
+  }
   const size_t plus = name.find('+');
   const std::string extra = plus == std::string::npos ? "" : name.substr(plus + 1);
   return PipelineOptions()
@@ -148,7 +160,9 @@ inline PipelineOptions synchronous_case(const std::string& name) {
 inline void pipelines(Worker& w) {
   auto groups = w.groups("pipeline", w.env.world_size, std::chrono::seconds(20));
   const Data d = global_batch(0);
-  for (const std::string& schedule : synchronous_cases()) {
+  std::vector<std::string> cases = synchronous_cases();
+  if (w.env.world_size == 2) cases.insert(cases.end(), virtual_stage_cases().begin(), virtual_stage_cases().end());
+  for (const std::string& schedule : cases) {
     DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap grads = grads_of(pipe.named_parameters());

@@ -119,6 +119,16 @@ TEST_F(TwoRanks, SynchronousGradientsEqualTheInProcessRuntime) {
   }
 }
 
+// Two chunks per process: stages 0 and 2 on rank 0, 1 and 3 on rank 1.
+TEST_F(TwoRanks, InterleavedSchedulesWithTwoChunksPerProcessEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  for (const std::string& schedule : virtual_stage_cases()) {
+    const TensorMap got = merged(out_, schedule, 2);
+    EXPECT_EQ(got.size(), 9u) << schedule;  // 4 linear layers' weights and biases, and the loss
+    expect_equal(got, in_process_grads(schedule, 2), schedule + " K=2 v=2");
+  }
+}
+
 TEST_F(TwoRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
   expect_success(exits_);
   expect_equal(merged(out_, "pipedream", 2), in_process_pipedream(2), "pipedream K=2");

@@ -132,12 +132,15 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport));
 
   // Identical initial weights: replica 0's, stage by stage.
-  const Stage& stage = pipeline_->stage(k);
-  std::vector<at::Tensor> tensors = stage.live();
-  for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
   const bool on_device = transport_options.device.is_cuda() && groups_->replicas_device();
-  broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
-            "broadcasting the initial weights of stage " + std::to_string(k) + " from replica 0");
+  for (int s = 0; s < pipeline_->num_stages(); ++s) {
+    if (!pipeline_->is_local(s)) continue;
+    const Stage& stage = pipeline_->stage(s);
+    std::vector<at::Tensor> tensors = stage.live();
+    for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
+    broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
+              "broadcasting the initial weights of stage " + std::to_string(s) + " from replica 0");
+  }
 }
 
 double DistributedPipeline::learning_rate(double base) const {
@@ -169,7 +172,7 @@ StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& s
   const HybridLayout& layout = groups_->layout();
   if (!pipeline_->options().optimizer()) reduce_gradients(*groups_, parameters(), average_);
   // The global loss: each replica's comes from its last stage.
-  const bool last = groups_->stage() == layout.stages - 1;
+  const bool last = pipeline_->is_local(pipeline_->num_stages() - 1);  // not the last worker in a V shape
   at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);
   all_reduce(*groups_, *groups_->world(), {loss}, false,
              "reducing the loss of step " + std::to_string(pipeline_->completed_steps()));
@@ -206,31 +209,36 @@ std::vector<at::Tensor> DistributedPipeline::stage_tensors(int stage) const {
 }
 
 void DistributedPipeline::gather_model() {
-  const int stages = groups_->layout().stages;
-  if (groups_->replica() != 0 || stages == 1) return;
+  if (groups_->replica() != 0 || groups_->layout().stages == 1) return;
   c10d::Backend& group = *groups_->pipeline();
-  const int k = groups_->stage();
-  if (k > 0) {
-    std::vector<at::Tensor> tensors = stage_tensors(k);
-    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
-    std::vector<std::vector<at::Tensor>> buffers;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      buffers.push_back({tensors[i].detach().to(c10::kCPU).contiguous()});
-      sends.push_back(group.send(buffers.back(), 0, kGatherTag + static_cast<int>(i)));
-    }
-    for (const auto& work : sends)
-      wait(*groups_, work, "sending the weights of stage " + std::to_string(k) + " to rank 0");
-    return;
-  }
+  const int me = groups_->stage();
+  const schedules::Schedule& schedule = pipeline_->schedule();
   c10::NoGradGuard no_grad;
-  for (int s = 1; s < stages; ++s) {
+  // Stage by stage, each tensor on a tag of its own.
+  for (int s = 0, tag = kGatherTag; s < pipeline_->num_stages(); ++s) {
+    const int owner = schedule.worker_of(s);
     const std::vector<at::Tensor> tensors = stage_tensors(s);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      std::vector<at::Tensor> buffer{at::empty_like(tensors[i], at::TensorOptions().device(c10::kCPU)).contiguous()};
-      wait(*groups_, group.recv(buffer, s, kGatherTag + static_cast<int>(i)),
+    if (owner == 0 || (me != 0 && me != owner)) {
+      tag += static_cast<int>(tensors.size());
+      continue;
+    }
+    if (me == owner) {
+      std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+      std::vector<std::vector<at::Tensor>> buffers;
+      for (const auto& t : tensors) {
+        buffers.push_back({t.detach().to(c10::kCPU).contiguous()});
+        sends.push_back(group.send(buffers.back(), 0, tag++));
+      }
+      for (const auto& work : sends)
+        wait(*groups_, work, "sending the weights of stage " + std::to_string(s) + " to rank 0");
+      continue;
+    }
+    for (const auto& t : tensors) {
+      std::vector<at::Tensor> buffer{at::empty_like(t, at::TensorOptions().device(c10::kCPU)).contiguous()};
+      wait(*groups_, group.recv(buffer, owner, tag++),
            "receiving the weights of stage " + std::to_string(s) + " from " +
-               groups_->describe(groups_->layout().rank_of(0, s)));
-      tensors[i].detach().copy_(buffer[0]);
+               groups_->describe(groups_->layout().rank_of(0, owner)));
+      t.detach().copy_(buffer[0]);
     }
   }
 }

@@ -25,8 +25,8 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intru
   TORCH_CHECK(group, "conveyor: C10dTransport needs a process group");
   const int k = options.stage;
   TORCH_CHECK(group->getSize() == static_cast<int>(options.ranks.size()), "conveyor: the pipeline group has ",
-              group->getSize(), " ranks but ", options.ranks.size(), " stage ranks were given");
-  TORCH_CHECK(group->getRank() == k, "conveyor: stage ", k, " must be rank ", k, " of its pipeline group, not ",
+              group->getSize(), " ranks but ", options.ranks.size(), " worker ranks were given");
+  TORCH_CHECK(group->getRank() == k, "conveyor: worker ", k, " must be rank ", k, " of its pipeline group, not ",
               group->getRank());
   TORCH_CHECK(!device_group || device_group->getSize() == group->getSize(),
               "conveyor: the accelerator group must have the pipeline group's ", group->getSize(), " ranks");
@@ -34,32 +34,21 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intru
   state_->group = std::move(group);
   state_->device_group = std::move(device_group);
   state_->options = std::move(options);
+  for (int w = 0; w < static_cast<int>(state_->options.ranks.size()); ++w) state_->placement.push_back(w);
   state_->prefix = state_->stage_name(k);
-}
-
-C10dTransport::~C10dTransport() {
-  // Never block here: whatever was not delivered is abandoned (a step that
-  // returned normally has delivered everything already).
-  try {
-    abort();
-  } catch (...) {
-  }
-}
-
-std::string C10dTransport::describe_stage(int stage) const { return state_->stage_name(stage); }
-
-std::string C10dTransport::failure() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->failure;
 }
 
 void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensors& tensors) {
   State& s = *state_;
   s.check_usable();
   const int expected_to = channel == Channel::kActivation ? from + 1 : from - 1;
-  TORCH_CHECK(from == s.options.stage && to == expected_to && to >= 0 && to < static_cast<int>(s.options.ranks.size()),
-              "conveyor: ", s.prefix, " cannot send the ", channel_name(channel), " from stage ", from, " to stage ",
-              to);
+  TORCH_CHECK(s.is_local(from) && to == expected_to && to >= 0 && to < s.num_stages(), "conveyor: ", s.prefix,
+              " cannot send the ", channel_name(channel), " from stage ", from, " to stage ", to);
+  if (s.is_local(to)) {  // two chunks of this process: the tensors as they are
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.local_messages[{channel, to, mb}] = tensors;
+    return;
+  }
   State::Posted message;
   message.what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb);
   message.to = to;
@@ -124,14 +113,14 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     for (size_t i = 0; i < payloads.size(); ++i) {
       if (payloads[i].first == kDeviceRoute) h[records[i] + kSequence] = s.device_sent[channel]++;
     }
-    if (channel == Channel::kActivation) s.sent_activations[mb] = std::move(sent);
+    if (channel == Channel::kActivation) s.sent_activations[{from, mb}] = std::move(sent);
   }
   FaultInjector* faults = fault_injector();
   if (faults) faults->before_send(channel, from, to, mb, h);
-  const int tag = header_tag(channel, mb);
+  const int tag = s.tag(channel, from, mb), peer = s.worker_of(to);
   try {
     std::vector<at::Tensor> list{first};
-    message.works.push_back(s.group->send(list, to, tag));
+    message.works.push_back(s.group->send(list, peer, tag));
     message.buffers.push_back(first);
     if (faults) {
       faults->after_header(channel, from, to, mb, [&] {
@@ -142,7 +131,7 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
       const auto& [route, payload] = payloads[i];
       if (route == kNoPayload || route == kInlineRoute) continue;
       list = {payload};
-      message.works.push_back((route == kDeviceRoute ? s.device_group : s.group)->send(list, to, tag + 1 + int(i)));
+      message.works.push_back((route == kDeviceRoute ? s.device_group : s.group)->send(list, peer, tag + 1 + int(i)));
       message.buffers.push_back(payload);
     }
   } catch (const std::exception& e) {
@@ -158,13 +147,22 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
   State& s = *state_;
   s.check_usable();
   const int expected_from = channel == Channel::kActivation ? to - 1 : to + 1;
-  TORCH_CHECK(
-      to == s.options.stage && from == expected_from && from >= 0 && from < static_cast<int>(s.options.ranks.size()),
-      "conveyor: ", s.prefix, " cannot receive the ", channel_name(channel), " from stage ", from, " at stage ", to);
+  TORCH_CHECK(s.is_local(to) && from == expected_from && from >= 0 && from < s.num_stages(), "conveyor: ", s.prefix,
+              " cannot receive the ", channel_name(channel), " from stage ", from, " at stage ", to);
+  if (s.is_local(from)) {  // run by this thread, so sent already if the schedule is valid
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const auto it = s.local_messages.find({channel, to, mb});
+    TORCH_CHECK(it != s.local_messages.end(), "conveyor: ", s.prefix, ": stage ", to, " needs the ",
+                channel_name(channel), " of micro-batch ", mb, " from stage ", from,
+                ", which this process has not computed yet (the schedule orders them the other way)");
+    Tensors tensors = std::move(it->second);
+    s.local_messages.erase(it);
+    return tensors;
+  }
   const auto deadline = Clock::now() + s.options.timeout;
   const std::string what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb) +
                            " from " + s.stage_name(from);
-  const int tag = header_tag(channel, mb);
+  const int tag = s.tag(channel, from, mb), peer = s.worker_of(from);
   // The message's first part: in a buffer posted ahead, or posted now.
   State::Ahead first;
   {
@@ -200,7 +198,7 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
     bool known = false;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      const auto it = s.sent_activations.find(mb);
+      const auto it = s.sent_activations.find({to, mb});
       if (it != s.sent_activations.end()) {
         sent = std::move(it->second);
         known = true;
@@ -271,7 +269,7 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
                            options.device(in.route == kDeviceRoute ? s.options.device : c10::Device(c10::kCPU)));
     try {
       std::vector<at::Tensor> list{tensors[i]};
-      pending.emplace_back((in.route == kDeviceRoute ? s.device_group : s.group)->recv(list, from, tag + 1 + int(i)),
+      pending.emplace_back((in.route == kDeviceRoute ? s.device_group : s.group)->recv(list, peer, tag + 1 + int(i)),
                            i);
     } catch (const std::exception& e) {
       s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
@@ -288,104 +286,6 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
     if (tensors[i].device() != s.options.device) tensors[i] = tensors[i].to(s.options.device);
   }
   return tensors;
-}
-
-void C10dTransport::expect(Channel channel, int from, int to, int mb) {
-  State& s = *state_;
-  if (to != s.options.stage || from < 0 || from >= static_cast<int>(s.options.ranks.size())) return;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.failure.empty()) return;
-    s.expected[channel].emplace_back(from, mb);
-  }
-  try {
-    s.post_ahead(channel);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not post the receive of the " + channel_name(channel) + " of micro-batch " +
-           std::to_string(mb) + " from " + s.stage_name(from) + " [" + message_of(e) + "]");
-  }
-}
-
-C10dTransport::Counts C10dTransport::counts() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->counts;
-}
-
-void C10dTransport::barrier(int stage, int index) {
-  State& s = *state_;
-  s.check_usable();
-  c10d::BarrierOptions options;
-  options.timeout = s.options.timeout;
-  c10::intrusive_ptr<Work> work;
-  const std::string what =
-      "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " + std::to_string(stage) + ")";
-  try {
-    work = s.group->barrier(options);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not enter " + what + " [" + message_of(e) + "]");
-  }
-  s.wait(work, Clock::now() + s.options.timeout, -1, what);
-}
-
-void C10dTransport::abort() {
-  State& s = *state_;
-  std::vector<c10::intrusive_ptr<Work>> pending;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.failure.empty()) s.failure = s.prefix + ": the step was stopped by a failure on this rank";
-    pending = s.waiting;
-    for (const auto& p : s.posted) pending.insert(pending.end(), p.works.begin(), p.works.end());
-    for (const auto& [key, a] : s.ahead) pending.push_back(a.work);
-    s.posted.clear();
-    s.expected.clear();
-  }
-  for (const auto& work : pending) {
-    try {
-      if (work) work->abort();
-    } catch (...) {
-      // Some works cannot be aborted; the group is abandoned anyway.
-    }
-  }
-}
-
-void C10dTransport::finish_step() {
-  State& s = *state_;
-  std::vector<State::Posted> posted;
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    posted.swap(s.posted);
-  }
-  const auto deadline = Clock::now() + s.options.timeout;
-  for (const auto& p : posted) {
-    for (const auto& work : p.works) s.wait(work, deadline, p.to, p.what + " to be taken by " + s.stage_name(p.to));
-  }
-}
-
-void C10dTransport::commit() {
-  State& s = *state_;
-  s.check_usable();
-  std::string others;
-  for (int k = 0; k < static_cast<int>(s.options.ranks.size()); ++k) {
-    if (k != s.options.stage) others += (others.empty() ? "" : ", ") + s.stage_name(k);
-  }
-  const std::string what = "the other stages (" + others + ") to finish the step";
-  c10d::BarrierOptions options;
-  options.timeout = s.options.timeout;
-  c10::intrusive_ptr<Work> work;
-  try {
-    work = s.group->barrier(options);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not wait for " + what + " [" + message_of(e) + "]");
-  }
-  s.wait(work, Clock::now() + s.options.timeout, -1, what);
-}
-
-void C10dTransport::reset() {
-  state_->check_usable();
-  finish_step();
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->sent_activations.clear();
-  state_->expected.clear();
 }
 
 }  // namespace conveyor

@@ -57,11 +57,12 @@ class Backend;
 namespace conveyor {
 
 struct C10dTransportOptions {
-  // This process's stage; it is this process's rank in the pipeline group.
+  // This process's worker; it is this process's rank in the pipeline group,
+  // and its stage unless place() gives it several (virtual stages).
   int stage = 0;
   // Device of this stage: received tensors are placed on it.
   c10::Device device = c10::Device(c10::kCPU);
-  // Global rank of every stage of this pipeline, for error messages.
+  // Global rank of every worker (process) of this pipeline, for error messages.
   std::vector<int> ranks;
   // Upper bound on every blocking wait (a receive, a barrier, flush()).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -88,6 +89,12 @@ class C10dTransport final : public Transport {
   void send(Channel channel, int from, int to, int mb, const Tensors& tensors) override;
   Tensors recv(Channel channel, int from, int to, int mb) override;
   void expect(Channel channel, int from, int to, int mb) override;
+  // Which worker runs each stage: several stages of a process (interleaved
+  // schedules) pass tensors to each other directly, and each boundary has
+  // its own tags. Payloads then travel through host memory on the main
+  // group: NCCL matches messages by order, not tag, and the chunks of two
+  // processes take their messages in different orders.
+  void place(const std::vector<int>& placement) override;
   // A barrier of the pipeline group, bounded by the timeout.
   void barrier(int stage, int index) override;
   void abort() override;

@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,8 +32,15 @@ using c10d::Work;
 // use tags above every message's.
 inline constexpr int kTagsPerMessage = C10dTransport::kMaxTensors + 1;
 inline constexpr int kTieTags = 1 << 30;
-inline int header_tag(Channel channel, int mb) {
-  return (2 * mb + (channel == Channel::kGradient ? 1 : 0)) * kTagsPerMessage;
+// The first tag of micro-batch `mb`'s message across `boundary` (between
+// stages boundary and boundary + 1) of a pipeline with `boundaries` of them.
+inline int header_tag(Channel channel, int boundary, int boundaries, int mb) {
+  const int64_t tag =
+      ((static_cast<int64_t>(mb) * boundaries + boundary) * 2 + (channel == Channel::kGradient ? 1 : 0)) *
+      kTagsPerMessage;
+  TORCH_CHECK(tag + kTagsPerMessage <= kTieTags, "conveyor: micro-batch ", mb, " of a pipeline with ", boundaries,
+              " boundaries has no c10d tags left: use fewer micro-batches or stages");
+  return static_cast<int>(tag);
 }
 
 inline std::string shape_text(at::IntArrayRef sizes) {
@@ -59,7 +67,12 @@ struct C10dTransport::State {
 
   mutable std::mutex mutex;
   std::vector<Posted> posted;
-  std::map<int, std::vector<Sent>> sent_activations;  // mb -> what went out
+  std::map<std::pair<int, int>, std::vector<Sent>> sent_activations;  // (stage, mb) -> what went out
+  // The worker (process, the group's rank) of every stage: options.stage is
+  // this process's. Identity unless the schedule has virtual stages.
+  std::vector<int> placement;
+  // Messages between two stages of this process: (channel, to, mb) -> tensors.
+  std::map<std::tuple<Channel, int, int>, Tensors> local_messages;
   std::map<Channel, int64_t> device_sent, device_received;  // ordered accelerator payloads per channel
   std::vector<c10::intrusive_ptr<Work>> waiting;            // blocking waits abort() can wake
   std::string failure;
@@ -93,7 +106,7 @@ struct C10dTransport::State {
   Ahead post_receive(Channel channel, int from, int mb) {
     Ahead posted{take_buffer(), {}};
     std::vector<at::Tensor> list{posted.buffer};
-    posted.work = group->recv(list, from, header_tag(channel, mb));
+    posted.work = group->recv(list, worker_of(from), tag(channel, from, mb));
     return posted;
   }
 
@@ -117,8 +130,18 @@ struct C10dTransport::State {
     }
   }
 
+  int num_stages() const { return static_cast<int>(placement.size()); }
+  int worker_of(int stage) const { return placement.at(static_cast<size_t>(stage)); }
+  bool is_local(int stage) const { return stage >= 0 && stage < num_stages() && worker_of(stage) == options.stage; }
+  // The tag of the message sent from stage `from` on `channel`.
+  int tag(Channel channel, int from, int mb) const {
+    const int boundary = channel == Channel::kActivation ? from : from - 1;
+    return header_tag(channel, boundary, std::max(1, num_stages() - 1), mb);
+  }
+
   std::string stage_name(int stage) const {
-    const int rank = stage >= 0 && stage < static_cast<int>(options.ranks.size()) ? options.ranks[stage] : -1;
+    const int worker = stage >= 0 && stage < num_stages() ? worker_of(stage) : -1;
+    const int rank = worker >= 0 && worker < static_cast<int>(options.ranks.size()) ? options.ranks[worker] : -1;
     return "rank " + std::to_string(rank) + " (stage " + std::to_string(stage) + ")";
   }
 

@@ -45,6 +45,10 @@ class Transport {
   // a transport may post the receive ahead. Only a hint; reset() forgets it.
   virtual void expect(Channel /*channel*/, int /*from*/, int /*to*/, int /*mb*/) {}
 
+  // Which worker runs each stage (the schedule's placement), before the
+  // first step. In-process every worker is a thread of this process.
+  virtual void place(const std::vector<int>& /*placement*/) {}
+
   // A lock-step barrier: returns once every stage has called barrier(_, index),
   // at most until the timeout.
   virtual void barrier(int stage, int index) = 0;
