@@ -38,12 +38,12 @@ bool asynchronous(const std::string& schedule) { return schedule == "pipedream" 
 
 // SGD with momentum and a learning rate that depends on the update count, so
 // that a failed step that left gradients, momentum or counts behind shows.
-PipelineOptions options_for(const std::string& schedule) {
+PipelineOptions options_for(const std::string& schedule, std::chrono::milliseconds timeout = kTimeout) {
   return PipelineOptions()
       .stages(kStages)
       .microbatches(kMicrobatches)
       .schedule(schedule)
-      .timeout(kTimeout)
+      .timeout(timeout)
       .optimizer([](std::vector<at::Tensor> p) {
         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
       })
@@ -51,9 +51,9 @@ PipelineOptions options_for(const std::string& schedule) {
       .lr_schedule_unit(asynchronous(schedule) ? UpdateUnit::kMicrobatch : UpdateUnit::kBatch);
 }
 
-std::unique_ptr<Pipeline> seeded_pipeline(const std::string& schedule) {
+std::unique_ptr<Pipeline> seeded_pipeline(const std::string& schedule, std::chrono::milliseconds timeout = kTimeout) {
   torch::manual_seed(0);
-  return std::make_unique<Pipeline>(make_mlp(), options_for(schedule));
+  return std::make_unique<Pipeline>(make_mlp(), options_for(schedule, timeout));
 }
 
 // Everything a step may change: the weights, each stage's momentum buffers
@@ -192,13 +192,18 @@ INSTANTIATE_TEST_SUITE_P(Schedules, InProcessFaults, ::testing::Values("gpipe", 
 
 // A stall in a send (a neighbour whose channel stays full or empty) is the
 // same: the waiting stage names the one it waited for.
+// Its timeout is 1 s, not 200 ms: under ThreadSanitizer, on a loaded
+// machine, an ordinary backward once took longer than 200 ms, and the
+// neighbour that gave up first was not the one the stall kept waiting.
+constexpr auto kSendTimeout = 1000ms;
+
 TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   struct StallSend : FaultInjector {
     void before_send(Channel channel, int from, int, int mb, int64_t*) override {
-      if (channel == Channel::kActivation && from == 1 && mb == 1) std::this_thread::sleep_for(4 * kTimeout);
+      if (channel == Channel::kActivation && from == 1 && mb == 1) std::this_thread::sleep_for(4 * kSendTimeout);
     }
   } stall;
-  auto pipe = seeded_pipeline("1f1b");
+  auto pipe = seeded_pipeline("1f1b", kSendTimeout);
   train(*pipe, 0);
   const State before = state_of(*pipe);
   std::string message;
@@ -208,9 +213,9 @@ TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   }
   // Stage 2 waits for that activation, stage 0 for the gradient stage 1
   // sends after it; whichever gives up first is reported.
-  EXPECT_THAT(message, AnyOf(HasSubstr("stage 2 timed out after 200 ms waiting for the activation of micro-batch 1 "
+  EXPECT_THAT(message, AnyOf(HasSubstr("stage 2 timed out after 1000 ms waiting for the activation of micro-batch 1 "
                                        "from stage 1"),
-                             HasSubstr("stage 0 timed out after 200 ms waiting for the gradient of micro-batch 0 "
+                             HasSubstr("stage 0 timed out after 1000 ms waiting for the gradient of micro-batch 0 "
                                        "from stage 1")));
   expect_same_state(state_of(*pipe), before, "after the stalled step");
 }
