@@ -162,6 +162,20 @@ struct C10dTransport::State {
     }
   }
 
+  // A barrier of the whole group, bounded by the timeout; `what` completes
+  // "waiting for ..." in its error, and "could not <verb> ..." if it cannot start.
+  void group_barrier(const char* verb, const std::string& what) {
+    c10d::BarrierOptions barrier_options;
+    barrier_options.timeout = options.timeout;
+    c10::intrusive_ptr<Work> work;
+    try {
+      work = group->barrier(barrier_options);
+    } catch (const std::exception& e) {
+      fail(prefix + ": could not " + verb + " " + what + " [" + message_of(e) + "]");
+    }
+    wait(work, Clock::now() + options.timeout, -1, what);
+  }
+
   // Waits for `work` until `deadline`. `what` completes "waiting for ...".
   void wait(const c10::intrusive_ptr<Work>& work, Clock::time_point deadline, int peer, const std::string& what) {
     {

@@ -64,17 +64,8 @@ C10dTransport::Counts C10dTransport::counts() const {
 void C10dTransport::barrier(int stage, int index) {
   State& s = *state_;
   s.check_usable();
-  c10d::BarrierOptions options;
-  options.timeout = s.options.timeout;
-  c10::intrusive_ptr<Work> work;
-  const std::string what =
-      "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " + std::to_string(stage) + ")";
-  try {
-    work = s.group->barrier(options);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not enter " + what + " [" + message_of(e) + "]");
-  }
-  s.wait(work, Clock::now() + s.options.timeout, -1, what);
+  s.group_barrier("enter", "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " +
+                               std::to_string(stage) + ")");
 }
 
 void C10dTransport::abort() {
@@ -118,16 +109,7 @@ void C10dTransport::commit() {
   for (int k = 0; k < s.num_stages(); ++k) {
     if (!s.is_local(k)) others += (others.empty() ? "" : ", ") + s.stage_name(k);
   }
-  const std::string what = "the other stages (" + others + ") to finish the step";
-  c10d::BarrierOptions options;
-  options.timeout = s.options.timeout;
-  c10::intrusive_ptr<Work> work;
-  try {
-    work = s.group->barrier(options);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not wait for " + what + " [" + message_of(e) + "]");
-  }
-  s.wait(work, Clock::now() + s.options.timeout, -1, what);
+  s.group_barrier("wait for", "the other stages (" + others + ") to finish the step");
 }
 
 void C10dTransport::reset() {
