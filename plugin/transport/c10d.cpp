@@ -276,11 +276,7 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
     }
   }
   s.give_buffer(std::move(first.buffer));
-  try {
-    s.post_ahead(channel);
-  } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not post the receives after " + what + " [" + message_of(e) + "]");
-  }
+  s.post_ahead(channel);
   for (const auto& [payload, i] : pending) {
     s.wait(payload, deadline, from, what);
     if (tensors[i].device() != s.options.device) tensors[i] = tensors[i].to(s.options.device);

@@ -111,7 +111,17 @@ struct C10dTransport::State {
   }
 
   // Tops up the receives posted ahead on `channel` from what is expected.
-  void post_ahead(Channel channel) {
+  // Never throws: posting ahead is an optimisation. If the group cannot post
+  // (a peer closed its connections), the receive itself posts again when its
+  // action runs and fails there, naming the action.
+  void post_ahead(Channel channel) noexcept {
+    try {
+      post_expected(channel);
+    } catch (const std::exception&) {
+    }
+  }
+
+  void post_expected(Channel channel) {
     for (;;) {
       std::pair<int, int> next;
       {
