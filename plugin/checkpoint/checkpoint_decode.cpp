@@ -41,7 +41,9 @@ class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
   explicit BoundedReader(const std::vector<char>& bytes) : bytes_(bytes) {}
   size_t size() const override { return bytes_.size(); }
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
+    // miniz may ask for zero bytes with no buffer (a record that unpacks to
+    // nothing): memcpy to a null pointer is undefined even for zero bytes.
+    if (n == 0 || pos >= bytes_.size()) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, bytes_.size() - pos));
     std::memcpy(buf, bytes_.data() + pos, n);
     return n;
