@@ -8,12 +8,18 @@
 #   bash scripts/fuzz.sh                 every target (schedule, c10d_header, checkpoint),
 #                                        CONVEYOR_FUZZ_SECONDS each (default 60)
 #   bash scripts/fuzz.sh schedule 600    one target, ten minutes
+# CONVEYOR_FUZZ_SEED=N (the test command sets 1) makes a run repeatable: the
+# same seed from the committed corpus alone (a fresh working corpus) mutates the
+# same inputs in the same order, so a failure in CI fails the same way here.
+# Unset, each run draws its own seed (printed in the log) and keeps the corpus
+# it grew in build-fuzz/corpus-<target>/ for the next.
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 targets=(schedule c10d_header checkpoint)
 if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
+seed="${CONVEYOR_FUZZ_SEED:-}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 
 # shellcheck source=lib/debian_packages.sh
@@ -38,6 +44,8 @@ for t in "${targets[@]}"; do
   corpus="$root/tests/fuzz/corpus/$t"
   [ -x "$bin" ] || { echo "fuzz: no target '$t' (have: ${targets[*]})" >&2; exit 2; }
   work="$build/corpus-$t"
+  seeding=()
+  if [ -n "$seed" ]; then rm -rf "$work"; seeding=(-seed="$seed"); fi
   artifacts="$build/artifacts-$t/"
   mkdir -p "$work" "$artifacts"
   rss=2048
@@ -49,14 +57,15 @@ for t in "${targets[@]}"; do
     status=1
     continue
   fi
-  echo "fuzz: $t: fuzzing for ${seconds} s"
-  if "$bin" "$work" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$rss \
+  echo "fuzz: $t: fuzzing for ${seconds} s${seed:+, seed $seed}"
+  if "$bin" "$work" "$corpus" "${seeding[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$rss \
       -artifact_prefix="$artifacts" -print_final_stats=1 >"$build/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-$t.log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz: $t: PASS, $runs inputs run, corpus $(find "$work" -type f | wc -l) files"
   else
     tail -n 40 "$build/fuzz-$t.log" >&2
-    echo "fuzz: $t: FAILED; the input is in $artifacts (log: $build/fuzz-$t.log)" >&2
+    drawn=$(grep -o 'Seed: [0-9]*' "$build/fuzz-$t.log" | head -n 1 | grep -o '[0-9]*$' || echo "?")
+    echo "fuzz: $t: FAILED (seed $drawn); the input is in $artifacts (log: $build/fuzz-$t.log)" >&2
     status=1
   fi
 done
