@@ -9,19 +9,20 @@ void C10dTransport::place(const std::vector<int>& placement) {
   State& s = *state_;
   const int workers = static_cast<int>(s.options.ranks.size());
   std::string local;
+  int num_local = 0;
   for (size_t k = 0; k < placement.size(); ++k) {
     TORCH_CHECK(placement[k] >= 0 && placement[k] < workers, "conveyor: stage ", k, " is placed on worker ",
                 placement[k], ", but the pipeline group has ", workers, " processes");
-    if (placement[k] == s.options.stage) local += (local.empty() ? "" : ", ") + std::to_string(k);
+    if (placement[k] != s.options.stage) continue;
+    local += (num_local++ ? ", " : "") + std::to_string(k);
   }
-  TORCH_CHECK(!local.empty(), "conveyor: the placement gives worker ", s.options.stage, " no stage");
+  TORCH_CHECK(num_local > 0, "conveyor: the placement gives worker ", s.options.stage, " no stage");
   std::lock_guard<std::mutex> lock(s.mutex);
   s.placement = placement;
-  const bool one = local.find(',') == std::string::npos;
   // Every process places the same way, so all of them drop the accelerator group together.
   if (static_cast<int>(placement.size()) != workers) s.device_group.reset();
-  s.prefix = "rank " + std::to_string(s.options.ranks.at(s.options.stage)) + " (stage" + (one ? " " : "s ") + local +
-             ")";
+  s.prefix = "rank " + std::to_string(s.options.ranks.at(s.options.stage)) + " (stage" +
+             (num_local == 1 ? " " : "s ") + local + ")";
 }
 
 C10dTransport::~C10dTransport() {
