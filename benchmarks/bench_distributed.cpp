@@ -2,7 +2,7 @@
 // 2-process all-reduce data parallelism, and by a single process, on the CPU.
 // Every setup is the distributed_train example; its ranks are started here as
 // torchrun would start them (loopback, one intra-op thread per process unless
-// the setup says otherwise). Prints a markdown table for benchmarks/RESULTS.md.
+// the setup says otherwise). Prints a markdown table for benchmarks/results/distributed.md.
 //
 //   bench_distributed [--exe PATH] [--repeats N] [-- extra distributed_train flags]
 //

@@ -2,7 +2,7 @@
 // 1F1B pipeline of eight 16x16 linear layers (batch 16, M = 8) after a
 // warm-up. Run it under callgrind for N and 2N steps: the difference of the
 // instruction counts over N is the instructions per step, repeatable whatever
-// else the machine does (see benchmarks/RESULTS.md).
+// else the machine does (see benchmarks/results/step_overhead.md).
 //
 //   valgrind --tool=callgrind ./build/benchmarks/bench_step_overhead 10 2
 //   valgrind --tool=callgrind ./build/benchmarks/bench_step_overhead 30 2
