@@ -18,6 +18,8 @@
 #include <functional>
 #include <vector>
 
+#include "plugin/support/timing.h"
+
 namespace conveyor::bench {
 
 inline std::vector<double> alternated_median_ms(bool cuda, int warmup, int repeats,
@@ -58,10 +60,7 @@ inline std::vector<double> alternated_median_ms(bool cuda, int warmup, int repea
     }
   }
   std::vector<double> medians;
-  for (auto& m : ms) {
-    std::sort(m.begin(), m.end());
-    medians.push_back(m.empty() ? 0.0 : m.size() % 2 ? m[m.size() / 2] : 0.5 * (m[m.size() / 2 - 1] + m[m.size() / 2]));
-  }
+  for (auto& m : ms) medians.push_back(median(m));
   return medians;
 }
 

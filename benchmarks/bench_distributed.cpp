@@ -8,6 +8,8 @@
 //
 // Each setup runs --repeats times; the table shows the median.
 
+#include "plugin/support/timing.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
@@ -172,8 +174,7 @@ int main(int argc, char** argv) {
       }
       runs.push_back(s);
     }
-    std::sort(runs.begin(), runs.end());
-    medians.push_back(runs[runs.size() / 2]);
+    medians.push_back(conveyor::median(runs));
     std::cerr << setup.name << ": " << medians.back() << " samples/s\n";
   }
 

@@ -10,7 +10,7 @@
 //
 // With --predict it measures the planner instead: for K = 2 and several
 // schedules and M, the step time and per-stage peak stashed bytes the planner
-// predicts from one profile (plugin/planner.h) against the median of
+// predicts from one profile (plugin/planner/planner.h) against the median of
 // --steps measured steps, the configurations taking turns step by step.
 //
 //   bench_pipeline --predict [--model lstm|mlp|resnet] [--steps 5]
@@ -23,8 +23,9 @@
 //   bench_pipeline --plain [--model mlp|lstm] [--steps 30]
 
 #include "alternated_timing.h"
-#include "examples/resnet.h"
+#include "examples/common/resnet.h"
 #include "plugin/conveyor.h"
+#include "plugin/support/timing.h"
 
 #include <torch/torch.h>
 
@@ -39,6 +40,8 @@
 #include <vector>
 
 namespace {
+
+using conveyor::median;
 
 struct Args {
   std::string model = "lstm";
@@ -91,11 +94,6 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
   return costs;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Predicted against measured, for K = 2: one profile at the micro-batch size
 // of M = 4 serves every M (the planner rescales it).
 int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, const conveyor::LossFn& loss) {
@@ -118,7 +116,7 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
       if (std::string(schedule) == "pipedream" && m != 4) continue;
       torch::manual_seed(0);
       auto model = make_model(args.model);
-      auto options = conveyor::PipelineOptions().stages(2).microbatches(m).schedule(schedule).profile(profile).balance(
+      auto options = conveyor::PipelineOptions().workers(2).microbatches(m).schedule(schedule).profile(profile).balance(
           conveyor::Balance::kTime);
       if (std::string(schedule) == "pipedream") {
         options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-3); });
@@ -178,10 +176,10 @@ int plain_table(const Args& args) {
     torch::optim::SGD plain_sgd(plain_model->parameters(), 1e-4);
     const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-4); };
     conveyor::Pipeline guarded(make_model(args.model),
-                               conveyor::PipelineOptions().stages(1).microbatches(1).optimizer(sgd));
+                               conveyor::PipelineOptions().workers(1).microbatches(1).optimizer(sgd));
     conveyor::Pipeline unguarded(
         make_model(args.model),
-        conveyor::PipelineOptions().stages(1).microbatches(1).optimizer(sgd).divergence_guard(false));
+        conveyor::PipelineOptions().workers(1).microbatches(1).optimizer(sgd).divergence_guard(false));
     const auto ms = conveyor::bench::alternated_median_ms(
         false, 2, args.steps,
         {[&] {
@@ -275,7 +273,7 @@ int main(int argc, char** argv) {
         if (k == 1 && std::string(schedule) != "gpipe") continue;
         auto model = make_model(args.model);
         conveyor::Pipeline pipe(
-            model, conveyor::PipelineOptions().stages(k).microbatches(m).schedule(schedule).stage_rng(args.stage_rng));
+            model, conveyor::PipelineOptions().workers(k).microbatches(m).schedule(schedule).stage_rng(args.stage_rng));
         pipe.train_step(x, y, loss);  // warm-up
         double wall = 0, bubble = 0;
         conveyor::StepResult last;

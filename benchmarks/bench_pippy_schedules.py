@@ -101,7 +101,7 @@ def pippy_round(args):
 
 
 def conveyor_round(args):
-    out = subprocess.run([args.conveyor, "--model", "mlp", "--stages", "2", "--microbatches", str(args.microbatches),
+    out = subprocess.run([args.conveyor, "--model", "mlp", "--workers", "2", "--microbatches", str(args.microbatches),
                           "--batch", str(args.batch), "--steps", str(args.steps)],
                          check=True, capture_output=True, text=True, timeout=600).stdout
     result = {}

@@ -5,15 +5,16 @@
 // backwards I and W), and the peak stashed bytes per stage the runtime
 // reports. Configurations take turns step by step; medians of --steps steps.
 //
-//   bench_schedules [--model mlp|lstm] [--stages 2] [--microbatches 8] [--batch 64] [--steps 7]
+//   bench_schedules [--model mlp|lstm] [--workers 2] [--microbatches 8] [--batch 64] [--steps 7]
 //                   [--threads 1]
 //
-// The stages share this machine's cores: the measured column is what this
+// The workers share this machine's cores: the measured column is what this
 // machine does; the simulated one is the schedule fed with its own measured
 // action times (one device per stage, no transfer cost).
 
-#include "examples/flags.h"
+#include "examples/common/flags.h"
 #include "plugin/conveyor.h"
+#include "plugin/support/timing.h"
 
 #include <torch/torch.h>
 
@@ -27,11 +28,13 @@
 
 namespace {
 
+using conveyor::median;
+
 using conveyor::schedules::ActionKind;
 
 struct Args {
   std::string model = "mlp";
-  int stages = 2, microbatches = 8, steps = 7, threads = 1;
+  int workers = 2, microbatches = 8, steps = 7, threads = 1;
   int64_t batch = 64;
 };
 
@@ -77,15 +80,10 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
   return costs;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 constexpr const char* kHelp =
     "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved.\n"
     "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
-    "  --stages K         workers (default 2)\n"
+    "  --workers K        workers (default 2)\n"
     "  --microbatches M   a multiple of K (default 8)\n"
     "  --batch N          samples per step (default 64)\n"
     "  --steps N          measured steps per configuration, after one warm-up (default 7)\n"
@@ -103,9 +101,9 @@ struct Config {
 
 int main(int argc, char** argv) {
   Args args;
-  int64_t stages = args.stages, microbatches = args.microbatches, steps = args.steps, threads = args.threads;
+  int64_t workers = args.workers, microbatches = args.microbatches, steps = args.steps, threads = args.threads;
   conveyor::examples::Flags flags;
-  flags.text("--model", &args.model).integer("--stages", &stages, 1, 64);
+  flags.text("--model", &args.model).integer("--workers", &workers, 1, 64);
   flags.integer("--microbatches", &microbatches, 1, 4096).integer("--batch", &args.batch, 1, 1 << 20);
   flags.integer("--steps", &steps, 1, 1000).integer("--threads", &threads, 1, 256);
   try {
@@ -117,7 +115,7 @@ int main(int argc, char** argv) {
     std::cerr << "bench_schedules: " << e.what() << "\n";
     return 2;
   }
-  args.stages = static_cast<int>(stages), args.microbatches = static_cast<int>(microbatches);
+  args.workers = static_cast<int>(workers), args.microbatches = static_cast<int>(microbatches);
   args.steps = static_cast<int>(steps), args.threads = static_cast<int>(threads);
   if (args.model != "mlp" && args.model != "lstm") {
     std::cerr << "--model expects mlp or lstm, got '" << args.model << "'\n";
@@ -145,7 +143,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(1);
     Config c{label, schedule, recompute, nullptr, {}, {}, {}};
     c.pipe = std::make_unique<conveyor::Pipeline>(make_model(args.model), conveyor::PipelineOptions()
-                                                                              .stages(args.stages)
+                                                                              .workers(args.workers)
                                                                               .microbatches(args.microbatches)
                                                                               .schedule(schedule)
                                                                               .recompute(recompute)
@@ -163,7 +161,7 @@ int main(int argc, char** argv) {
   }
   std::printf("model %s, batch %lld, K = %d workers, M = %d, %u hardware threads, %d intra-op thread(s); "
               "median of %d steps taking turns\n\n",
-              args.model.c_str(), static_cast<long long>(args.batch), args.stages, args.microbatches,
+              args.model.c_str(), static_cast<long long>(args.batch), args.workers, args.microbatches,
               std::thread::hardware_concurrency(), args.threads, args.steps);
   std::printf("| schedule | measured ms | bubble | simulated ms | bubble | measured / simulated | peak stash KiB "
               "(per piece) |\n|---|---|---|---|---|---|---|\n");

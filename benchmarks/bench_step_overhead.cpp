@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   const conveyor::LossFn loss = [](const at::Tensor& o, const at::Tensor& t) { return torch::mse_loss(o, t); };
   torch::nn::Sequential model;
   for (int i = 0; i < 8; ++i) model->push_back(torch::nn::Linear(16, 16));
-  conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(stages).microbatches(8).schedule("1f1b"));
+  conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(stages).microbatches(8).schedule("1f1b"));
   for (int i = 0; i < 3; ++i) pipe.train_step(x, y, loss);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) pipe.train_step(x, y, loss);

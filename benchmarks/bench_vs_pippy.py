@@ -9,7 +9,7 @@ same weights and see the same data, K = 2 stages cut as Conveyor cuts them
   mlp  6 hidden layers of 512 (ReLU, He initialisation) + a linear layer to 10
        classes, 13 layers cut 7 | 6, batch 256 of synthetic features labelled
        by a fixed linear teacher (seeded per step), learning rate 0.05;
-  lm   the demo's LSTM language model (examples/lm_model.h: embedding 64, two
+  lm   the demo's LSTM language model (examples/common/lm_model.h: embedding 64, two
        LSTMs of 128, dropout 0, linear to 2000 words), 7 layers cut 4 | 3,
        batch 64 sequences of 20 tokens, each target a fixed function of its
        token, learning rate 0.5.
@@ -177,7 +177,7 @@ def run_pippy(args, kind, schedule, microbatches):
 
 def run_conveyor(args, kind, mode, schedule, microbatches):
     spec = MODELS[kind]
-    flags = [f"--parallel={mode}", "--stages=2", f"--schedule={schedule}", f"--microbatches={microbatches}",
+    flags = [f"--parallel={mode}", "--workers=2", f"--schedule={schedule}", f"--microbatches={microbatches}",
              f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
              f"--log-every={args.steps - 1}"] + spec["flags"]
     if mode == "pipeline":

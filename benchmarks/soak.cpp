@@ -90,7 +90,7 @@ std::unique_ptr<Pipeline> make_pipeline(const std::string& schedule) {
   model->to(torch::kFloat64);
   return std::make_unique<Pipeline>(
       model, PipelineOptions()
-                 .stages(3)
+                 .workers(3)
                  .microbatches(4)
                  .schedule(schedule)
                  .timeout(std::chrono::seconds(10))
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   {
     auto pipe = make_pipeline(flags.schedule);
     conveyor::testing::PlannedFaults faults;
-    conveyor::testing::InjectorScope scope(&faults);
+    conveyor::FaultInjectionScope scope(faults);
     for (int step = 0; step < flags.steps; ++step) {
       if (step == flags.warmup) {
         rss_warm = rss_mib();

@@ -7,6 +7,8 @@
 // blocking waits throw inside a step (a wait that ran out, a wait woken
 // because another stage failed); the runtime reports them as PipelineErrors.
 
+#include <c10/util/StringUtil.h>
+
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
@@ -61,5 +63,19 @@ class AbortedError : public std::runtime_error {
 // An exception's message without LibTorch's C++ backtrace (c10::Error's
 // what() carries one), for messages that quote what a layer or peer said.
 std::string message_of(const std::exception& e);
+
+// How errors are raised, everywhere in the library:
+//  - a message is built with c10::str(...), which streams its arguments
+//    (numbers, strings, sizes, devices) one after another; it starts with
+//    "conveyor: " and names what is wrong and what would be right;
+//  - bad configuration or input found before a step runs is a
+//    std::invalid_argument: check_argument(ok, message parts...);
+//  - inside a step, an action's code throws what it throws (TORCH_CHECK
+//    included), and the runtime reports it as a PipelineError that names the
+//    stage, micro-batch and action.
+template <typename... Parts>
+void check_argument(bool ok, const Parts&... parts) {
+  if (!ok) throw std::invalid_argument(c10::str(parts...));
+}
 
 }  // namespace conveyor

@@ -1,7 +1,7 @@
 #include "plugin/model_names.h"
 
 #include "plugin/pipeline.h"
-#include "plugin/stage.h"
+#include "plugin/model/stage.h"
 
 namespace conveyor {
 

@@ -1,8 +1,13 @@
 #pragma once
 // PipelineOptions: everything a Pipeline is configured with, one documented
-// field each, set builder-style: PipelineOptions().stages(4).microbatches(8).
+// field each, set builder-style: PipelineOptions().workers(4).microbatches(8).
+//
+// Words: a *stage* is a piece of the model (a run of layers); a *worker* is
+// the thread, or process, that runs one or more stages on its device
+// (torch.distributed.pipelining says rank). With one chunk per worker,
+// worker k runs stage k.
 
-#include "plugin/balance_time.h"
+#include "plugin/types.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -17,7 +22,7 @@
 
 namespace conveyor {
 
-struct ModelProfile;  // plugin/profile.h
+struct ModelProfile;  // plugin/planner/profile.h
 
 // How a torch::nn::Sequential is cut into stages when no boundaries are given.
 enum class Balance {
@@ -49,15 +54,15 @@ enum class UpdateUnit {
 };
 
 struct PipelineOptions {
-  // Number of stages K: worker threads, one per device (or process). 0
-  // means: (boundaries().size() + 1) / chunks if boundaries are given, else
+  // Number of workers K: threads (or processes), one device each. 0 means:
+  // (boundaries().size() + 1) / chunks if boundaries are given, else
   // devices().size() if more than one device is given, else 1.
-  TORCH_ARG(int, stages) = 0;
-  // Model chunks per stage (virtual stages): the model is cut into
-  // stages() * chunks() pieces, piece p running on stage p % K (interleaved
-  // schedules). 0: the schedule's own, 2 for "interleaved" and
-  // "zb-interleaved", 1 for the others (which take only 1). With several
-  // chunks, Pipeline::num_stages() counts pieces, and boundaries() cut pieces.
+  TORCH_ARG(int, workers) = 0;
+  // Stages per worker (chunks; "virtual stages"): the model is cut into
+  // workers() * chunks() stages, stage s running on worker s % K
+  // (interleaved schedules). 0: the schedule's own, 2 for "interleaved" and
+  // "zb-interleaved", 1 for the others (which take only 1).
+  // Pipeline::num_stages() counts stages, and boundaries() cut stages.
   TORCH_ARG(int, chunks) = 0;
   // Number of micro-batches M a batch is split into along batch_dim().
   TORCH_ARG(int, microbatches) = 1;
@@ -80,25 +85,25 @@ struct PipelineOptions {
   TORCH_ARG(bool, vertical_sync) = false;
   // A schedule in text form (schedules::Schedule::parse), or
   // torch.distributed.pipelining's CSV (a row of actions per rank); overrides
-  // schedule() when not empty. Its lines are the stages (workers) and name
-  // the pieces they run; its counts must match the options'.
+  // schedule() when not empty. Its lines are the workers and name the stages
+  // they run; its counts must match the options'.
   TORCH_ARG(std::string, schedule_text) = "";
-  // Device of each stage: "cpu", "cuda", "cuda:N". One entry puts every stage
-  // on it; otherwise one per stage (a stage's chunks share its device).
-  // Several stages may share a device. Empty: cpu.
+  // Device of each worker: "cpu", "cuda", "cuda:N". One entry puts every
+  // worker on it; otherwise one per worker (a worker's stages share its
+  // device). Several workers may share a device. Empty: cpu.
   TORCH_ARG(std::vector<std::string>, devices) = {};
-  // Explicit split points: the index of the first layer of stages 1..K-1,
+  // Explicit split points: the index of the first layer of stages 1..S-1,
   // strictly increasing, each in (0, number of layers). Overrides balance().
   TORCH_ARG(std::vector<int64_t>, boundaries) = {};
   // Partition policy when boundaries() is empty.
   TORCH_ARG(Balance, balance) = Balance::kUniform;
   // Balance::kTime: the measured costs of the model's layers (profile_model,
-  // plugin/profile.h), taken at the micro-batch size the pipeline will run.
+  // plugin/planner/profile.h), taken at the micro-batch size the pipeline will run.
   TORCH_ARG(std::shared_ptr<const ModelProfile>, profile) = nullptr;
   // Balance::kTime: runs of layers [first, last] that stay in one stage.
   TORCH_ARG(std::vector<AtomicGroup>, atomic_groups) = {};
   // Balance::kTime: bytes each stage's device may hold (weights, gradients,
-  // optimizer state, stashed micro-batches; see plugin/planner.h). One entry
+  // optimizer state, stashed micro-batches; see plugin/planner/planner.h). One entry
   // for every stage, or one per stage; empty: no limit.
   TORCH_ARG(std::vector<int64_t>, memory_budgets) = {};
   // Bytes of optimizer state per byte of trainable weights, for the memory
@@ -160,8 +165,23 @@ struct PipelineOptions {
   // from the global CPU generator's seed when the pipeline is built and the
   // stage's index, so that runs with random layers in several stages repeat
   // bit for bit and checkpoints restore every stage's streams. Forwards of
-  // different stages then take turns (see plugin/stage_random.h).
+  // different stages then take turns (see plugin/model/stage_random.h).
   TORCH_ARG(bool, stage_rng) = false;
+
+ public:
+  // Renamed: the count of threads or processes is workers(); a stage is a
+  // piece of the model. Calling stages() fails to compile with this message.
+  template <typename Renamed = int>
+  PipelineOptions& stages(int) {
+    static_assert(sizeof(Renamed) == 0, "PipelineOptions::stages(n) is now workers(n): a stage is a piece of the "
+                                        "model, a worker the thread or process that runs one or more stages");
+    return *this;
+  }
+  template <typename Renamed = int>
+  int stages() const {
+    static_assert(sizeof(Renamed) == 0, "PipelineOptions::stages() is now workers()");
+    return 0;
+  }
 };
 
 }  // namespace conveyor

@@ -1,15 +1,20 @@
 #include "plugin/pipeline.h"
 
-#include "plugin/tied_parameters.h"
+#include "plugin/errors.h"
+#include "plugin/model/microbatches.h"
+#include "plugin/model/stage.h"
+#include "plugin/model/tied_parameters.h"
+#include "plugin/planner/partition.h"
+#include "plugin/runtime/runtime.h"
+#include "plugin/transport/transport.h"
 #include "schedules/generators.h"
-#include "schedules/validate.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
@@ -44,31 +49,27 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
-    : options_(std::move(options)), plan_(plan_stages(model, options_)) {
+    : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
   build(model, -1, nullptr);
 }
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
                    std::unique_ptr<Transport> transport)
-    : options_(std::move(options)), plan_(plan_stages(model, options_)) {
-  const int num_stages = static_cast<int>(plan_.stages.size());
-  const schedules::Schedule schedule = build_schedule(options_, num_stages);
-  if (local_worker < 0 || local_worker >= schedule.num_workers()) {
-    throw std::invalid_argument("conveyor: local worker " + std::to_string(local_worker) + " is not a worker of this " +
-                                std::to_string(schedule.num_workers()) + "-worker pipeline");
-  }
+    : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
+  const schedules::Schedule& schedule = schedule_;
+  check_argument(local_worker >= 0 && local_worker < schedule.num_workers(), "conveyor: local worker ", local_worker,
+                 " is not a worker of this ", schedule.num_workers(), "-worker pipeline");
   if (!transport) throw std::invalid_argument("conveyor: a pipeline with one local worker needs a transport");
   if (schedule.has_virtual_stages() && !options_.tied_parameters().empty()) {
-    throw std::invalid_argument("conveyor: tied parameters across processes need one stage per process; schedule '" +
-                                schedule.name + "' runs " + std::to_string(schedule.num_stages) + " chunks on " +
-                                std::to_string(schedule.num_workers()) + " workers");
+    throw std::invalid_argument(c10::str("conveyor: tied parameters across processes need one stage per process; ",
+                                         "schedule '", schedule.name, "' runs ", schedule.num_stages, " chunks on ",
+                                         schedule.num_workers(), " workers"));
   }
   build(model, local_worker, std::move(transport));
 }
 
 void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
   const int num_stages = static_cast<int>(plan_.stages.size());
-  schedule_ = build_schedule(options_, num_stages);
   check_optimizer_options(options_, schedule_);
   if (options_.timeout().count() <= 0) throw std::invalid_argument("conveyor: timeout must be positive");
 
@@ -141,67 +142,22 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   runtime_->unify_tied_values();
 }
 
+Pipeline::~Pipeline() = default;
+Pipeline::Pipeline(Pipeline&&) noexcept = default;
+Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
+
+int Pipeline::num_stages() const { return runtime_->num_stages(); }
+bool Pipeline::is_local(int k) const { return runtime_->is_local(k); }
+const Stage& Pipeline::stage(int k) const { return runtime_->stage(k); }
+int64_t Pipeline::completed_steps() const { return runtime_->completed_steps(); }
+
 void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
-  TORCH_CHECK(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ", num_stages(),
-              " update counts, got ", stage_updates.size());
+  check_argument(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ",
+                 num_stages(), " update counts, got ", stage_updates.size());
   runtime_->restore_completed_steps(completed_steps);
   for (int k = 0; k < num_stages(); ++k) {
     if (is_local(k)) runtime_->stage(k).restore_updates(stage_updates[k]);
   }
-}
-
-int64_t Pipeline::split(const Tensors& batch, const char* what, const std::vector<int64_t>& shared,
-                        int num_microbatches, std::vector<Tensors>& out) const {
-  const int64_t dim = options_.batch_dim();
-  const bool several = batch.size() > 1;
-  const auto name = [&](size_t i) { return std::string(what) + (several ? " " + std::to_string(i) : ""); };
-  for (int64_t i : shared) {
-    if (i < 0 || i >= static_cast<int64_t>(batch.size())) {
-      throw std::invalid_argument("conveyor: shared " + std::string(what) + " " + std::to_string(i) + " is not one of the " +
-                                  std::to_string(batch.size()) + " given");
-    }
-  }
-  if (batch.empty()) throw std::invalid_argument(std::string("conveyor: no ") + what + " given");
-  out.assign(num_microbatches, Tensors(batch.size()));
-  int64_t n = -1;
-  size_t n_from = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const at::Tensor& t = batch[i];
-    const bool is_shared = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
-    if (!t.defined() || is_shared) {
-      for (auto& mb : out) mb[i] = t;
-      continue;
-    }
-    if (t.dim() <= dim) {
-      std::ostringstream os;
-      os << "conveyor: the " << name(i) << " has shape " << t.sizes() << ", which has no batch dimension " << dim;
-      if (several) os << " (declare it shared if every micro-batch needs it whole)";
-      throw std::invalid_argument(os.str());
-    }
-    if (n >= 0 && t.size(dim) != n) {
-      std::ostringstream os;
-      os << "conveyor: the " << name(i) << " has " << t.size(dim) << " samples along dimension " << dim << " (shape "
-         << t.sizes() << "), but the " << name(n_from) << " has " << n
-         << "; every split tensor needs the same batch size";
-      throw std::invalid_argument(os.str());
-    }
-    n = t.size(dim);
-    n_from = i;
-    if (n < num_microbatches) {
-      std::ostringstream os;
-      os << "conveyor: a batch of " << n << " samples cannot be split into " << num_microbatches
-         << " micro-batches: each needs at least one sample (use a batch of at least " << num_microbatches
-         << " or fewer micro-batches)";
-      throw std::invalid_argument(os.str());
-    }
-    const auto parts = t.tensor_split(num_microbatches, dim);
-    for (int m = 0; m < num_microbatches; ++m) out[m][i] = parts[m];
-  }
-  if (n < 0) {
-    throw std::invalid_argument(std::string("conveyor: every ") + what + " is shared or undefined, so nothing " +
-                                "says how the batch splits into micro-batches");
-  }
-  return n;
 }
 
 StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
@@ -220,14 +176,11 @@ StepResult Pipeline::train_step(const Tensors& inputs, const Tensors& targets, c
   if (!loss_fn) throw std::invalid_argument("conveyor: train_step needs a loss function");
   const int m = options_.microbatches();
   StepData data;
-  const int64_t n = split(inputs, "input", options_.shared_inputs(), m, data.inputs);
-  const int64_t n_targets = split(targets, "target", options_.shared_targets(), m, data.targets);
-  if (n_targets != n) {
-    std::ostringstream os;
-    os << "conveyor: the input has " << n << " samples along dimension " << options_.batch_dim()
-       << " but the target has " << n_targets;
-    throw std::invalid_argument(os.str());
-  }
+  const int64_t dim = options_.batch_dim();
+  const int64_t n = split_microbatches(inputs, "input", options_.shared_inputs(), dim, m, data.inputs);
+  const int64_t n_targets = split_microbatches(targets, "target", options_.shared_targets(), dim, m, data.targets);
+  check_argument(n_targets == n, "conveyor: the input has ", n, " samples along dimension ", options_.batch_dim(),
+                 " but the target has ", n_targets);
   std::vector<int64_t> samples;  // as tensor_split cuts: the first n % m one larger
   for (int i = 0; i < m; ++i) samples.push_back(n / m + (i < n % m ? 1 : 0));
   return train(data, samples, loss_fn);
@@ -237,21 +190,19 @@ StepResult Pipeline::train_microbatches(const std::vector<Tensors>& inputs, cons
                                         const TensorsLossFn& loss_fn) {
   if (!loss_fn) throw std::invalid_argument("conveyor: train_microbatches needs a loss function");
   const int m = options_.microbatches();
-  if (static_cast<int>(inputs.size()) != m || static_cast<int>(targets.size()) != m) {
-    throw std::invalid_argument("conveyor: train_microbatches was given " + std::to_string(inputs.size()) +
-                                " input and " + std::to_string(targets.size()) + " target micro-batches; the " +
-                                "pipeline runs " + std::to_string(m));
-  }
+  check_argument(static_cast<int>(inputs.size()) == m && static_cast<int>(targets.size()) == m,
+                 "conveyor: train_microbatches was given ", inputs.size(), " input and ", targets.size(),
+                 " target micro-batches; the pipeline runs ", m);
   StepData data;
   std::vector<int64_t> samples;
   for (int i = 0; i < m; ++i) {
     std::vector<Tensors> one;
-    const int64_t n = split(inputs[i], "input", options_.shared_inputs(), 1, one);
+    const int64_t n = split_microbatches(inputs[i], "input", options_.shared_inputs(), options_.batch_dim(), 1, one);
     data.inputs.push_back(std::move(one[0]));
-    if (split(targets[i], "target", options_.shared_targets(), 1, one) != n) {
-      throw std::invalid_argument("conveyor: micro-batch " + std::to_string(i) + "'s inputs and targets differ in " +
-                                  "their number of samples");
-    }
+    const int64_t n_targets =
+        split_microbatches(targets[i], "target", options_.shared_targets(), options_.batch_dim(), 1, one);
+    check_argument(n_targets == n, "conveyor: micro-batch ", i,
+                   "'s inputs and targets differ in their number of samples");
     data.targets.push_back(std::move(one[0]));
     samples.push_back(n);
   }
@@ -278,7 +229,8 @@ at::Tensor Pipeline::forward(const at::Tensor& input) {
   if (!input.defined()) throw std::invalid_argument("conveyor: the input is undefined");
   const Tensors out = forward(Tensors{input});
   if (out.empty()) return at::Tensor();  // the output is in another process
-  TORCH_CHECK(out.size() == 1, "conveyor: the last stage returns ", out.size(), " tensors; call forward with Tensors");
+  check_argument(out.size() == 1, "conveyor: the last stage returns ", out.size(),
+                 " tensors; call forward with Tensors");
   return out[0];
 }
 
@@ -294,25 +246,11 @@ Tensors Pipeline::forward(const Tensors& inputs) {
   }
   const int m = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options_.microbatches(), n)));
   StepData data;
-  split(inputs, "input", shared, m, data.inputs);
+  split_microbatches(inputs, "input", shared, options_.batch_dim(), m, data.inputs);
   std::vector<Tensors> outputs;
   runtime_->run(schedules::make_forward_only(num_stages(), m, schedule_.placement), data, &outputs);
   if (!is_local(num_stages() - 1)) return {};  // the output is in another process
-  Tensors joined(outputs[0].size());
-  for (size_t i = 0; i < joined.size(); ++i) {
-    std::vector<at::Tensor> parts;
-    for (const auto& mb : outputs) {
-      TORCH_CHECK(mb.size() == joined.size(), "conveyor: the last stage returned ", mb.size(), " tensors for one ",
-                  "micro-batch and ", joined.size(), " for another");
-      if (mb[i].defined()) parts.push_back(mb[i]);
-    }
-    if (parts.size() == 1) {
-      joined[i] = parts[0];
-    } else if (!parts.empty()) {
-      joined[i] = at::cat(parts, options_.batch_dim());
-    }
-  }
-  return joined;
+  return join_microbatches(outputs, options_.batch_dim());
 }
 
 std::vector<at::Tensor> Pipeline::parameters() const {

@@ -1,9 +1,10 @@
 #pragma once
 // Pipeline: the user-facing API. Splits a torch::nn::Sequential into stages,
-// places them on devices and trains or evaluates it under a schedule.
+// runs them on workers (threads, each on its device) and trains or evaluates
+// the model under a schedule.
 //
 //   conveyor::Pipeline pipe(model, conveyor::PipelineOptions()
-//                                      .stages(2).microbatches(8).schedule("1f1b"));
+//                                      .workers(2).microbatches(8).schedule("1f1b"));
 //   torch::optim::SGD opt(pipe.parameters(), 0.1);
 //   opt.zero_grad();
 //   auto r = pipe.train_step(input, target, [](auto& out, auto& tgt) {
@@ -21,7 +22,7 @@
 // mini-batch: train_step(batch of M mini-batches) makes M updates on every
 // stage, with the staleness the method defines, and drains before returning.
 //
-//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions().stages(4).microbatches(16)
+//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(4).microbatches(16)
 //       .schedule("pipedream").optimizer([](std::vector<at::Tensor> p) {
 //         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9)); }));
 //   auto r = pipe.train_step(input, target, loss_fn);  // 16 updates per stage
@@ -30,10 +31,10 @@
 // they are the pipeline's own tensors; the model's parameters hold the same
 // values between steps).
 
+#include "plugin/model/stage_plan.h"
 #include "plugin/options.h"
-#include "plugin/partition.h"
-#include "plugin/runtime.h"
 #include "plugin/step_result.h"
+#include "plugin/types.h"
 #include "schedules/schedule.h"
 
 #include <torch/nn/modules/container/sequential.h>
@@ -44,6 +45,11 @@
 #include <vector>
 
 namespace conveyor {
+
+class Runtime;    // plugin/runtime/runtime.h
+class Stage;      // plugin/model/stage.h
+class Transport;  // plugin/transport/transport.h
+struct StepData;  // plugin/runtime/runtime.h
 
 class Pipeline {
  public:
@@ -61,6 +67,9 @@ class Pipeline {
   // the worker runs the last stage.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
            std::unique_ptr<Transport> transport);
+  ~Pipeline();
+  Pipeline(Pipeline&&) noexcept;
+  Pipeline& operator=(Pipeline&&) noexcept;
 
   // One training step on a whole batch: splits it into micro-batches, runs
   // the schedule, accumulates gradients. Returns the batch's loss and timings.
@@ -94,15 +103,15 @@ class Pipeline {
   void train(bool on = true);
   void eval() { train(false); }
 
-  // Pieces of the model (stages of the schedule): stages() * chunks().
-  int num_stages() const { return runtime_->num_stages(); }
-  // Worker threads (or processes): PipelineOptions::stages.
+  // Pieces of the model (the schedule's stages): workers() * chunks().
+  int num_stages() const;
+  // Threads (or processes) that run the stages: PipelineOptions::workers.
   int num_workers() const { return schedule_.num_workers(); }
   // Whether this process runs stage k (every stage, unless built for one).
-  bool is_local(int k) const { return runtime_->is_local(k); }
-  const Stage& stage(int k) const { return runtime_->stage(k); }
+  bool is_local(int k) const;
+  const Stage& stage(int k) const;
   // Steps train_step has completed.
-  int64_t completed_steps() const { return runtime_->completed_steps(); }
+  int64_t completed_steps() const;
   // Sets completed_steps() and each local stage's update count (which the
   // learning-rate schedule reads) when a checkpoint is loaded.
   void restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates);
@@ -116,16 +125,13 @@ class Pipeline {
  private:
   // Builds the stages (all, or only those of `local_worker` >= 0) and the runtime.
   void build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport);
-  // Micro-batch i's share of each tensor; returns the samples in the batch.
-  int64_t split(const Tensors& batch, const char* what, const std::vector<int64_t>& shared, int num_microbatches,
-                std::vector<Tensors>& out) const;
   // Runs a training step on data whose inputs and targets are set.
   StepResult train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn);
 
   PipelineOptions options_;
   std::vector<std::vector<std::string>> tied_names_;
+  schedules::Schedule schedule_;  // built and validated once, by plan_stages (before plan_ is set)
   StagePlan plan_;
-  schedules::Schedule schedule_;
   std::unique_ptr<Runtime> runtime_;
 };
 

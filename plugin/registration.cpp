@@ -2,6 +2,7 @@
 // that Python (torch.ops.conveyor.*) and C++ share one format; each op folder
 // of ops/ declares its own schemas with TORCH_LIBRARY_FRAGMENT.
 
+#include "plugin/version.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
 #include "schedules/validate.h"

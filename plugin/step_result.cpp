@@ -1,6 +1,6 @@
 #include "plugin/step_result.h"
 
-#include "plugin/atomic_file.h"
+#include "plugin/support/atomic_file.h"
 
 #include <cstdio>
 #include <fstream>

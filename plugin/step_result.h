@@ -47,7 +47,7 @@ struct StepResult {
   // ("X") event per action, a track per stage.
   std::string chrome_trace_json() const;
   void write_chrome_trace(const std::string& path) const;  // throws std::runtime_error on I/O failure
-  // The step as a timeline, a row per stage (plugin/timeline.h): an SVG, or
+  // The step as a timeline, a row per stage (plugin/trace/timeline.h): an SVG, or
   // a PNG when `path` ends in ".png". Plan::write_timeline draws the
   // prediction above it. Throws std::invalid_argument without a trace.
   void write_timeline(const std::string& path) const;

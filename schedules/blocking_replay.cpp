@@ -30,12 +30,12 @@ class BlockingReplay {
     std::ostringstream stuck;
     for (int w = 0; w < s_.num_workers(); ++w) {
       const bool barrier = at_barrier(w);
-      if (!barrier && state_[w].pc >= s_.stages[w].size()) continue;
+      if (!barrier && state_[w].pc >= s_.workers[w].size()) continue;
       stuck << (stuck.tellp() > 0 ? "; " : "") << name(w);
       if (barrier) {
         stuck << " waits at barrier " << state_[w].barriers_passed << " for the other stages";
       } else {
-        stuck << " blocks at " << s_.stages[w][state_[w].pc].str() << " " << waiting_for(w);
+        stuck << " blocks at " << s_.workers[w][state_[w].pc].str() << " " << waiting_for(w);
       }
     }
     if (stuck.tellp() > 0) {
@@ -82,8 +82,8 @@ class BlockingReplay {
 
   bool step(int w) {
     WorkerState& st = state_[w];
-    if (at_barrier(w) || st.pc >= s_.stages[w].size()) return false;
-    const Action& a = s_.stages[w][st.pc];
+    if (at_barrier(w) || st.pc >= s_.workers[w].size()) return false;
+    const Action& a = s_.workers[w][st.pc];
     switch (st.phase) {
       case Phase::kReceive: {
         if (moves(a) && exists(source(a))) {
@@ -116,7 +116,7 @@ class BlockingReplay {
   }
 
   std::string waiting_for(int w) const {
-    const Action& a = s_.stages[w][state_[w].pc];
+    const Action& a = s_.workers[w][state_[w].pc];
     const char* what = forward(a) ? "activation" : "gradient";
     std::ostringstream os;
     switch (state_[w].phase) {

@@ -15,7 +15,7 @@ Schedule empty(const char* name, int k, int m) {
   s.name = name;
   s.num_stages = k;
   s.num_microbatches = m;
-  s.stages.resize(k);
+  s.workers.resize(k);
   return s;
 }
 
@@ -30,8 +30,8 @@ Schedule make_sequential(int num_stages, int num_microbatches) {
   Schedule s = empty("sequential", num_stages, num_microbatches);
   for (int k = 0; k < num_stages; ++k) {
     for (int mb = 0; mb < num_microbatches; ++mb) {
-      s.stages[k].push_back(F(k, mb));
-      s.stages[k].push_back(B(k, mb));
+      s.workers[k].push_back(F(k, mb));
+      s.workers[k].push_back(B(k, mb));
     }
   }
   return s;
@@ -40,8 +40,8 @@ Schedule make_sequential(int num_stages, int num_microbatches) {
 Schedule make_gpipe(int num_stages, int num_microbatches) {
   Schedule s = empty("gpipe", num_stages, num_microbatches);
   for (int k = 0; k < num_stages; ++k) {
-    for (int mb = 0; mb < num_microbatches; ++mb) s.stages[k].push_back(F(k, mb));
-    for (int mb = 0; mb < num_microbatches; ++mb) s.stages[k].push_back(B(k, mb));
+    for (int mb = 0; mb < num_microbatches; ++mb) s.workers[k].push_back(F(k, mb));
+    for (int mb = 0; mb < num_microbatches; ++mb) s.workers[k].push_back(B(k, mb));
   }
   return s;
 }
@@ -51,12 +51,12 @@ Schedule make_1f1b(int num_stages, int num_microbatches) {
   for (int k = 0; k < num_stages; ++k) {
     const int warmup = std::min(num_microbatches, num_stages - k - 1);
     int next_f = 0, next_b = 0;
-    while (next_f < warmup) s.stages[k].push_back(F(k, next_f++));
+    while (next_f < warmup) s.workers[k].push_back(F(k, next_f++));
     while (next_f < num_microbatches) {
-      s.stages[k].push_back(F(k, next_f++));
-      s.stages[k].push_back(B(k, next_b++));
+      s.workers[k].push_back(F(k, next_f++));
+      s.workers[k].push_back(B(k, next_b++));
     }
-    while (next_b < num_microbatches) s.stages[k].push_back(B(k, next_b++));
+    while (next_b < num_microbatches) s.workers[k].push_back(B(k, next_b++));
   }
   return s;
 }
@@ -147,7 +147,7 @@ Schedule looped(const char* name, int k_workers, int v, int m, bool split) {
     std::vector<int> next_f(s.num_stages, 0), next_b(s.num_stages, 0), next_w(s.num_stages, 0);
     std::vector<int> backward_stages;  // in the order the I's ran
     size_t weights_done = 0;
-    auto& line = s.stages[w];
+    auto& line = s.workers[w];
     const auto add_backward = [&](int i) {
       const int st = backward_stage(i);
       line.push_back(split ? I(st, next_b[st]++) : B(st, next_b[st]++));
@@ -198,7 +198,7 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
   Schedule s = empty("forward", num_stages, num_microbatches);
   if (placement.empty()) {
     for (int k = 0; k < num_stages; ++k) {
-      for (int mb = 0; mb < num_microbatches; ++mb) s.stages[k].push_back(F(k, mb));
+      for (int mb = 0; mb < num_microbatches; ++mb) s.workers[k].push_back(F(k, mb));
     }
     return s;
   }
@@ -207,9 +207,9 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
                                 std::to_string(num_stages));
   }
   s.placement = placement;
-  s.stages.assign(*std::max_element(placement.begin(), placement.end()) + 1, {});
+  s.workers.assign(*std::max_element(placement.begin(), placement.end()) + 1, {});
   for (int mb = 0; mb < num_microbatches; ++mb) {
-    for (int k = 0; k < num_stages; ++k) s.stages.at(placement[k]).push_back(F(k, mb));
+    for (int k = 0; k < num_stages; ++k) s.workers.at(placement[k]).push_back(F(k, mb));
   }
   return s;
 }

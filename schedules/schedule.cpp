@@ -7,7 +7,7 @@
 namespace conveyor::schedules {
 
 bool Schedule::splits_backward() const {
-  for (const auto& line : stages) {
+  for (const auto& line : workers) {
     for (const Action& a : line) {
       if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kWeight) return true;
     }
@@ -17,7 +17,7 @@ bool Schedule::splits_backward() const {
 
 size_t Schedule::num_actions() const {
   size_t n = 0;
-  for (const auto& s : stages) n += s.size();
+  for (const auto& line : workers) n += line.size();
   return n;
 }
 
@@ -31,18 +31,18 @@ std::string Schedule::str() const {
   if (step_per_microbatch) os << " step=microbatch";
   if (vertical_sync) os << " sync=vertical";
   os << "\n";
-  for (size_t k = 0; k < stages.size(); ++k) {
+  for (size_t w = 0; w < workers.size(); ++w) {
     const std::vector<size_t> none;
-    const auto& cuts = k < barriers.size() ? barriers[k] : none;
+    const auto& cuts = w < barriers.size() ? barriers[w] : none;
     size_t next_cut = 0;
     bool first = true;
-    for (size_t i = 0; i <= stages[k].size(); ++i) {
+    for (size_t i = 0; i <= workers[w].size(); ++i) {
       for (; next_cut < cuts.size() && cuts[next_cut] == i; ++next_cut) {
         os << (first ? "" : " ") << "|";
         first = false;
       }
-      if (i == stages[k].size()) break;
-      os << (first ? "" : " ") << stages[k][i].str();
+      if (i == workers[w].size()) break;
+      os << (first ? "" : " ") << workers[w][i].str();
       first = false;
     }
     os << "\n";
@@ -115,7 +115,7 @@ void read_placement(Schedule& s) {
   std::vector<int> placement(s.num_stages, -1);
   bool identity = s.num_workers() == s.num_stages;
   for (int w = 0; w < s.num_workers(); ++w) {
-    for (const Action& a : s.stages[w]) {
+    for (const Action& a : s.workers[w]) {
       if (a.stage < 0 || a.stage >= s.num_stages) continue;
       if (placement[a.stage] < 0) placement[a.stage] = w;
       identity = identity && a.stage == w;
@@ -138,7 +138,7 @@ Schedule Schedule::parse(std::string_view text) {
     const auto first = line.find_first_not_of(" \t\r\f\v,");
     if (first == std::string::npos) continue;
     if (line[first] == '#') {
-      if (!have_header && s.stages.empty()) have_header = parse_header(line.substr(first), s, line_no);
+      if (!have_header && s.workers.empty()) have_header = parse_header(line.substr(first), s, line_no);
       continue;
     }
     std::replace(line.begin(), line.end(), ',', ' ');
@@ -159,12 +159,12 @@ Schedule Schedule::parse(std::string_view text) {
       max_mb = std::max(max_mb, actions.back().microbatch);
       max_stage = std::max(max_stage, actions.back().stage);
     }
-    s.stages.push_back(std::move(actions));
+    s.workers.push_back(std::move(actions));
     s.barriers.push_back(std::move(cuts));
   }
-  if (s.stages.empty()) throw std::invalid_argument("schedule text has no action lines");
+  if (s.workers.empty()) throw std::invalid_argument("schedule text has no action lines");
   if (std::all_of(s.barriers.begin(), s.barriers.end(), [](const auto& b) { return b.empty(); })) s.barriers.clear();
-  if (!have_header || s.num_stages == 0) s.num_stages = std::max(max_stage + 1, static_cast<int>(s.stages.size()));
+  if (!have_header || s.num_stages == 0) s.num_stages = std::max(max_stage + 1, static_cast<int>(s.workers.size()));
   if (!have_header || s.num_microbatches == 0) s.num_microbatches = max_mb + 1;
   if (s.name.empty()) s.name = "custom";
   read_placement(s);
@@ -175,17 +175,17 @@ std::vector<Action> stage_actions(const Schedule& s, int k) {
   std::vector<Action> out;
   const int w = s.worker_of(k);
   if (w < 0 || w >= s.num_workers()) return out;
-  for (const Action& a : s.stages[w]) {
+  for (const Action& a : s.workers[w]) {
     if (a.stage == k) out.push_back(a);
   }
   return out;
 }
 
 std::vector<std::vector<int>> forward_versions(const Schedule& s) {
-  std::vector<std::vector<int>> versions(s.stages.size(), std::vector<int>(s.num_microbatches, 0));
-  for (size_t k = 0; k < s.stages.size(); ++k) {
+  std::vector<std::vector<int>> versions(s.workers.size(), std::vector<int>(s.num_microbatches, 0));
+  for (size_t k = 0; k < s.workers.size(); ++k) {
     int steps = 0;
-    for (const Action& a : s.stages[k]) {
+    for (const Action& a : s.workers[k]) {
       if (a.kind == ActionKind::kBackward) ++steps;
       if (a.kind == ActionKind::kForward && a.microbatch >= 0 && a.microbatch < s.num_microbatches) {
         versions[k][a.microbatch] = steps;

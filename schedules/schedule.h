@@ -54,9 +54,9 @@ struct Schedule {
   std::string name;
   int num_stages = 0;
   int num_microbatches = 0;
-  // stages[w]: what worker w does, in order (one stage per worker: worker k
-  // is stage k).
-  std::vector<std::vector<Action>> stages;
+  // workers[w]: what worker w does, in order (one stage per worker: worker k
+  // runs stage k).
+  std::vector<std::vector<Action>> workers;
   // placement[k]: the worker that runs stage k. Empty: worker k runs stage k.
   // parse() reads it off the lines (-1 for a stage no line names).
   std::vector<int> placement;
@@ -73,12 +73,12 @@ struct Schedule {
   // Every stage's forward of a micro-batch uses the weight version stage 0's
   // forward used ("sync=vertical"); otherwise each stage's latest version.
   bool vertical_sync = false;
-  // barriers[k]: positions in stages[k] before which a lock-step barrier
+  // barriers[w]: positions in workers[w] before which a lock-step barrier
   // stands (the same number on every stage; a position may equal the size).
   std::vector<std::vector<size_t>> barriers;
 
   bool synchronous() const { return !step_per_microbatch; }
-  int num_workers() const { return static_cast<int>(stages.size()); }
+  int num_workers() const { return static_cast<int>(workers.size()); }
   int worker_of(int stage) const { return placement.empty() ? stage : placement.at(stage); }
   // Whether some worker runs several stages.
   bool has_virtual_stages() const { return num_workers() != num_stages; }

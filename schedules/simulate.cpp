@@ -93,8 +93,8 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
       progressed = true;
     }
     for (int w = 0; w < workers; ++w) {
-      while (pc[w] < s.stages[w].size() && !at_barrier(w)) {
-        const Action& a = s.stages[w][pc[w]];
+      while (pc[w] < s.workers[w].size() && !at_barrier(w)) {
+        const Action& a = s.workers[w][pc[w]];
         const double input = ready(a);
         if (input < 0) break;
         const int k = a.stage;
@@ -129,9 +129,9 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
     }
     if (!progressed) {
       for (int w = 0; w < workers; ++w) {
-        if (pc[w] < s.stages[w].size()) {
+        if (pc[w] < s.workers[w].size()) {
           throw ScheduleError("simulate: " + std::string(s.has_virtual_stages() ? "worker " : "stage ") +
-                              std::to_string(w) + " waits forever at " + s.stages[w][pc[w]].str() +
+                              std::to_string(w) + " waits forever at " + s.workers[w][pc[w]].str() +
                               ": the action it depends on never runs first");
         }
       }

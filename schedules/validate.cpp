@@ -41,8 +41,8 @@ void check_shape(const Schedule& s) {
          " workers but no placement");
   }
   for (int w = 0; w < s.num_workers(); ++w) {
-    for (int i = 0; i < static_cast<int>(s.stages[w].size()); ++i) {
-      const Action& a = s.stages[w][i];
+    for (int i = 0; i < static_cast<int>(s.workers[w].size()); ++i) {
+      const Action& a = s.workers[w][i];
       if (a.stage < 0 || a.stage >= s.num_stages) {
         fail(where(a, i) + ": stage out of range [0, " + std::to_string(s.num_stages) + ")");
       }
@@ -75,8 +75,8 @@ void check_actions(const Schedule& s, bool require_backward) {
   };
   std::vector<Seen> seen(s.num_stages);
   for (int w = 0; w < s.num_workers(); ++w) {
-    for (int i = 0; i < static_cast<int>(s.stages[w].size()); ++i) {
-      const Action& a = s.stages[w][i];
+    for (int i = 0; i < static_cast<int>(s.workers[w].size()); ++i) {
+      const Action& a = s.workers[w][i];
       const int k = a.stage;
       if (a.microbatch < 0 || a.microbatch >= s.num_microbatches) {
         fail(where(a, i) + ": micro-batch out of range [0, " + std::to_string(s.num_microbatches) + ")");
@@ -152,7 +152,7 @@ void check_declarations(const Schedule& s) {
              std::to_string(s.barriers[0].size()) + ": every stage must meet every barrier");
       }
       for (size_t i = 0; i < s.barriers[k].size(); ++i) {
-        if (s.barriers[k][i] > s.stages[k].size() || (i > 0 && s.barriers[k][i] < s.barriers[k][i - 1])) {
+        if (s.barriers[k][i] > s.workers[k].size() || (i > 0 && s.barriers[k][i] < s.barriers[k][i - 1])) {
           fail("stage " + std::to_string(k) + "'s barrier " + std::to_string(i) + " is out of order");
         }
       }
@@ -163,8 +163,8 @@ void check_declarations(const Schedule& s) {
   const auto versions = forward_versions(s);
   for (int k = 0; k < s.num_stages; ++k) {
     int steps = 0;
-    for (int i = 0; i < static_cast<int>(s.stages[k].size()); ++i) {
-      const Action& a = s.stages[k][i];
+    for (int i = 0; i < static_cast<int>(s.workers[k].size()); ++i) {
+      const Action& a = s.workers[k][i];
       if (a.kind == ActionKind::kBackward) ++steps;
       if (a.kind == ActionKind::kForward && versions[k][a.microbatch] > steps) {
         fail(where(a, i) + ": vertical sync needs weight version " + std::to_string(versions[k][a.microbatch]) +

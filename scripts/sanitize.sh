@@ -129,7 +129,7 @@ for kind in "${kinds[@]}"; do
       ;;
     tsan)
       dir="$root/build-tsan"
-      # test_conveyor needs neither the TorchScript room nor the fused ops
+      # test_conveyor needs neither the TorchScript front end nor the fused ops
       # (compute kernels without threads of their own): 25 files fewer to build.
       configure "$dir" -fsanitize=thread -DCONVEYOR_TORCHSCRIPT=OFF -DCONVEYOR_FUSED_OPS=
       build "$dir" test_conveyor test_schedules_runtime test_faults

@@ -1,9 +1,21 @@
 # The source tree's rules, checked by ctest (source_layout):
 #  - layers, one direction: schedules/ <- ops/ <- plugin/ <- examples,
 #    benchmarks, tests. schedules/ includes neither ops/ nor plugin/; ops/
-#    never includes plugin/; the plugin's core (plugin/*.h, plugin/*.cpp)
-#    includes none of its rooms but transport/ (checkpoint/, distributed/,
-#    script/ build on the core, not the other way round);
+#    never includes plugin/;
+#  - inside plugin/, each folder includes only the folders below it:
+#      support/    nothing of the plugin but errors.h
+#      model/      support/ and the public types (types.h, errors.h)
+#      trace/      support/ and the public step result
+#      planner/    model/, trace/, support/ and the public types, options and
+#                  step result; never the runtime, a transport or pipeline.h
+#      transport/  support/ and the public types; never the runtime
+#      runtime/    model/, transport/, support/ and the public types; never the
+#                  planner, script/, distributed/, checkpoint/, options.h or
+#                  pipeline.h
+#      the root    (the public entry point) everything above; never script/,
+#                  distributed/ or checkpoint/, which build on it; its headers
+#                  never include the runtime's
+#      script/, distributed/, checkpoint/ build on all of the above;
 #  - files short enough to read in one sitting: no source file over 400 lines.
 # Usage: cmake -DSOURCE_DIR=<repository root> -P check_layout.cmake
 if(NOT SOURCE_DIR)
@@ -12,12 +24,18 @@ endif()
 set(_patterns *.h *.cpp *.cu *.cuh)
 set(_violations "")
 
-function(check_includes folder recurse forbidden_regex)
+# The includes of `folder`'s files that match `forbidden_regex`, as
+# violations. `which`: ALL (the folder and below), HERE (the folder's own
+# files) or HEADERS (the folder's own headers).
+function(check_includes folder which forbidden_regex)
   set(_globs "")
   foreach(p IN LISTS _patterns)
+    if(which STREQUAL "HEADERS" AND NOT p STREQUAL "*.h")
+      continue()
+    endif()
     list(APPEND _globs "${SOURCE_DIR}/${folder}/${p}")
   endforeach()
-  if(recurse)
+  if(which STREQUAL "ALL")
     file(GLOB_RECURSE _files ${_globs})
   else()
     file(GLOB _files ${_globs})
@@ -35,9 +53,32 @@ function(check_includes folder recurse forbidden_regex)
   set(_violations "${_violations}" PARENT_SCOPE)
 endfunction()
 
-check_includes(schedules ON "\"(ops|plugin)/")
-check_includes(ops ON "\"plugin/")
-check_includes(plugin OFF "\"plugin/(checkpoint|distributed|script)/")
+set(_fronts "script|distributed|checkpoint")
+set(_entry "pipeline|options|conveyor|profile_model|model_names")
+check_includes(schedules ALL "\"(ops|plugin)/")
+check_includes(ops ALL "\"plugin/")
+check_includes(plugin HERE "\"plugin/(${_fronts})/")
+check_includes(plugin HEADERS "\"plugin/runtime/")
+check_includes(plugin/support ALL "\"plugin/(runtime|planner|model|trace|transport|${_fronts})/|\"plugin/(${_entry}|step_result|types)\\.h")
+check_includes(plugin/model ALL "\"plugin/(runtime|planner|trace|transport|${_fronts})/|\"plugin/(${_entry}|step_result)\\.h")
+check_includes(plugin/trace ALL "\"plugin/(runtime|planner|model|transport|${_fronts})/|\"plugin/(${_entry})\\.h")
+check_includes(plugin/planner ALL "\"plugin/(runtime|transport|${_fronts})/|\"plugin/(pipeline|conveyor|profile_model)\\.h")
+check_includes(plugin/transport ALL "\"plugin/(runtime|planner|model|trace|${_fronts})/|\"plugin/(${_entry})\\.h")
+check_includes(plugin/runtime ALL "\"plugin/(planner|trace|${_fronts})/|\"plugin/(${_entry})\\.h")
+
+# The installed headers include only installed headers.
+if(EXISTS "${SOURCE_DIR}/cmake/public_headers.cmake")
+  include("${SOURCE_DIR}/cmake/public_headers.cmake")
+  foreach(header IN LISTS CONVEYOR_PUBLIC_HEADERS)
+    file(STRINGS "${SOURCE_DIR}/${header}" _includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"plugin/")
+    foreach(line IN LISTS _includes)
+      string(REGEX REPLACE "^[^\"]*\"([^\"]+)\".*" "\\1" _included "${line}")
+      if(NOT _included IN_LIST CONVEYOR_PUBLIC_HEADERS)
+        list(APPEND _violations "${header}: installed, but includes ${_included}, which is not (cmake/public_headers.cmake)")
+      endif()
+    endforeach()
+  endforeach()
+endif()
 
 set(_long "")
 foreach(folder plugin ops schedules examples benchmarks tests)
@@ -69,4 +110,4 @@ if(_violations OR _long)
   endif()
   message(FATAL_ERROR "${_message}")
 endif()
-message(STATUS "source layout: layers point one way, no file over 400 lines")
+message(STATUS "source layout: layers and plugin/'s folders point one way, no file over 400 lines")

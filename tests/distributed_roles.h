@@ -1,5 +1,5 @@
 #pragma once
-// The ranks of the multi-process tests (tests/test_distributed.cpp): what each
+// The ranks of the multi-process tests (tests/distributed/test_distributed.cpp): what each
 // role computes and writes, and the data, model and file format the tests'
 // single-process references share with them.
 

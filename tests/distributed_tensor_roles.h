@@ -1,6 +1,6 @@
 #pragma once
 // Ranks of the multi-process tests that pass several tensors between stages
-// (tests/test_distributed.cpp): a two-input model, micro-batches of different
+// (tests/distributed/test_distributed.cpp): a two-input model, micro-batches of different
 // sequence lengths in one step, and a language model whose embedding and
 // projection are tied across the two processes. The in-process references
 // use the same models and data.
@@ -85,12 +85,12 @@ inline void wire_counts(Worker& w) {
   const Data d = global_batch(0);
   for (const int64_t width : {16, 70000}) {
     C10dTransportOptions o;
-    o.stage = groups->stage();
+    o.worker = groups->worker();
     o.ranks = {0, 1};
     o.timeout = std::chrono::seconds(20);
     auto transport = std::make_unique<C10dTransport>(groups->pipeline(), nullptr, o);
     const C10dTransport& wire = *transport;
-    Pipeline pipe(seeded_wide(width), PipelineOptions().stages(2).microbatches(kMicrobatches), o.stage,
+    Pipeline pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches), o.worker,
                   std::move(transport));
     pipe.train_step(d.x, d.y, mse);
     const std::string what = "wide" + std::to_string(width);

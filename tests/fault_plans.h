@@ -1,9 +1,10 @@
 #pragma once
-// Faults injected into in-process steps (plugin/fault_injection.h): where a
+// Faults injected into in-process steps (plugin/support/fault_injection.h): where a
 // step goes wrong, drawn from a seed, and the injector that makes it so.
 // Shared by the in-process fault tests and the soak.
 
-#include "plugin/fault_injection.h"
+#include "plugin/support/fault_injection.h"
+#include "plugin/transport/transport.h"
 #include "schedules/schedule.h"
 
 #include <ATen/ATen.h>
@@ -54,7 +55,7 @@ inline FaultPlan draw_fault(FaultKind kind, const schedules::Schedule& schedule,
   }
   while (true) {
     plan.stage = static_cast<int>(rng() % schedule.num_stages);
-    const auto& actions = schedule.stages[plan.stage];
+    const auto& actions = schedule.workers[plan.stage];
     plan.action = static_cast<int>(rng() % actions.size());
     if (kind != FaultKind::kStall || plan.stage > 0 || actions[plan.action].kind == schedules::ActionKind::kForward) {
       return plan;
@@ -99,13 +100,5 @@ class PlannedFaults : public FaultInjector {
   std::atomic<bool> fired_{false};
 };
 
-// Installs an injector for a scope.
-class InjectorScope {
- public:
-  explicit InjectorScope(FaultInjector* injector) { set_fault_injector(injector); }
-  ~InjectorScope() { set_fault_injector(nullptr); }
-  InjectorScope(const InjectorScope&) = delete;
-  InjectorScope& operator=(const InjectorScope&) = delete;
-};
 
 }  // namespace conveyor::testing

@@ -100,7 +100,7 @@ TEST(TensorsExactness, TwoInputModelWithAFloatOrBoolMask) {
           at::Tensor mask = torch::rand({6, 8}) > 0.3;
           if (!bool_mask) mask = mask.to(torch::kFloat64);
           check_exact(make_masked_mlp(), {x, mask}, {torch::randn({6, 3}, torch::kFloat64)}, mse_of_first,
-                      PipelineOptions().stages(k).microbatches(m).schedule(schedule),
+                      PipelineOptions().workers(k).microbatches(m).schedule(schedule),
                       where_of(schedule, "K=" + std::to_string(k), m) + (bool_mask ? " bool mask" : " float mask"));
         }
       }
@@ -120,7 +120,7 @@ TEST(TensorsExactness, SharedInputsAndTargetsGoWholeToEveryMicrobatch) {
   };
   for (const char* schedule : {"gpipe", "1f1b"}) {
     check_exact(make_masked_mlp(), {x, mask}, {y, weights}, weighted,
-                PipelineOptions().stages(3).microbatches(4).schedule(schedule).shared_inputs({1}).shared_targets({1}),
+                PipelineOptions().workers(3).microbatches(4).schedule(schedule).shared_inputs({1}).shared_targets({1}),
                 std::string("shared, ") + schedule);
   }
 }
@@ -129,7 +129,7 @@ TEST(TensorsApi, ForwardOfTensorsMatchesTheModel) {
   torch::manual_seed(4);
   auto model = make_masked_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().stages(4).microbatches(3));
+  Pipeline pipe(model, PipelineOptions().workers(4).microbatches(3));
   const Tensors inputs{torch::randn({7, 8}, torch::kFloat64), torch::rand({7, 8}) > 0.5};
   const Tensors out = pipe.forward(inputs);
   ASSERT_EQ(out.size(), 1u);
@@ -246,7 +246,7 @@ TEST(TensorsExactness, MicrobatchesOfDifferentLengths) {
         auto widths = std::make_shared<Widths>();
         const std::string where = where_of(schedule, "K=" + std::to_string(k), m);
         check_exact(make_trimming_lm(widths), {tokens, lengths}, {labels}, per_sample_loss,
-                    PipelineOptions().stages(k).microbatches(m).schedule(schedule), where);
+                    PipelineOptions().workers(k).microbatches(m).schedule(schedule), where);
         // Each micro-batch crossed stage 0 -> 1 at its own width (the
         // reference's 8 is one of them).
         std::set<int64_t> expected;
@@ -297,7 +297,7 @@ TEST(TensorsExactness, IntegerTensorsTravelForwardOnly) {
         const Tensors inputs{torch::randn({6, 8}, torch::kFloat64), torch::randint(10, {6})};
         const std::string where = where_of(schedule, "K=" + std::to_string(k), m);
         check_exact(make_ids_model(seen), inputs, {torch::randn({6, 3}, torch::kFloat64)}, mse_of_first,
-                    PipelineOptions().stages(k).microbatches(m).schedule(schedule), where);
+                    PipelineOptions().workers(k).microbatches(m).schedule(schedule), where);
         EXPECT_GT(seen->calls.load(), 0) << where;
         EXPECT_EQ(seen->wrong.load(), 0) << where;
       }
@@ -348,7 +348,7 @@ TEST(TensorsErrors, InputsOrTargetsOfDifferentBatchSizes) {
   torch::manual_seed(22);
   auto model = make_masked_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().stages(2).microbatches(2));
+  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(2));
   const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
   const std::string inputs = error_of<std::invalid_argument>([&] {
     pipe.train_step(Tensors{x, torch::ones({5, 8}, torch::kFloat64)}, Tensors{y}, mse_of_first);
@@ -364,7 +364,7 @@ TEST(TensorsErrors, InputsOrTargetsOfDifferentBatchSizes) {
 }
 
 TEST(TensorsErrors, SharedInputIndexOutOfRange) {
-  Pipeline pipe(make_masked_mlp(), PipelineOptions().stages(2).microbatches(2).shared_inputs({2}));
+  Pipeline pipe(make_masked_mlp(), PipelineOptions().workers(2).microbatches(2).shared_inputs({2}));
   const Tensors inputs{torch::randn({4, 8}, torch::kFloat64), torch::ones({4, 8}, torch::kFloat64)};
   EXPECT_THAT(error_of<std::invalid_argument>([&] {
                 pipe.train_step(inputs, Tensors{torch::randn({4, 3}, torch::kFloat64)}, mse_of_first);

@@ -1,5 +1,5 @@
 #pragma once
-// The ranks of the wire-fault tests (tests/test_wire_faults.cpp): a 2-stage
+// The ranks of the wire-fault tests (tests/transport/test_wire_faults.cpp): a 2-stage
 // pipeline over c10d takes two good steps, then a third during which one
 // rank misbehaves on the wire at a send drawn from a seed
 // (CONVEYOR_TEST_FAULT=kind, CONVEYOR_TEST_SEED). Each rank that lives writes
@@ -7,8 +7,10 @@
 // are still those after the second step.
 
 #include "distributed_roles.h"
-#include "plugin/fault_injection.h"
+#include "plugin/support/fault_injection.h"
 #include "plugin/transport/c10d_header.h"
+
+#include <optional>
 
 #include <dirent.h>
 #include <signal.h>
@@ -118,9 +120,10 @@ inline void wire_fault(Worker& w) {
   }
   const std::vector<at::Tensor> before = state_of(pipe);
   WireFault fault(kind, faulty_send(seed));
+  std::optional<FaultInjectionScope> scope;
   if (w.env.rank == faulty_rank(seed)) {
     fault.arm();
-    set_fault_injector(&fault);
+    scope.emplace(fault);
   }
   std::string error = "no error";
   try {
@@ -129,7 +132,7 @@ inline void wire_fault(Worker& w) {
   } catch (const std::exception& e) {
     error = message_of(e);
   }
-  set_fault_injector(nullptr);
+  scope.reset();
   w.note("error", error);
   const std::vector<at::Tensor> after = state_of(pipe);
   bool kept = after.size() == before.size();

@@ -1,9 +1,9 @@
 #include "plugin/checkpoint/checked_ivalue.h"
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/StringUtil.h>
 
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor::checked {
@@ -92,9 +92,8 @@ at::Tensor to_tensor(const c10::IValue& v, const std::string& name, const std::s
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(static_cast<uint64_t>(last) + 1, static_cast<uint64_t>(t.element_size()), &bytes) ||
       bytes > t.storage().nbytes()) {
-    std::ostringstream os;
-    os << "of shape " << t.sizes() << " reaches past the end of its storage (" << t.storage().nbytes() << " bytes)";
-    refuse(what, name, os.str());
+    refuse(what, name,
+           c10::str("of shape ", t.sizes(), " reaches past the end of its storage (", t.storage().nbytes(), " bytes)"));
   }
   return t;
 }
@@ -125,8 +124,9 @@ at::Tensor generator_state(const at::Generator& gen, const at::Tensor& state, co
   }
   // Its size first: a tensor of stride 0 may reach few bytes and have many elements.
   if (state.numel() != copy.get_state().numel()) {
-    refuse(what, name, "has " + std::to_string(state.numel()) + " elements, a " + gen.device().str() +
-                           " random generator's state " + std::to_string(copy.get_state().numel()));
+    refuse(what, name,
+           c10::str("has ", state.numel(), " elements, a ", gen.device().str(), " random generator's state ",
+                    copy.get_state().numel()));
   }
   const at::Tensor contiguous = state.contiguous();
   try {

@@ -1,14 +1,16 @@
 #include "plugin/checkpoint/checkpoint.h"
 
-#include "plugin/atomic_file.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/optimizer_state.h"
+#include "plugin/model/stage.h"
 #include "plugin/model_names.h"
+#include "plugin/support/atomic_file.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 
@@ -59,8 +61,8 @@ std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
   return names;
 }
 
-std::string optimizer_label(size_t i) { return "optimizer " + std::to_string(i); }
-std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) + "'s optimizer"; }
+std::string optimizer_label(size_t i) { return c10::str("optimizer ", i); }
+std::string stage_optimizer_label(int k) { return c10::str("stage ", k, "'s optimizer"); }
 
 // --- random number generators --------------------------------------------------
 
@@ -95,7 +97,7 @@ Dict rng_to_dict() {
 Dict options_to_dict(const Pipeline& pipe) {
   const PipelineOptions& o = pipe.options();
   Dict d = new_dict();
-  d.insert("stages", int64_t{o.stages()});
+  d.insert("workers", int64_t{o.workers()});
   d.insert("microbatches", int64_t{o.microbatches()});
   d.insert("schedule", o.schedule());
   d.insert("schedule_text", o.schedule_text());

@@ -2,10 +2,12 @@
 
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_file.h"
+#include "plugin/errors.h"
 
 #include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/StringUtil.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/import_read.h>
@@ -15,7 +17,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
@@ -26,11 +27,7 @@ using checked::Dict;
 using checked::List;
 
 
-std::string shape(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.sizes();
-  return os.str();
-}
+std::string shape(const at::Tensor& t) { return c10::str(t.sizes()); }
 
 // A file's bytes for LibTorch's zip reader, which reads where the file's own
 // offsets point: torch::pickle_load's reader copies past the end of a
@@ -166,10 +163,8 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   const std::string what = "conveyor: checkpoint '" + path + "' is damaged: ";
   Dict d = checked::to_dict(value, "the file", what);
   const int64_t version = checked::int_field(d, "version", what);
-  if (version > kCheckpointVersion) {
-    throw std::invalid_argument("conveyor: checkpoint '" + path + "' has format version " + std::to_string(version) +
-                                "; this build reads up to " + std::to_string(kCheckpointVersion));
-  }
+  check_argument(version <= kCheckpointVersion, "conveyor: checkpoint '", path, "' has format version ", version,
+                 "; this build reads up to ", kCheckpointVersion);
   if (version >= 3 && !has_digest) {
     throw std::invalid_argument("conveyor: checkpoint '" + path + "' is damaged: it has lost the digest of its " +
                                 "content; nothing was loaded");
@@ -203,20 +198,18 @@ std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& 
   return values;
 }
 
-std::string optimizer_label(size_t i) { return "optimizer " + std::to_string(i); }
-std::string stage_optimizer_label(int k) { return "stage " + std::to_string(k) + "'s optimizer"; }
+std::string optimizer_label(size_t i) { return c10::str("optimizer ", i); }
+std::string stage_optimizer_label(int k) { return c10::str("stage ", k, "'s optimizer"); }
 
 // Stage k's own random streams, checked on copies of generators like theirs.
 StageRandom::State stage_random_state(const Dict& r, const c10::Device& device, const std::string& what,
                                       const std::string& damaged, int k) {
-  const std::string name = "stage " + std::to_string(k) + " rng ";
+  const std::string name = c10::str("stage ", k, " rng ");
   StageRandom::State state{checked::tensor_field(r, "cpu", damaged + name),
                            checked::has_value(r, "device") ? checked::tensor_field(r, "device", damaged + name)
                                                            : at::Tensor()};
-  if (state.device.defined() != !device.is_cpu()) {
-    throw std::invalid_argument(what + "holds random streams of stage " + std::to_string(k) +
-                                " for another kind of device than " + device.str());
-  }
+  check_argument(state.device.defined() == !device.is_cpu(), what, "holds random streams of stage ", k,
+                 " for another kind of device than ", device.str());
   state.cpu = checked::generator_state(at::detail::getDefaultCPUGenerator(), state.cpu, "cpu", damaged + name);
   if (state.device.defined()) {
     state.device = checked::generator_state(at::globalContext().defaultGenerator(device), state.device, "device",
@@ -245,16 +238,12 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   const std::string damaged = what + "is damaged: ";
   CheckedCheckpoint out;
   const int64_t stages = checked::int_field(d, "num_stages", damaged);
-  if (stages != target.num_stages) {
-    throw std::invalid_argument(what + "is of a pipeline of " + std::to_string(stages) + " stages, this one has " +
-                                std::to_string(target.num_stages) + "; resume with the same number of stages");
-  }
+  check_argument(stages == target.num_stages, what, "is of a pipeline of ", stages, " stages, this one has ",
+                 target.num_stages, "; resume with the same number of stages");
   out.values = model_values(checked::dict_field(d, "model", damaged), target, what, damaged);
   const List saved_optimizers = checked::list_field(d, "optimizers", damaged);
-  if (saved_optimizers.size() != target.optimizers.size()) {
-    throw std::invalid_argument(what + "holds " + std::to_string(saved_optimizers.size()) + " optimizer states, but " +
-                                std::to_string(target.optimizers.size()) + " optimizers were given");
-  }
+  check_argument(saved_optimizers.size() == target.optimizers.size(), what, "holds ", saved_optimizers.size(),
+                 " optimizer states, but ", target.optimizers.size(), " optimizers were given");
   for (size_t i = 0; i < target.optimizers.size(); ++i) {
     TORCH_CHECK(target.optimizers[i] != nullptr, "conveyor: optimizer ", i, " is null");
     const Dict saved = checked::to_dict(saved_optimizers.get(i), optimizer_label(i), damaged);
@@ -265,28 +254,26 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   // Each stage's own optimizer, progress and random streams (format 2; a
   // version 1 file has none, and fits only a pipeline without them).
   const List saved_stages = checked::list_field(d, "stages", damaged);
-  if (static_cast<int64_t>(saved_stages.size()) != stages) {
-    throw std::invalid_argument(damaged + "it has " + std::to_string(saved_stages.size()) + " stages' entries for " +
-                                std::to_string(stages) + " stages");
-  }
+  check_argument(static_cast<int64_t>(saved_stages.size()) == stages, damaged, "it has ", saved_stages.size(),
+                 " stages' entries for ", stages, " stages");
   out.updates.assign(target.num_stages, 0);
   out.random.resize(target.num_stages);
   for (int k = 0; k < target.num_stages; ++k) {
     const CheckpointTarget::Stage& stage = target.stages[k];
     if (!stage.local) continue;
-    const std::string label = "stage " + std::to_string(k);
+    const std::string label = c10::str("stage ", k);
     const Dict s = checked::to_dict(saved_stages.get(k), label, damaged);
     if (checked::has(s, "local") && !checked::to_bool(s.at("local"), label + " local", damaged)) {
-      throw std::invalid_argument(what + "was saved by the process that does not run stage " + std::to_string(k) +
-                                  "; load the file that this stage's process saved");
+      throw std::invalid_argument(c10::str(what, "was saved by the process that does not run stage ", k,
+                                           "; load the file that this stage's process saved"));
     }
     if (checked::has(s, "updates")) out.updates[k] = checked::int_field(s, "updates", damaged + label + " ");
     if (out.updates[k] < 0) throw std::invalid_argument(damaged + label + " has a negative update count");
     const bool saved_own = checked::has_value(s, "optimizer");
     if ((stage.optimizer != nullptr) != saved_own) {
-      throw std::invalid_argument(what + (saved_own ? "holds" : "holds no") + " state of stage " + std::to_string(k) +
-                                  "'s own optimizer, but this pipeline " + (stage.optimizer ? "has" : "has no") +
-                                  " such optimizer (PipelineOptions::optimizer)");
+      throw std::invalid_argument(c10::str(what, saved_own ? "holds" : "holds no", " state of stage ", k,
+                                           "'s own optimizer, but this pipeline ", stage.optimizer ? "has" : "has no",
+                                           " such optimizer (PipelineOptions::optimizer)"));
     }
     if (stage.optimizer) {
       const std::string own = stage_optimizer_label(k);
@@ -297,9 +284,9 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
     // Its own random streams (PipelineOptions::stage_rng).
     const bool saved_rng = checked::has_value(s, "rng");
     if (stage.random.has_value() != saved_rng) {
-      throw std::invalid_argument(what + (saved_rng ? "holds" : "holds no") + " random streams of stage " +
-                                  std::to_string(k) + ", but this pipeline was built " +
-                                  (stage.random ? "with" : "without") + " PipelineOptions::stage_rng");
+      throw std::invalid_argument(c10::str(what, saved_rng ? "holds" : "holds no", " random streams of stage ", k,
+                                           ", but this pipeline was built ", stage.random ? "with" : "without",
+                                           " PipelineOptions::stage_rng"));
     }
     if (stage.random) {
       out.random[k] = stage_random_state(checked::dict_field(s, "rng", damaged), *stage.random, what, damaged, k);
@@ -311,7 +298,7 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   const Dict rng = checked::dict_field(d, "rng", damaged);
   const List cuda = checked::list_field(rng, "cuda", damaged + "rng ");
   for (size_t i = 0; i < target.generators.size() && i <= cuda.size(); ++i) {
-    const std::string name = i == 0 ? "cpu" : "cuda[" + std::to_string(i - 1) + "]";
+    const std::string name = i == 0 ? "cpu" : c10::str("cuda[", i - 1, "]");
     const at::Tensor saved = i == 0 ? checked::tensor_field(rng, "cpu", damaged + "rng ")
                                     : checked::to_tensor(cuda.get(i - 1), name, damaged + "rng ");
     const at::Tensor state = checked::generator_state(target.generators[i], saved, name, damaged + "rng ");

@@ -7,7 +7,7 @@
 // apply_checkpoint; tests/fuzz/fuzz_checkpoint.cpp feeds it arbitrary bytes.
 
 #include "plugin/checkpoint/optimizer_state.h"
-#include "plugin/stage_random.h"
+#include "plugin/model/stage_random.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>

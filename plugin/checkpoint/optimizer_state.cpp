@@ -1,11 +1,12 @@
 #include "plugin/checkpoint/optimizer_state.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
+#include "plugin/errors.h"
 
+#include <c10/util/StringUtil.h>
 #include <torch/optim.h>
 
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -93,11 +94,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(
       return at::Tensor();
     }
     const at::Tensor saved = checked::tensor_field(d, name, what);
-    if (!saved.sizes().equals(param.sizes())) {
-      std::ostringstream os;
-      os << what << "'" << name << "' has shape " << saved.sizes() << ", its parameter " << param.sizes();
-      throw std::invalid_argument(os.str());
-    }
+    check_argument(saved.sizes().equals(param.sizes()), what, "'", name, "' has shape ", saved.sizes(),
+                   ", its parameter ", param.sizes());
     // Its own contiguous memory: the optimizer updates it in place.
     return saved.to(param.device(), param.scalar_type()).clone(at::MemoryFormat::Contiguous);
   };
@@ -171,16 +169,14 @@ std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, con
     throw std::invalid_argument(what + "the saved state is of " + saved_type + ", this optimizer is " + type);
   }
   const List groups = checked::list_field(saved, "param_groups", what);
-  if (groups.size() != opt.param_groups().size()) {
-    throw std::invalid_argument(what + "the saved state has " + std::to_string(groups.size()) + " parameter groups, " +
-                                "this optimizer " + std::to_string(opt.param_groups().size()));
-  }
+  check_argument(groups.size() == opt.param_groups().size(), what, "the saved state has ", groups.size(),
+                 " parameter groups, this optimizer ", opt.param_groups().size());
   const Dict state = checked::dict_field(saved, "state", what);
   // Everything is read and checked here; the function returned only installs it.
   std::vector<double> lrs;
   std::vector<std::pair<at::TensorImpl*, std::shared_ptr<torch::optim::OptimizerParamState>>> states;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const std::string group_name = "param_groups[" + std::to_string(g) + "]";
+    const std::string group_name = c10::str("param_groups[", g, "]");
     const Dict group = checked::to_dict(groups.get(g), group_name, what);
     const List saved_params = checked::list_field(group, "params", what);
     const auto& params = opt.param_groups()[g].params();
@@ -188,10 +184,7 @@ std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, con
     for (size_t i = 0; same && i < params.size(); ++i) {
       same = checked::to_string(saved_params.get(i), group_name + ".params", what) == name_of(params[i]);
     }
-    if (!same) {
-      throw std::invalid_argument(what + "parameter group " + std::to_string(g) +
-                                  " holds other parameters than the saved one");
-    }
+    check_argument(same, what, "parameter group ", g, " holds other parameters than the saved one");
     lrs.push_back(checked::to_double(checked::field(group, "lr", what), "lr", what));
     for (const auto& p : params) {
       const std::string name = name_of(p);

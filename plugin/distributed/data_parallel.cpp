@@ -1,5 +1,7 @@
 #include "plugin/distributed/data_parallel.h"
 
+#include "plugin/errors.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 // LibTorch's DataParallel header reaches into c10/cuda, which a CPU-only
@@ -17,14 +19,9 @@ AllReduceDataParallel::AllReduceDataParallel(torch::nn::Sequential model,
                                              std::unique_ptr<torch::optim::Optimizer> optimizer,
                                              std::shared_ptr<ProcessGroups> groups)
     : model_(std::move(model)), optimizer_(std::move(optimizer)), groups_(std::move(groups)) {
-  if (!groups_ || !optimizer_)
-    throw std::invalid_argument("conveyor: AllReduceDataParallel needs groups and an optimizer");
-  if (groups_->layout().stages != 1) {
-    throw std::invalid_argument(
-        "conveyor: AllReduceDataParallel replicates the whole model: use a layout of one stage, "
-        "not " +
-        std::to_string(groups_->layout().stages));
-  }
+  check_argument(groups_ && optimizer_, "conveyor: AllReduceDataParallel needs groups and an optimizer");
+  check_argument(groups_->layout().workers == 1, "conveyor: AllReduceDataParallel replicates the whole model: ",
+                 "use a layout of one worker, not ", groups_->layout().workers);
   broadcast(*groups_, *groups_->world(), weights_and_buffers(*model_), 0,
             "broadcasting the initial weights from rank 0");
 }
@@ -43,7 +40,7 @@ double AllReduceDataParallel::train_step(const at::Tensor& input, const at::Tens
   at::Tensor global_loss = loss.detach().reshape({1}).to(tensors.empty() ? at::kDouble : tensors[0].scalar_type());
   tensors.push_back(global_loss);
   all_reduce(*groups_, *groups_->world(), tensors, true,
-             "averaging the gradients across " + std::to_string(groups_->layout().world_size()) + " ranks");
+             c10::str("averaging the gradients across ", groups_->layout().world_size(), " ranks"));
   optimizer_->step();
   return global_loss.item<double>();
 }

@@ -1,6 +1,8 @@
 #include "plugin/distributed/distributed_pipeline.h"
 
-#include "plugin/partition.h"
+#include "plugin/errors.h"
+#include "plugin/model/stage.h"
+#include "plugin/planner/partition.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -8,7 +10,6 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 
 namespace conveyor {
@@ -32,11 +33,10 @@ void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weig
     on_device = on_device || w.device().is_cuda();
   }
   const auto& group = on_device && groups.replicas_device() ? groups.replicas_device() : groups.replicas();
-  const int k = groups.stage();
+  const int k = groups.worker();
   all_reduce(groups, *group, grads, average,
-             std::string(average ? "averaging" : "summing") + " the gradients of stage " + std::to_string(k) +
-                 " across its " + std::to_string(groups.layout().replicas) + " replicas (" +
-                 ranks_text(groups.layout().replica_ranks(k)) + ")");
+             c10::str(average ? "averaging" : "summing", " the gradients of stage ", k, " across its ",
+                      groups.layout().replicas, " replicas (", ranks_text(groups.layout().replica_ranks(k)), ")"));
 }
 
 // The optimizer of a replicated stage: before each step, the gradients are
@@ -78,7 +78,7 @@ std::string local_device(const PipelineOptions& options, int stage, int local_ra
   const auto& names = options.devices();
   if (names.empty()) return "cpu";
   std::string name = names.size() == 1 ? names[0] : names.at(static_cast<size_t>(stage));
-  if (name == "cuda") name += ":" + std::to_string(local_rank);
+  if (name == "cuda") name = c10::str(name, ":", local_rank);
   return name;
 }
 
@@ -102,15 +102,12 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
     : model_(model), groups_(std::move(groups)), distributed_(std::move(distributed)) {
   if (!groups_) throw std::invalid_argument("conveyor: DistributedPipeline needs process groups");
   const HybridLayout& layout = groups_->layout();
-  if (options.stages() == 0) options.stages(layout.stages);
-  if (options.stages() != layout.stages) {
-    throw std::invalid_argument("conveyor: the options ask for " + std::to_string(options.stages()) +
-                                " stages, but the process groups hold replicas of a " + std::to_string(layout.stages) +
-                                "-stage pipeline");
-  }
-  const int k = groups_->stage();
+  if (options.workers() == 0) options.workers(layout.workers);
+  check_argument(options.workers() == layout.workers, "conveyor: the options ask for ", options.workers(),
+                 " workers, but the process groups hold replicas of a ", layout.workers, "-worker pipeline");
+  const int k = groups_->worker();
   const std::string device = local_device(options, k, distributed_.local_rank());
-  options.devices({device});  // the other stages' devices belong to other processes
+  options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
   const double lr_scale = distributed_.scale_learning_rate() ? layout.replicas : 1.0;
   if (options.optimizer() && (layout.replicas > 1 || lr_scale != 1.0)) {
@@ -121,8 +118,8 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   }
 
   C10dTransportOptions transport_options;
-  transport_options.stage = k;
-  transport_options.device = stage_devices({device}, 1).at(0);
+  transport_options.worker = k;
+  transport_options.device = worker_devices({device}, 1).at(0);
   transport_options.ranks = layout.pipeline_ranks(groups_->replica());
   transport_options.timeout = options.timeout();
   transport_options.activation_shapes = distributed_.activation_shapes();
@@ -139,7 +136,7 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
     std::vector<at::Tensor> tensors = stage.live();
     for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
     broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
-              "broadcasting the initial weights of stage " + std::to_string(s) + " from replica 0");
+              c10::str("broadcasting the initial weights of stage ", s, " from replica 0"));
   }
 }
 
@@ -175,7 +172,7 @@ StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& s
   const bool last = pipeline_->is_local(pipeline_->num_stages() - 1);  // not the last worker in a V shape
   at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);
   all_reduce(*groups_, *groups_->world(), {loss}, false,
-             "reducing the loss of step " + std::to_string(pipeline_->completed_steps()));
+             c10::str("reducing the loss of step ", pipeline_->completed_steps()));
   result.loss = loss.item<double>() / (average_ ? layout.replicas : 1);
   return result;
 }
@@ -209,9 +206,9 @@ std::vector<at::Tensor> DistributedPipeline::stage_tensors(int stage) const {
 }
 
 void DistributedPipeline::gather_model() {
-  if (groups_->replica() != 0 || groups_->layout().stages == 1) return;
+  if (groups_->replica() != 0 || groups_->layout().workers == 1) return;
   c10d::Backend& group = *groups_->pipeline();
-  const int me = groups_->stage();
+  const int me = groups_->worker();
   const schedules::Schedule& schedule = pipeline_->schedule();
   c10::NoGradGuard no_grad;
   // Stage by stage, each tensor on a tag of its own.
@@ -230,14 +227,14 @@ void DistributedPipeline::gather_model() {
         sends.push_back(group.send(buffers.back(), 0, tag++));
       }
       for (const auto& work : sends)
-        wait(*groups_, work, "sending the weights of stage " + std::to_string(s) + " to rank 0");
+        wait(*groups_, work, c10::str("sending the weights of stage ", s, " to rank 0"));
       continue;
     }
     for (const auto& t : tensors) {
       std::vector<at::Tensor> buffer{at::empty_like(t, at::TensorOptions().device(c10::kCPU)).contiguous()};
       wait(*groups_, group.recv(buffer, owner, tag++),
-           "receiving the weights of stage " + std::to_string(s) + " from " +
-               groups_->describe(groups_->layout().rank_of(0, owner)));
+           c10::str("receiving the weights of stage ", s, " from ",
+                    groups_->describe(groups_->layout().rank_of(0, owner))));
       t.detach().copy_(buffer[0]);
     }
   }

@@ -1,14 +1,16 @@
 #pragma once
-// Distributed training: a pipeline with one stage per process, and D
-// data-parallel replicas of it (hybrid parallelism); the data-parallel
-// baselines it is measured against are in data_parallel.h. Launch with torchrun; see
-// plugin/distributed/process_groups.h for the layout (rank r = stage r % K of replica r / K) and the rendezvous.
+// Distributed training: a pipeline with one worker per process (running one
+// stage, or several under an interleaved schedule), and D data-parallel
+// replicas of it (hybrid parallelism); the data-parallel baselines it is
+// measured against are in data_parallel.h. Launch with torchrun; see
+// plugin/distributed/process_groups.h for the layout (rank r = worker r % K of
+// replica r / K) and the rendezvous.
 //
 //   auto env = conveyor::LaunchEnvironment::from_environment();
 //   auto groups = std::make_shared<conveyor::ProcessGroups>(
 //       conveyor::connect_store(env, std::chrono::minutes(5)), env.rank,
-//       conveyor::HybridLayout::for_world(env.world_size, /*stages=*/2), conveyor::ProcessGroups::Options{});
-//   conveyor::DistributedPipeline pipe(make_model(), conveyor::PipelineOptions().stages(2).microbatches(8)
+//       conveyor::HybridLayout::for_world(env.world_size, /*workers=*/2), conveyor::ProcessGroups::Options{});
+//   conveyor::DistributedPipeline pipe(make_model(), conveyor::PipelineOptions().workers(2).microbatches(8)
 //       .optimizer(sgd), groups);
 //   for (...) {
 //     auto [x, y] = next_global_batch();
@@ -26,7 +28,7 @@
 //  - the learning rate for the global batch: DistributedOptions::scale_learning_rate;
 //  - logging, checkpointing and evaluation on one rank: is_logging_rank(),
 //    the global loss on every rank in StepResult::loss, gather_model() and
-//    write_atomically() (plugin/atomic_file.h).
+//    write_atomically() (plugin/support/atomic_file.h).
 //
 // Overlap: a rank reduces its stage's gradients as soon as its own last
 // backward is done, while the stages before it (other processes) are still
@@ -79,7 +81,7 @@ class DistributedPipeline {
  public:
   // Every rank passes the same model and options (the model whole: each rank
   // builds and trains only its stage; its weights are broadcast from replica 0).
-  // options.stages() must be the layout's K (or 0). options.timeout() bounds
+  // options.workers() must be the layout's K (or 0). options.timeout() bounds
   // each wait for a neighbouring stage (an activation, a gradient), the
   // groups' timeout each collective (gradients, loss, weights). Throws
   // std::invalid_argument for a bad configuration.

@@ -1,6 +1,7 @@
 #include "plugin/distributed/link_cost.h"
 
 #include "plugin/distributed/gloo_group.h"
+#include "plugin/support/timing.h"
 #include "plugin/transport/c10d_header.h"
 
 #include <ATen/ATen.h>
@@ -17,7 +18,6 @@ namespace conveyor {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // One transfer as the transport sends it: the header with the payload in one
 // message while the whole fits c10d_wire::kMessageBytes, the header then the
@@ -52,11 +52,6 @@ struct Transfer {
 
 void wait_all(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   for (const auto& w : works) w->wait();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

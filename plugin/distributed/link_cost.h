@@ -1,13 +1,13 @@
 #pragma once
 // What it costs to move a tensor between two processes over c10d on this
-// machine: the planner's link (LinkProfile, plugin/profile.h) for a
+// machine: the planner's link (LinkProfile, plugin/planner/profile.h) for a
 // multi-process pipeline, measured rather than assumed.
 //
 //   auto profile = conveyor::profile_model(model, x, y, loss);
 //   profile.link = conveyor::measure_c10d_link();   // ranks on this machine
 //   options.profile(std::make_shared<conveyor::ModelProfile>(profile)).balance(conveyor::Balance::kTime);
 
-#include "plugin/profile.h"
+#include "plugin/planner/profile.h"
 
 #include <chrono>
 #include <cstdint>

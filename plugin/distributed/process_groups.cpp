@@ -2,6 +2,7 @@
 
 #include "plugin/distributed/gloo_group.h"
 #include "plugin/errors.h"
+#include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -24,7 +25,6 @@ namespace conveyor {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 const char* env(const char* name) {
   const char* value = std::getenv(name);
@@ -35,10 +35,8 @@ int parse_int(const char* name, const char* text, int min, int max) {
   int value = 0;
   const char* end = text + std::char_traits<char>::length(text);
   const auto [ptr, ec] = std::from_chars(text, end, value);
-  if (ec != std::errc() || ptr != end || value < min || value > max) {
-    throw std::invalid_argument(std::string("conveyor: ") + name + "='" + text + "' is not an integer in [" +
-                                std::to_string(min) + ", " + std::to_string(max) + "]");
-  }
+  check_argument(ec == std::errc() && ptr == end && value >= min && value <= max, "conveyor: ", name, "='", text,
+                 "' is not an integer in [", min, ", ", max, "]");
   return value;
 }
 
@@ -60,15 +58,10 @@ void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, con
   } catch (const std::exception& e) {
     groups.mark_failed();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    std::ostringstream os;
-    os << groups.describe(groups.rank()) << ": ";
-    if (waited >= timeout) {
-      os << "timed out after " << timeout.count() << " ms " << what;
-    } else {
-      os << "failed after " << waited.count() << " ms " << what << " (did a peer exit?)";
-    }
-    os << " [" << message_of(e) << "]";
-    throw std::runtime_error(os.str());
+    const std::string how = waited >= timeout
+                                ? c10::str("timed out after ", timeout.count(), " ms ", what)
+                                : c10::str("failed after ", waited.count(), " ms ", what, " (did a peer exit?)");
+    throw std::runtime_error(c10::str(groups.describe(groups.rank()), ": ", how, " [", message_of(e), "]"));
   }
   groups.mark_failed();
   throw std::runtime_error(groups.describe(groups.rank()) + ": aborted " + what);
@@ -160,42 +153,40 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnvironment& env, std:
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
     if (!env.agent_store) return store;
-    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
+    return c10::make_intrusive<c10d::PrefixStore>(c10::str("/worker/attempt_", env.restart_count), store);
   } catch (const std::exception& e) {
-    throw std::runtime_error("conveyor: rank " + std::to_string(env.rank) + " could not " +
-                             (options.isServer ? "serve" : "reach") + " the store at " + env.master_addr + ":" +
-                             std::to_string(env.master_port) + " within " + std::to_string(timeout.count()) +
-                             " ms (are all " + std::to_string(env.world_size) + " ranks started?) [" + message_of(e) +
-                             "]");
+    throw std::runtime_error(c10::str("conveyor: rank ", env.rank, " could not ", options.isServer ? "serve" : "reach",
+                                      " the store at ", env.master_addr, ":", env.master_port, " within ",
+                                      timeout.count(), " ms (are all ", env.world_size, " ranks started?) [",
+                                      message_of(e), "]"));
   }
 }
 
-HybridLayout HybridLayout::for_world(int world_size, int stages) {
-  if (stages < 1 || world_size < 1 || world_size % stages != 0) {
-    throw std::invalid_argument("conveyor: a world of " + std::to_string(world_size) + " processes cannot hold " +
-                                "replicas of a " + std::to_string(stages) + "-stage pipeline: the number of " +
-                                "stages must divide WORLD_SIZE (world = replicas x stages)");
-  }
-  return HybridLayout{world_size / stages, stages};
+HybridLayout HybridLayout::for_world(int world_size, int workers) {
+  check_argument(workers >= 1 && world_size >= 1 && world_size % workers == 0, "conveyor: a world of ", world_size,
+                 " processes cannot hold replicas of a ", workers, "-worker pipeline: the number of workers must "
+                 "divide WORLD_SIZE (world = replicas x workers)");
+  return HybridLayout{world_size / workers, workers};
 }
 
 std::vector<int> HybridLayout::pipeline_ranks(int replica) const {
   std::vector<int> ranks;
-  for (int k = 0; k < stages; ++k) ranks.push_back(rank_of(replica, k));
+  for (int k = 0; k < workers; ++k) ranks.push_back(rank_of(replica, k));
   return ranks;
 }
 
-std::vector<int> HybridLayout::replica_ranks(int stage) const {
+std::vector<int> HybridLayout::replica_ranks(int worker) const {
   std::vector<int> ranks;
-  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, stage));
+  for (int d = 0; d < replicas; ++d) ranks.push_back(rank_of(d, worker));
   return ranks;
 }
 
 ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, HybridLayout layout, Options options)
     : rank_(rank), layout_(layout), options_(std::move(options)), store_(std::move(store)) {
-  TORCH_CHECK(layout_.replicas >= 1 && layout_.stages >= 1, "conveyor: a layout needs at least one replica and stage");
-  TORCH_CHECK(rank_ >= 0 && rank_ < layout_.world_size(), "conveyor: rank ", rank_, " is outside the world of ",
-              layout_.world_size(), " = ", layout_.replicas, " replicas x ", layout_.stages, " stages");
+  check_argument(layout_.replicas >= 1 && layout_.workers >= 1,
+                 "conveyor: a layout needs at least one replica and worker");
+  check_argument(rank_ >= 0 && rank_ < layout_.world_size(), "conveyor: rank ", rank_, " is outside the world of ",
+                 layout_.world_size(), " = ", layout_.replicas, " replicas x ", layout_.workers, " workers");
   TORCH_CHECK(options_.timeout.count() > 0 && options_.connect_timeout.count() > 0,
               "conveyor: the process-group timeouts must be positive");
   const auto make = [&](const std::string& name, const std::vector<int>& ranks, bool accelerator) {
@@ -217,9 +208,9 @@ ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, Hy
                              options_.timeout);
     } catch (const std::exception& e) {
       failed_ = true;
-      throw std::runtime_error(describe(rank_) + ": could not connect the " + name + " group (" + ranks_text(ranks) +
-                               ") within " + std::to_string(options_.connect_timeout.count()) + " ms [" +
-                               message_of(e) + "]");
+      throw std::runtime_error(c10::str(describe(rank_), ": could not connect the ", name, " group (",
+                                        ranks_text(ranks), ") within ", options_.connect_timeout.count(), " ms [",
+                                        message_of(e), "]"));
     }
   };
   std::vector<int> everyone(layout_.world_size());
@@ -227,13 +218,13 @@ ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, Hy
   // Every rank makes its groups in the same order, so no connect waits on
   // a group that a peer makes later.
   world_ = make("world", everyone, false);
-  const std::string pipeline_name = "pipeline" + std::to_string(replica());
-  const std::string replicas_name = "replicas" + std::to_string(stage());
+  const std::string pipeline_name = c10::str("pipeline", replica());
+  const std::string replicas_name = c10::str("replicas", worker());
   pipeline_ = make(pipeline_name, layout_.pipeline_ranks(replica()), false);
-  replicas_ = make(replicas_name, layout_.replica_ranks(stage()), false);
+  replicas_ = make(replicas_name, layout_.replica_ranks(worker()), false);
   if (options_.accelerator_groups) {
     pipeline_device_ = make(pipeline_name + "-device", layout_.pipeline_ranks(replica()), true);
-    replicas_device_ = make(replicas_name + "-device", layout_.replica_ranks(stage()), true);
+    replicas_device_ = make(replicas_name + "-device", layout_.replica_ranks(worker()), true);
   }
 }
 
@@ -246,15 +237,14 @@ ProcessGroups::~ProcessGroups() {
 }
 
 std::string ProcessGroups::describe(int rank) const {
-  return "rank " + std::to_string(rank) + " (replica " + std::to_string(layout_.replica_of(rank)) + ", stage " +
-         std::to_string(layout_.stage_of(rank)) + ")";
+  return c10::str("rank ", rank, " (replica ", layout_.replica_of(rank), ", stage ", layout_.worker_of(rank), ")");
 }
 
 void ProcessGroups::barrier() {
   TORCH_CHECK(!failed_, "conveyor: ", describe(rank_), ": the process groups failed earlier");
   c10d::BarrierOptions options;
   options.timeout = options_.timeout;
-  wait(*this, world_->barrier(options), "at the barrier of all " + std::to_string(layout_.world_size()) + " ranks");
+  wait(*this, world_->barrier(options), c10::str("at the barrier of all ", layout_.world_size(), " ranks"));
 }
 
 void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,

@@ -1,15 +1,16 @@
 #pragma once
-// Process groups of a hybrid job: D data-parallel replicas of a K-stage
-// pipeline over world = D x K processes, one stage per process.
+// Process groups of a hybrid job: D data-parallel replicas of a K-worker
+// pipeline over world = D x K processes, one worker per process (a worker
+// runs one stage, or several under an interleaved schedule).
 //
-// Layout: rank r runs stage r % K of replica r / K, so one replica's stages
+// Layout: rank r is worker r % K of replica r / K, so one replica's workers
 // are consecutive ranks (a node of K GPUs holds a whole pipeline when K
 // divides the GPUs per node; the gradient all-reduce then crosses nodes).
 // Every rank is a member of three groups, made over the job's TCPStore with a
 // PrefixStore each:
 //   world      all D x K ranks       (the global loss, the data-parallel baseline)
-//   pipeline   the K ranks of its replica, group rank = stage   (activations, gradients, barriers)
-//   replicas   the D ranks of its stage, group rank = replica   (gradient all-reduce, weight broadcast)
+//   pipeline   the K ranks of its replica, group rank = worker  (activations, gradients, barriers)
+//   replicas   the D ranks of its worker, group rank = replica  (gradient all-reduce, weight broadcast)
 //
 // Rendezvous follows torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 // MASTER_PORT. Rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, so the same
@@ -68,17 +69,17 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnvironment& env, std:
 
 struct HybridLayout {
   int replicas = 1;  // D
-  int stages = 1;    // K
+  int workers = 1;   // K: the pipeline's workers, one process each
 
   // D = world_size / stages; throws std::invalid_argument unless K divides the world.
-  static HybridLayout for_world(int world_size, int stages);
+  static HybridLayout for_world(int world_size, int workers);
 
-  int world_size() const { return replicas * stages; }
-  int replica_of(int rank) const { return rank / stages; }
-  int stage_of(int rank) const { return rank % stages; }
-  int rank_of(int replica, int stage) const { return replica * stages + stage; }
-  std::vector<int> pipeline_ranks(int replica) const;  // its K ranks, by stage
-  std::vector<int> replica_ranks(int stage) const;     // its D ranks, by replica
+  int world_size() const { return replicas * workers; }
+  int replica_of(int rank) const { return rank / workers; }
+  int worker_of(int rank) const { return rank % workers; }
+  int rank_of(int replica, int worker) const { return replica * workers + worker; }
+  std::vector<int> pipeline_ranks(int replica) const;  // its K ranks, by worker
+  std::vector<int> replica_ranks(int worker) const;    // its D ranks, by replica
 };
 
 class ProcessGroups {
@@ -107,7 +108,7 @@ class ProcessGroups {
 
   int rank() const { return rank_; }
   int replica() const { return layout_.replica_of(rank_); }
-  int stage() const { return layout_.stage_of(rank_); }
+  int worker() const { return layout_.worker_of(rank_); }
   const HybridLayout& layout() const { return layout_; }
   const Options& options() const { return options_; }
   // "rank 3 (replica 1, stage 1)"

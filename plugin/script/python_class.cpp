@@ -3,7 +3,7 @@
 //
 //   torch.ops.load_library("libconveyor.so")
 //   pipe = torch.classes.conveyor.Pipeline(torch.jit.script(model),
-//                                          {"stages": 2, "microbatches": 4, "loss": "cross_entropy"})
+//                                          {"workers": 2, "microbatches": 4, "loss": "cross_entropy"})
 //   opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)
 //   for x, y in batches:
 //       opt.zero_grad()
@@ -17,7 +17,8 @@
 // torch.optim optimizer over them updates the pipeline.
 //
 // Options (a dict; values may also be given as strings):
-//   stages, microbatches, schedule, schedule_text, devices (list or
+//   workers (threads that run the stages; "stages" is refused with a pointer
+//   to it), microbatches, schedule, schedule_text, devices (list or
 //   comma-separated), split_points (list or comma-separated), balance
 //   ("uniform" | "parameters" | "time"), batch_dim, channel_capacity, timeout_ms,
 //   optimize (let the TorchScript executor optimize), loss ("cross_entropy"
@@ -64,7 +65,7 @@ namespace {
 using Options = PythonOptions;
 
 const std::set<std::string> kKnownOptions = {
-    "stages",    "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
+    "workers",   "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
     "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
     "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay", "shared_inputs",
     "shared_targets", "tied_parameters", "chunks", "recompute", "offload", "sample"};
@@ -185,12 +186,16 @@ class PythonPipeline : public torch::CustomClassHolder {
     for (const auto& entry : options) {
       const std::string& key = entry.key();
       const c10::IValue& v = entry.value();
+      if (key == "stages") {
+        throw std::invalid_argument("conveyor.Pipeline: option 'stages' is now 'workers': a stage is a piece of the "
+                                    "model, a worker the thread that runs one or more stages");
+      }
       if (!kKnownOptions.count(key)) {
         std::string known;
         for (const auto& k : kKnownOptions) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument("conveyor.Pipeline: unknown option '" + key + "' (known: " + known + ")");
       }
-      if (key == "stages") opts.stages(static_cast<int>(as_int(key, v)));
+      if (key == "workers") opts.workers(static_cast<int>(as_int(key, v)));
       if (key == "microbatches") opts.microbatches(static_cast<int>(as_int(key, v)));
       if (key == "schedule") opts.schedule(as_string(key, v));
       if (key == "schedule_text") opts.schedule_text(as_string(key, v));

@@ -1,5 +1,6 @@
 #include "plugin/script/python_options.h"
 
+#include <c10/util/StringUtil.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -40,10 +41,9 @@ std::string python_type(const c10::IValue& v) {
 }
 
 std::invalid_argument bad_option(const std::string& key, const std::string& expected, const c10::IValue& got) {
-  std::ostringstream os;
-  os << "conveyor.Pipeline: option '" << key << "' must be " << expected << ", got " << python_type(got);
-  if (got.isString()) os << " '" << got.toStringRef() << "'";
-  return std::invalid_argument(os.str());
+  const std::string text = got.isString() ? c10::str(" '", got.toStringRef(), "'") : "";
+  return std::invalid_argument(
+      c10::str("conveyor.Pipeline: option '", key, "' must be ", expected, ", got ", python_type(got), text));
 }
 
 int64_t as_int(const std::string& key, const c10::IValue& v) {
@@ -151,8 +151,8 @@ Tensors as_tensors(const char* what, const c10::IValue& v) {
     } else if (items[i].isTensor()) {
       out.push_back(items[i].toTensor());
     } else {
-      throw std::invalid_argument(std::string("conveyor.Pipeline: element ") + std::to_string(i) + " of the " + what +
-                                  " is a " + python_type(items[i]) + ", not a tensor");
+      throw std::invalid_argument(c10::str("conveyor.Pipeline: element ", i, " of the ", what, " is a ",
+                                           python_type(items[i]), ", not a tensor"));
     }
   }
   return out;

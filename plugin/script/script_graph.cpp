@@ -3,13 +3,13 @@
 #include "plugin/script/script_nodes.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -70,7 +70,7 @@ struct ForwardGraph {
   }
   std::string describe(const Value* v) const {
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (v == inputs[i]) return "%" + v->debugName() + " (argument " + std::to_string(i + 1) + " of the forward)";
+      if (v == inputs[i]) return c10::str("%", v->debugName(), " (argument ", i + 1, " of the forward)");
     }
     return "%" + v->debugName() + " (" + v->type()->repr_str() + ") from " + where(v->node());
   }
@@ -86,9 +86,9 @@ ForwardGraph forward_graph(const Module& model) {
   f.self = inputs[0];
   for (size_t i = 1; i < inputs.size(); ++i) {
     if (!inputs[i]->type()->isSubtypeOf(*c10::TensorType::get())) {
-      throw std::invalid_argument("conveyor: argument " + std::to_string(i) + " ('" + inputs[i]->debugName() +
-                                  "') of the model's forward is a " + inputs[i]->type()->repr_str() +
-                                  ", but a pipeline feeds a model tensors only");
+      throw std::invalid_argument(c10::str("conveyor: argument ", i, " ('", inputs[i]->debugName(),
+                                           "') of the model's forward is a ", inputs[i]->type()->repr_str(),
+                                           ", but a pipeline feeds a model tensors only"));
     }
     f.inputs.push_back(inputs[i]);
   }
@@ -126,9 +126,10 @@ void inline_call(ForwardGraph& f, const Module& model, const std::string& path, 
     if (called_path(n, f.self) == path) calls.push_back(n);
   }
   if (calls.size() != 1) {
-    throw std::invalid_argument("conveyor: split point '" + split_point + "' lies inside '" + path + "', which the " +
-                                "forward calls " + std::to_string(calls.size()) + " times at top level; a cut inside " +
-                                "a submodule needs it called exactly once, outside any branch or loop");
+    throw std::invalid_argument(c10::str("conveyor: split point '", split_point, "' lies inside '", path,
+                                         "', which the forward calls ", calls.size(), " times at top level; a cut ",
+                                         "inside a submodule needs it called exactly once, outside any branch or ",
+                                         "loop"));
   }
   Node* call = calls[0];
   const auto callee = submodule_of(model, path).get_method("forward").graph();
@@ -233,11 +234,10 @@ ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t be
     const auto it = claimed.find(name);
     if (it == claimed.end()) continue;
     if (in_calls.count(name)) {
-      throw std::invalid_argument(
-          "conveyor: '" + name + "' is used by stage " + std::to_string(it->second) + " and, inside a submodule it " +
-          "calls, by stage " + std::to_string(stage) + "; a stage can be given its own copy of a tied weight only " +
-          "where its code reads the weight itself (as F.linear(h, self.embed.weight)): choose split points that keep " +
-          "the calls in one stage");
+      throw std::invalid_argument(c10::str(
+          "conveyor: '", name, "' is used by stage ", it->second, " and, inside a submodule it calls, by stage ", stage,
+          "; a stage can be given its own copy of a tied weight only where its code reads the weight itself ",
+          "(as F.linear(h, self.embed.weight)): choose split points that keep the calls in one stage"));
     }
     Value* fed = g->addInput("tied" + std::to_string(s.fed.size()));
     for (const Node* n : g->nodes()) {
@@ -274,10 +274,11 @@ std::vector<std::string> chain_of_calls(const Module& model) {
   if (f.inputs.size() != 1) {
     std::vector<std::string> names;
     for (const Value* v : f.inputs) names.push_back(v->debugName());
-    throw std::invalid_argument("conveyor: the model's forward takes " + std::to_string(f.inputs.size()) +
-                                " arguments besides self (" + join(names) + "); without split points a model is cut " +
-                                "only as a plain chain of one argument: give split points (the names of the " +
-                                "submodules whose calls begin new stages) and every value live across a cut travels");
+    throw std::invalid_argument(c10::str("conveyor: the model's forward takes ", f.inputs.size(),
+                                         " arguments besides self (", join(names), "); without split points a model ",
+                                         "is cut only as a plain chain of one argument: give split points (the names ",
+                                         "of the submodules whose calls begin new stages) and every value live across ",
+                                         "a cut travels"));
   }
   Value* expected = f.inputs[0];
   std::string expected_from = "the input";
@@ -296,7 +297,7 @@ std::vector<std::string> chain_of_calls(const Module& model) {
     const auto path = called_path(n, f.self);
     if (!path) refuse_chain(f, "found " + where(n));
     if (n->inputs().size() != 2) {
-      refuse_chain(f, "'" + *path + "' is called with " + std::to_string(n->inputs().size() - 1) + " arguments");
+      refuse_chain(f, c10::str("'", *path, "' is called with ", n->inputs().size() - 1, " arguments"));
     }
     if (n->input(1) != expected) {
       refuse_chain(f, "'" + *path + "' is called on " + f.describe(n->input(1)) + ", not on " + expected_from);
@@ -323,8 +324,8 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
       if (sp.empty()) throw std::invalid_argument("the name is empty");
       submodule_of(model, sp);
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("conveyor: split point " + std::to_string(i) + " ('" + sp +
-                                  "') names no submodule of the model: " + e.what());
+      throw std::invalid_argument(
+          c10::str("conveyor: split point ", i, " ('", sp, "') names no submodule of the model: ", e.what()));
     }
     const auto parts = split_path(sp);
     std::string parent;
@@ -344,9 +345,9 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
       if (called_path(f.nodes[j], f.self) == sp) at.push_back(j);
     }
     if (at.size() != 1) {
-      throw std::invalid_argument("conveyor: split point '" + sp + "' is called " + std::to_string(at.size()) +
-                                  " times at the top level of the forward being cut; a split point must be called "
-                                  "exactly once, outside any branch or loop");
+      throw std::invalid_argument(c10::str("conveyor: split point '", sp, "' is called ", at.size(),
+                                           " times at the top level of the forward being cut; a split point must be ",
+                                           "called exactly once, outside any branch or loop"));
     }
     if (i > 0 && at[0] <= cuts.back()) {
       throw std::invalid_argument("conveyor: split points out of order: '" + sp + "' is called before '" +

@@ -36,7 +36,7 @@
 
 #include "ops/adapters.h"
 #include "plugin/model_names.h"
-#include "plugin/tied_parameters.h"
+#include "plugin/model/tied_parameters.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
@@ -89,7 +89,6 @@ class ScriptLayerImpl : public torch::nn::Module, public ModelPath, public Tenso
 
   const std::string& prefix() const { return prefix_; }
   std::string model_path() const override { return prefix_; }
-  const torch::jit::Module& script_module() const { return owner_; }
 
  private:
   void clone_(torch::nn::Module& other, const std::optional<torch::Device>& device) override;

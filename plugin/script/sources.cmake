@@ -1,5 +1,6 @@
-# TorchScript models in the pipeline (graph cutting, script layers) and
-# torch.classes.conveyor.Pipeline for Python.
+# The TorchScript front end: TorchScript models cut into the pipeline's layers
+# (graph cutting, script layers) and torch.classes.conveyor.Pipeline for
+# Python. Builds on the public entry point; nothing below includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/script_graph.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_layer.cpp

@@ -1,8 +1,9 @@
 #include "plugin/script/torchscript.h"
 
 #include "plugin/errors.h"
-#include "plugin/planner.h"
-#include "plugin/profile.h"
+#include "plugin/planner/planner.h"
+#include "plugin/planner/profile.h"
+#include "plugin/profile_model.h"
 #include "plugin/script/script_graph.h"
 
 #include <c10/util/Exception.h>
@@ -112,11 +113,8 @@ std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, Pipelin
     if (!options.boundaries().empty()) {
       throw std::invalid_argument("conveyor: give either split points or boundaries, not both");
     }
-    if (options.stages() != 0 && options.stages() != stages) {
-      throw std::invalid_argument("conveyor: " + std::to_string(split_points.size()) + " split points make " +
-                                  std::to_string(stages) + " stages, but the options ask for " +
-                                  std::to_string(options.stages()));
-    }
+    check_argument(options.workers() == 0 || options.workers() == stages, "conveyor: ", split_points.size(),
+                   " split points make ", stages, " stages, but the options ask for ", options.workers());
     options.boundaries(split_point_boundaries(split_points));
   }
   torch::nn::Sequential layers = sequential_from_script(std::move(model), split_points, layer_options);

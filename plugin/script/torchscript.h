@@ -4,7 +4,7 @@
 // every schedule run it unchanged:
 //
 //   auto model = conveyor::load_script("lm.pt");
-//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().stages(2).microbatches(4));
+//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().workers(2).microbatches(4));
 //   // or, cutting where you choose:
 //   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().microbatches(4),
 //                                              {"encoder.layer2", "decoder"});
@@ -63,7 +63,7 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model,
 // segments for `split_points` one stage (empty without split points).
 std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);
 
-// sequential_from_script + a Pipeline. With split points, options.stages()
+// sequential_from_script + a Pipeline. With split points, options.workers()
 // must be 0 or split_points.size() + 1, and options.boundaries() empty.
 // `tied_parameters` are groups of parameters named as in the TorchScript
 // model ("emb.weight"), added to options.tied_parameters() (which name them
@@ -73,7 +73,7 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 // when a later stage reads self.embed.weight itself).
 //
 // With Balance::kTime and no profile in `options`, `profile_batch` (a whole
-// batch: its first micro-batch is profiled, plugin/profile.h) is required;
+// batch: its first micro-batch is profiled, plugin/planner/profile.h) is required;
 // `plan_text` (if given) then receives the plan with its predictions.
 struct ProfileBatch {
   Tensors inputs, targets;

@@ -2,7 +2,7 @@
 #include "plugin/transport/c10d_state.h"
 
 #include "plugin/errors.h"
-#include "plugin/fault_injection.h"
+#include "plugin/support/fault_injection.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -14,7 +14,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sstream>
 
 namespace conveyor {
 
@@ -23,7 +22,7 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intru
                              C10dTransportOptions options)
     : state_(std::make_unique<State>()) {
   TORCH_CHECK(group, "conveyor: C10dTransport needs a process group");
-  const int k = options.stage;
+  const int k = options.worker;
   TORCH_CHECK(group->getSize() == static_cast<int>(options.ranks.size()), "conveyor: the pipeline group has ",
               group->getSize(), " ranks but ", options.ranks.size(), " worker ranks were given");
   TORCH_CHECK(group->getRank() == k, "conveyor: worker ", k, " must be rank ", k, " of its pipeline group, not ",
@@ -50,7 +49,7 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
     return;
   }
   State::Posted message;
-  message.what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb);
+  message.what = c10::str("the ", channel_name(channel), " of micro-batch ", mb);
   message.to = to;
   TORCH_CHECK(tensors.size() <= static_cast<size_t>(kMaxTensors), "conveyor: ", s.prefix, ": ", message.what, " has ",
               tensors.size(), " tensors; at most ", kMaxTensors, " cross a stage boundary");
@@ -160,8 +159,8 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
     return tensors;
   }
   const auto deadline = Clock::now() + s.options.timeout;
-  const std::string what = std::string("the ") + channel_name(channel) + " of micro-batch " + std::to_string(mb) +
-                           " from " + s.stage_name(from);
+  const std::string what =
+      c10::str("the ", channel_name(channel), " of micro-batch ", mb, " from ", s.stage_name(from));
   const int tag = s.tag(channel, from, mb), peer = s.worker_of(from);
   // The message's first part: in a buffer posted ahead, or posted now.
   State::Ahead first;
@@ -175,19 +174,19 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
   try {
     if (!first.work) first = s.post_receive(channel, from, mb);
   } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
+    s.fail(c10::str(s.prefix, ": could not receive ", what, " [", message_of(e), "]"));
   }
   s.wait(first.work, deadline, from, what);
   const char* base = static_cast<const char*>(first.buffer.const_data_ptr());
   const int64_t* h = reinterpret_cast<const int64_t*>(base);
   const auto mismatch = [&](const std::string& detail) {
-    s.fail(s.prefix + ": " + what + " does not match what stage " + std::to_string(to) + " expects: " + detail);
+    s.fail(c10::str(s.prefix, ": ", what, " does not match what stage ", to, " expects: ", detail));
   };
   std::vector<Incoming> incoming;
   try {
     incoming = decode_header(h, channel, mb, from, kMaxTensors);
   } catch (const std::invalid_argument& e) {
-    mismatch(std::string(e.what()) + " (is " + s.stage_name(from) + " running the same schedule?)");
+    mismatch(c10::str(e.what(), " (is ", s.stage_name(from), " running the same schedule?)"));
   }
   const auto text = [](const Sent& t) {
     return t.defined ? shape_text(t.sizes) + " " + c10::toString(t.dtype) : std::string("nothing");
@@ -206,14 +205,13 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
       }
     }
     if (known && sent.size() != incoming.size()) {
-      mismatch("it has " + std::to_string(incoming.size()) + " tensors, but " + s.prefix + " sent " +
-               std::to_string(sent.size()));
+      mismatch(c10::str("it has ", incoming.size(), " tensors, but ", s.prefix, " sent ", sent.size()));
     }
     for (size_t i = 0; known && i < incoming.size(); ++i) {
       const Sent& got = incoming[i].shape;
       if (got.defined && (!sent[i].defined || sent[i].sizes != got.sizes || sent[i].dtype != got.dtype)) {
-        mismatch("its tensor " + std::to_string(i) + " is " + text(got) + ", but " + s.prefix +
-                 " sent an activation of " + text(sent[i]));
+        mismatch(c10::str("its tensor ", i, " is ", text(got), ", but ", s.prefix, " sent an activation of ",
+                          text(sent[i])));
       }
     }
   } else if (!incoming.empty() && incoming[0].shape.defined) {
@@ -261,8 +259,8 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
         expected = s.device_received[channel]++;
       }
       if (in.sequence != expected) {
-        mismatch("accelerator messages must be taken in the order they were sent (got number " +
-                 std::to_string(in.sequence) + ", expected " + std::to_string(expected) + ")");
+        mismatch(c10::str("accelerator messages must be taken in the order they were sent (got number ", in.sequence,
+                          ", expected ", expected, ")"));
       }
     }
     tensors[i] = at::empty(in.shape.sizes,
@@ -272,7 +270,7 @@ Tensors C10dTransport::recv(Channel channel, int from, int to, int mb) {
       pending.emplace_back((in.route == kDeviceRoute ? s.device_group : s.group)->recv(list, peer, tag + 1 + int(i)),
                            i);
     } catch (const std::exception& e) {
-      s.fail(s.prefix + ": could not receive " + what + " [" + message_of(e) + "]");
+      s.fail(c10::str(s.prefix, ": could not receive ", what, " [", message_of(e), "]"));
     }
   }
   s.give_buffer(std::move(first.buffer));

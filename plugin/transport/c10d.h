@@ -57,10 +57,11 @@ class Backend;
 namespace conveyor {
 
 struct C10dTransportOptions {
-  // This process's worker; it is this process's rank in the pipeline group,
-  // and its stage unless place() gives it several (virtual stages).
-  int stage = 0;
-  // Device of this stage: received tensors are placed on it.
+  // This process's worker: its rank in the pipeline group, running one stage
+  // (the stage of the same index) unless place() gives it several (virtual
+  // stages).
+  int worker = 0;
+  // Device of this worker: received tensors are placed on it.
   c10::Device device = c10::Device(c10::kCPU);
   // Global rank of every worker (process) of this pipeline, for error messages.
   std::vector<int> ranks;
@@ -77,7 +78,7 @@ struct C10dTransportOptions {
 
 class C10dTransport final : public Transport {
  public:
-  // `group`: a CPU-capable group (Gloo) of the pipeline's stages, rank = stage.
+  // `group`: a CPU-capable group (Gloo) of the pipeline's workers, rank = worker.
   // `device_group`: optional group of the same ranks for accelerator payloads
   // (NCCL); null sends accelerator tensors through host memory on `group`.
   C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intrusive_ptr<c10d::Backend> device_group,
@@ -96,7 +97,7 @@ class C10dTransport final : public Transport {
   // processes take their messages in different orders.
   void place(const std::vector<int>& placement) override;
   // A barrier of the pipeline group, bounded by the timeout.
-  void barrier(int stage, int index) override;
+  void barrier(int worker, int index) override;
   void abort() override;
   // Waits for the previous step's messages; rethrows an earlier failure.
   void reset() override;
@@ -121,9 +122,6 @@ class C10dTransport final : public Transport {
   // The first failure, empty while there has been none.
   std::string failure() const;
   bool failed() const { return !failure().empty(); }
-
-  // "rank 3 (stage 1)": how messages name a stage of this pipeline.
-  std::string describe_stage(int stage) const;
 
  private:
   struct State;

@@ -1,5 +1,9 @@
 #include "plugin/transport/c10d_header.h"
 
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/StringUtil.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -12,7 +16,7 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
   }
   const int64_t count = h[kCount];
   if (count < 0 || count > max_tensors) {
-    throw std::invalid_argument("its header is corrupt (" + std::to_string(count) + " tensors)");
+    throw std::invalid_argument(c10::str("its header is corrupt (", count, " tensors)"));
   }
   std::vector<Incoming> incoming(static_cast<size_t>(count));
   int64_t at = kPreambleLength;
@@ -28,8 +32,8 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
     const int64_t ndim = r[kNdim], dtype = r[kDtype], route = r[kRoute];
     if (ndim < 0 || ndim > kHeaderLength - kSizes - at || dtype < 0 ||
         dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions) || route < kNoPayload || route > kInlineRoute) {
-      throw std::invalid_argument("its header is corrupt (ndim " + std::to_string(ndim) + ", dtype code " +
-                                  std::to_string(dtype) + ", route " + std::to_string(route) + ")");
+      throw std::invalid_argument(
+          c10::str("its header is corrupt (ndim ", ndim, ", dtype code ", dtype, ", route ", route, ")"));
     }
     in.shape.sizes.assign(r + kSizes, r + kSizes + ndim);
     int64_t elements = 1;
@@ -40,31 +44,28 @@ std::vector<Incoming> decode_header(const int64_t* h, Channel channel, int mb, i
       elements *= size;
     }
     if ((elements == 0) != (route == kNoPayload)) {
-      throw std::invalid_argument("its header is corrupt (a tensor of " + std::to_string(elements) +
-                                  " elements on route " + std::to_string(route) + ")");
+      throw std::invalid_argument(
+          c10::str("its header is corrupt (a tensor of ", elements, " elements on route ", route, ")"));
     }
     if (route != kNoPayload) {
       int64_t item = 0;
       try {
         item = static_cast<int64_t>(c10::elementSize(static_cast<c10::ScalarType>(dtype)));
       } catch (const std::exception&) {
-        throw std::invalid_argument("its header is corrupt (dtype code " + std::to_string(dtype) +
-                                    " has no element size)");
+        throw std::invalid_argument(c10::str("its header is corrupt (dtype code ", dtype, " has no element size)"));
       }
       if (elements * item != r[kBytes]) {
-        std::string sizes;
-        for (const int64_t size : in.shape.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(size);
-        throw std::invalid_argument("its header does not describe its payload: a " +
-                                    std::string(c10::toString(static_cast<c10::ScalarType>(dtype))) +
-                                    " tensor of shape [" + sizes + "] takes " + std::to_string(elements * item) +
-                                    " bytes, but " + std::to_string(r[kBytes]) + " follow");
+        throw std::invalid_argument(c10::str("its header does not describe its payload: a ",
+                                             static_cast<c10::ScalarType>(dtype), " tensor of shape ",
+                                             c10::IntArrayRef(in.shape.sizes), " takes ", elements * item,
+                                             " bytes, but ", r[kBytes], " follow"));
       }
     }
     if (route == kInlineRoute) {
       // kBytes equals the tensor's size (checked above), so nothing here overflows.
       if (r[kBytes] > kMessageBytes - end) {
-        throw std::invalid_argument("its header is corrupt (inline payloads run past the message's " +
-                                    std::to_string(kMessageBytes) + " bytes)");
+        throw std::invalid_argument(
+            c10::str("its header is corrupt (inline payloads run past the message's ", kMessageBytes, " bytes)"));
       }
       in.offset = end;
       end += aligned_payload(r[kBytes]);

@@ -3,6 +3,7 @@
 // parameters): its wire constants and shared state.
 
 #include "plugin/errors.h"
+#include "plugin/support/timing.h"
 #include "plugin/transport/c10d.h"
 #include "plugin/transport/c10d_header.h"
 
@@ -17,7 +18,6 @@
 #include <map>
 #include <mutex>
 #include <tuple>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,7 +25,6 @@ namespace conveyor {
 
 namespace c10d_wire {
 
-using Clock = std::chrono::steady_clock;
 using c10d::Work;
 
 // Each message has a block of tags: the header's, then one per tensor. Ties
@@ -43,11 +42,7 @@ inline int header_tag(Channel channel, int boundary, int boundaries, int mb) {
   return static_cast<int>(tag);
 }
 
-inline std::string shape_text(at::IntArrayRef sizes) {
-  std::ostringstream os;
-  os << sizes;
-  return os.str();
-}
+inline std::string shape_text(at::IntArrayRef sizes) { return c10::str(sizes); }
 
 }  // namespace c10d_wire
 
@@ -68,7 +63,7 @@ struct C10dTransport::State {
   mutable std::mutex mutex;
   std::vector<Posted> posted;
   std::map<std::pair<int, int>, std::vector<Sent>> sent_activations;  // (stage, mb) -> what went out
-  // The worker (process, the group's rank) of every stage: options.stage is
+  // The worker (process, the group's rank) of every stage: options.worker is
   // this process's. Identity unless the schedule has virtual stages.
   std::vector<int> placement;
   // Messages between two stages of this process: (channel, to, mb) -> tensors.
@@ -142,7 +137,7 @@ struct C10dTransport::State {
 
   int num_stages() const { return static_cast<int>(placement.size()); }
   int worker_of(int stage) const { return placement.at(static_cast<size_t>(stage)); }
-  bool is_local(int stage) const { return stage >= 0 && stage < num_stages() && worker_of(stage) == options.stage; }
+  bool is_local(int stage) const { return stage >= 0 && stage < num_stages() && worker_of(stage) == options.worker; }
   // The tag of the message sent from stage `from` on `channel`.
   int tag(Channel channel, int from, int mb) const {
     const int boundary = channel == Channel::kActivation ? from : from - 1;
@@ -152,7 +147,7 @@ struct C10dTransport::State {
   std::string stage_name(int stage) const {
     const int worker = stage >= 0 && stage < num_stages() ? worker_of(stage) : -1;
     const int rank = worker >= 0 && worker < static_cast<int>(options.ranks.size()) ? options.ranks[worker] : -1;
-    return "rank " + std::to_string(rank) + " (stage " + std::to_string(stage) + ")";
+    return c10::str("rank ", rank, " (stage ", stage, ")");
   }
 
   // Records the first failure and throws it; later calls rethrow it.
@@ -208,19 +203,14 @@ struct C10dTransport::State {
       waiting.erase(std::remove(waiting.begin(), waiting.end(), work), waiting.end());
     }
     if (completed && reason.empty()) return;
-    if (reason.empty()) throw AbortedError(prefix + ": aborted while waiting for " + what);
+    if (reason.empty()) throw AbortedError(c10::str(prefix, ": aborted while waiting for ", what));
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    std::ostringstream os;
     const bool timed_out = Clock::now() + std::chrono::milliseconds(10) >= deadline;
-    os << prefix << ": ";
-    if (timed_out) {
-      os << "timed out after " << options.timeout.count() << " ms waiting for " << what;
-    } else {
-      os << "lost the connection after " << waited.count() << " ms waiting for " << what << ", "
-         << (peer >= 0 ? "which" : "a peer") << " has probably exited";
-    }
-    os << " [" << reason << "]";
-    fail(os.str(), timed_out);
+    const std::string how =
+        timed_out ? c10::str("timed out after ", options.timeout.count(), " ms waiting for ", what)
+                  : c10::str("lost the connection after ", waited.count(), " ms waiting for ", what, ", ",
+                             peer >= 0 ? "which" : "a peer", " has probably exited");
+    fail(c10::str(prefix, ": ", how, " [", reason, "]"), timed_out);
   }
 };
 

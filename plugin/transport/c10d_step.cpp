@@ -13,16 +13,16 @@ void C10dTransport::place(const std::vector<int>& placement) {
   for (size_t k = 0; k < placement.size(); ++k) {
     TORCH_CHECK(placement[k] >= 0 && placement[k] < workers, "conveyor: stage ", k, " is placed on worker ",
                 placement[k], ", but the pipeline group has ", workers, " processes");
-    if (placement[k] != s.options.stage) continue;
-    local += (num_local++ ? ", " : "") + std::to_string(k);
+    if (placement[k] != s.options.worker) continue;
+    local += c10::str(num_local++ ? ", " : "", k);
   }
-  TORCH_CHECK(num_local > 0, "conveyor: the placement gives worker ", s.options.stage, " no stage");
+  TORCH_CHECK(num_local > 0, "conveyor: the placement gives worker ", s.options.worker, " no stage");
   std::lock_guard<std::mutex> lock(s.mutex);
   s.placement = placement;
   // Every process places the same way, so all of them drop the accelerator group together.
   if (static_cast<int>(placement.size()) != workers) s.device_group.reset();
-  s.prefix = "rank " + std::to_string(s.options.ranks.at(s.options.stage)) + " (stage" +
-             (num_local == 1 ? " " : "s ") + local + ")";
+  s.prefix =
+      c10::str("rank ", s.options.ranks.at(s.options.worker), " (stage", num_local == 1 ? " " : "s ", local, ")");
 }
 
 C10dTransport::~C10dTransport() {
@@ -34,7 +34,6 @@ C10dTransport::~C10dTransport() {
   }
 }
 
-std::string C10dTransport::describe_stage(int stage) const { return state_->stage_name(stage); }
 
 std::string C10dTransport::failure() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -57,11 +56,10 @@ C10dTransport::Counts C10dTransport::counts() const {
   return state_->counts;
 }
 
-void C10dTransport::barrier(int stage, int index) {
+void C10dTransport::barrier(int worker, int index) {
   State& s = *state_;
   s.check_usable();
-  s.group_barrier("enter", "lock-step barrier " + std::to_string(index) + " of the pipeline (stage " +
-                               std::to_string(stage) + ")");
+  s.group_barrier("enter", c10::str("lock-step barrier ", index, " of the pipeline (stage ", worker, ")"));
 }
 
 void C10dTransport::abort() {

@@ -8,12 +8,12 @@ namespace conveyor {
 at::Tensor C10dTransport::sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor) {
   State& s = *state_;
   s.check_usable();
-  const int me = s.options.stage;
+  const int me = s.options.worker;
   TORCH_CHECK(!holders.empty() && std::find(holders.begin(), holders.end(), me) != holders.end(),
               "conveyor: ", s.prefix, " does not hold tied parameter ", tie);
   const auto deadline = Clock::now() + s.options.timeout;
   const int tag = kTieTags + 4 * tie;
-  const std::string what = "the gradient of tied parameter " + std::to_string(tie);
+  const std::string what = c10::str("the gradient of tied parameter ", tie);
   const at::Tensor host = tensor.to(c10::kCPU).contiguous();
   const auto exchange = [&](bool sending, at::Tensor buffer, int peer, int peer_tag) {
     std::vector<at::Tensor> list{buffer};
@@ -47,10 +47,10 @@ at::Tensor C10dTransport::sum_over_holders(int tie, const std::vector<int>& hold
 at::Tensor C10dTransport::first_holders_value(int tie, const std::vector<int>& holders, const at::Tensor& tensor) {
   State& s = *state_;
   s.check_usable();
-  const int me = s.options.stage;
+  const int me = s.options.worker;
   const auto deadline = Clock::now() + s.options.timeout;
   const int tag = kTieTags + 4 * tie + 2;
-  const std::string what = "the initial value of tied parameter " + std::to_string(tie);
+  const std::string what = c10::str("the initial value of tied parameter ", tie);
   at::Tensor host = tensor.to(c10::kCPU).contiguous();
   std::vector<c10::intrusive_ptr<Work>> works;
   std::vector<int> peers;
@@ -69,9 +69,11 @@ at::Tensor C10dTransport::first_holders_value(int tie, const std::vector<int>& h
       peers.push_back(holders[0]);
     }
   } catch (const std::exception& e) {
-    s.fail(s.prefix + ": could not exchange " + what + " [" + message_of(e) + "]");
+    s.fail(c10::str(s.prefix, ": could not exchange ", what, " [", message_of(e), "]"));
   }
-  for (size_t i = 0; i < works.size(); ++i) s.wait(works[i], deadline, peers[i], what + " with " + s.stage_name(peers[i]));
+  for (size_t i = 0; i < works.size(); ++i) {
+    s.wait(works[i], deadline, peers[i], c10::str(what, " with ", s.stage_name(peers[i])));
+  }
   return host.to(tensor.device());
 }
 

@@ -5,7 +5,7 @@
 // on the hot path, and the caching allocator is told which streams use which
 // memory (record_stream), so nothing is freed while a copy still reads it.
 
-#include "plugin/fault_injection.h"
+#include "plugin/support/fault_injection.h"
 #include "plugin/transport/mailbox.h"
 #include "plugin/transport/transport.h"
 
@@ -19,7 +19,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 
 namespace conveyor {
 
@@ -62,20 +61,16 @@ class InProcessTransport final : public Transport {
       }
     }
     mailbox(channel, from, to).put(mb, std::move(message), deadline(), [&] {
-      std::ostringstream os;
-      os << "stage " << from << " timed out after " << timeout_.count() << " ms sending the " << channel_name(channel)
-         << " of micro-batch " << mb << " to stage " << to << ": its channel stayed full (is stage " << to
-         << " still running?)";
-      return os.str();
+      return c10::str("stage ", from, " timed out after ", timeout_.count(), " ms sending the ", channel_name(channel),
+                      " of micro-batch ", mb, " to stage ", to, ": its channel stayed full (is stage ", to,
+                      " still running?)");
     });
   }
 
   Tensors recv(Channel channel, int from, int to, int mb) override {
     Message message = mailbox(channel, from, to).take(mb, deadline(), [&] {
-      std::ostringstream os;
-      os << "stage " << to << " timed out after " << timeout_.count() << " ms waiting for the " << channel_name(channel)
-         << " of micro-batch " << mb << " from stage " << from;
-      return os.str();
+      return c10::str("stage ", to, " timed out after ", timeout_.count(), " ms waiting for the ",
+                      channel_name(channel), " of micro-batch ", mb, " from stage ", from);
     });
     for (auto& tensor : message.tensors) {
       if (tensor.defined()) tensor = deliver(tensor, message.ready, devices_.at(to), to);
@@ -83,7 +78,7 @@ class InProcessTransport final : public Transport {
     return std::move(message.tensors);
   }
 
-  void barrier(int stage, int index) override {
+  void barrier(int worker, int index) override {
     std::unique_lock<std::mutex> lock(barrier_mutex_);
     ++arrived_[index];
     barrier_changed_.notify_all();
@@ -92,9 +87,8 @@ class InProcessTransport final : public Transport {
         barrier_changed_.wait_until(lock, deadline(), [&] { return aborted_ || arrived_[index] == everyone; });
     if (aborted_) throw AbortedError("aborted because another stage failed");
     if (!met) {
-      throw TimeoutError("stage " + std::to_string(stage) + " timed out after " + std::to_string(timeout_.count()) +
-                         " ms at lock-step barrier " + std::to_string(index) + ": " +
-                         std::to_string(everyone - arrived_[index]) + " stage(s) never arrived");
+      throw TimeoutError(c10::str("stage ", worker, " timed out after ", timeout_.count(), " ms at lock-step barrier ",
+                                  index, ": ", everyone - arrived_[index], " stage(s) never arrived"));
     }
   }
 
@@ -122,7 +116,7 @@ class InProcessTransport final : public Transport {
     return channel == Channel::kActivation ? *activations_[from] : *gradients_[to];
   }
 
-  Mailbox<Message>::Clock::time_point deadline() const { return Mailbox<Message>::Clock::now() + timeout_; }
+  Clock::time_point deadline() const { return Clock::now() + timeout_; }
 
   at::Tensor deliver(const at::Tensor& tensor, const std::shared_ptr<c10::Event>& ready, const c10::Device& dest,
                      int to) {

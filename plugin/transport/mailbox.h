@@ -5,6 +5,7 @@
 // which is the model schedules::validate() proves deadlock-free.
 
 #include "plugin/errors.h"
+#include "plugin/support/timing.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -18,8 +19,6 @@ namespace conveyor {
 template <typename Message>
 class Mailbox {
  public:
-  using Clock = std::chrono::steady_clock;
-
   explicit Mailbox(int capacity) : capacity_(capacity) {}
 
   // `what` describes the wait for a timeout message, built only on failure.

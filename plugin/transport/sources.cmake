@@ -1,5 +1,7 @@
 # How stages hand each other activations and gradients: the interface, the
-# in-process transport (threads, mailboxes) and the c10d one (processes).
+# in-process transport (worker threads, mailboxes) and the c10d one (worker
+# processes). Includes support/ and the public types, never the runtime, the
+# planner, the model's pieces or a front end.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/in_process.cpp

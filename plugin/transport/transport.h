@@ -49,9 +49,9 @@ class Transport {
   // first step. In-process every worker is a thread of this process.
   virtual void place(const std::vector<int>& /*placement*/) {}
 
-  // A lock-step barrier: returns once every stage has called barrier(_, index),
-  // at most until the timeout.
-  virtual void barrier(int stage, int index) = 0;
+  // A lock-step barrier of worker `worker`: returns once every worker has
+  // called barrier(_, index), at most until the timeout.
+  virtual void barrier(int worker, int index) = 0;
 
   // Wakes every blocked send/recv/barrier with AbortedError (another stage failed).
   virtual void abort() = 0;

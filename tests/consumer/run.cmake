@@ -13,7 +13,24 @@ function(run)
   endif()
 endfunction()
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
+# Only the public headers are installed: the entry point and what it
+# includes, never the runtime's internals or the test hooks.
+set(_include "${WORK_DIR}/prefix/include/conveyor")
+foreach(public conveyor.h plugin/pipeline.h plugin/version.h plugin/model/stage.h plugin/planner/planner.h
+               plugin/checkpoint/checkpoint.h plugin/distributed/distributed_pipeline.h)
+  if(NOT EXISTS "${_include}/${public}")
+    message(FATAL_ERROR "public header ${public} was not installed")
+  endif()
+endforeach()
+foreach(internal plugin/runtime plugin/support/fault_injection.h plugin/trace/png.h plugin/transport/mailbox.h
+                 plugin/transport/c10d_state.h plugin/checkpoint/checkpoint_decode.h)
+  if(EXISTS "${_include}/${internal}")
+    message(FATAL_ERROR "internal ${internal} was installed")
+  endif()
+endforeach()
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G Ninja
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DTorch_DIR=${TORCH_DIR})
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DTorch_DIR=${TORCH_DIR}
+    -DCONVEYOR_MINIMAL_EXAMPLE=${SOURCE_DIR}/examples/minimal.cpp)
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer")
+run("${WORK_DIR}/build/minimal")

@@ -38,7 +38,7 @@ void save(const std::string& path, Setup setup, bool wide = false) {
     model = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::ReLU(),
                                   torch::nn::Linear(3, 5));
   }
-  auto options = conveyor::PipelineOptions().stages(2).microbatches(2).boundaries({conveyor::fuzzing::kSplit});
+  auto options = conveyor::PipelineOptions().workers(2).microbatches(2).boundaries({conveyor::fuzzing::kSplit});
   if (setup == Setup::kOwn) options.schedule("pipedream").optimizer(conveyor::fuzzing::stage_sgd).stage_rng(true);
   conveyor::Pipeline pipe(model, options);
   const at::Tensor x = torch::randn({8, 4});

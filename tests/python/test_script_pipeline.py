@@ -74,7 +74,7 @@ def assert_step_equals_eager(pipe, eager, x, y):
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_gradients_equal_the_unsplit_models(schedule, stages):
     eager, scripted = eager_and_scripted(Mlp)
-    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": stages, "microbatches": 3, "schedule": schedule})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"workers": stages, "microbatches": 3, "schedule": schedule})
     assert pipe.num_stages() == stages
     x, y = batch()
     assert_step_equals_eager(pipe, eager, x, y)
@@ -83,9 +83,9 @@ def test_gradients_equal_the_unsplit_models(schedule, stages):
 @pytest.mark.parametrize(
     "options",
     [
-        {"stages": 2, "microbatches": 4, "schedule": "interleaved"},
-        {"stages": 2, "microbatches": 3, "schedule": "zb-h1", "recompute": True},
-        {"stages": 2, "microbatches": 4, "schedule": "zb-interleaved", "offload": "true"},
+        {"workers": 2, "microbatches": 4, "schedule": "interleaved"},
+        {"workers": 2, "microbatches": 3, "schedule": "zb-h1", "recompute": True},
+        {"workers": 2, "microbatches": 4, "schedule": "zb-interleaved", "offload": "true"},
     ],
 )
 def test_interleaved_and_zero_bubble_schedules_give_the_unsplit_gradients(options):
@@ -99,19 +99,19 @@ def test_balance_by_time_profiles_a_sample_and_predicts():
     eager, scripted = eager_and_scripted(Mlp)
     x, y = batch()
     pipe = torch.classes.conveyor.Pipeline(
-        scripted, {"stages": 2, "microbatches": 3, "balance": "time", "sample": (x, y)})
+        scripted, {"workers": 2, "microbatches": 3, "balance": "time", "sample": (x, y)})
     plan = pipe.plan()
     assert "plan (balance: time): 2 stages" in plan and "predicted step" in plan
     assert_step_equals_eager(pipe, eager, x, y)
     with pytest.raises(ValueError, match="balance by time profiles the model on a sample batch"):
-        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "balance": "time"})
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "balance": "time"})
     with pytest.raises(ValueError, match="an \\(input, target\\) tuple"):
-        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "balance": "time", "sample": x})
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "balance": "time", "sample": x})
 
 
 def test_lstm_language_model_with_cross_entropy_and_string_options():
     eager, scripted = eager_and_scripted(LstmLm)
-    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": "3", "microbatches": "2", "loss": "cross_entropy"})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"workers": "3", "microbatches": "2", "loss": "cross_entropy"})
     tokens, target = torch.randint(30, (6, 5)), torch.randint(30, (6, 5))
     loss = pipe.train_step(tokens, target)
     out = eager(tokens)
@@ -141,7 +141,7 @@ def test_fused_ops_run_the_lstms_fused_with_the_same_gradients(stages):
         pytest.skip("the plugin was built without the fused LSTM op")
     eager, scripted = eager_and_scripted(LstmLm)
     pipe = torch.classes.conveyor.Pipeline(
-        scripted, {"stages": stages, "microbatches": 2, "loss": "cross_entropy", "fused_ops": True})
+        scripted, {"workers": stages, "microbatches": 2, "loss": "cross_entropy", "fused_ops": True})
     report = pipe.fused_ops_report()
     assert "swapped 1, skipped 0" in report and "swapped rnn.lstm" in report, report
     tokens, target = torch.randint(30, (6, 5)), torch.randint(30, (6, 5))
@@ -160,7 +160,7 @@ def test_fused_ops_run_the_lstms_fused_with_the_same_gradients(stages):
 def test_the_pipelines_own_optimizer_steps_in_train_step_like_torch_optim():
     eager, scripted = eager_and_scripted(Mlp)
     pipe = torch.classes.conveyor.Pipeline(
-        scripted, {"stages": 2, "microbatches": 3, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9})
+        scripted, {"workers": 2, "microbatches": 3, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9})
     opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
     for _ in range(3):
         x, y = batch()
@@ -175,7 +175,7 @@ def test_the_pipelines_own_optimizer_steps_in_train_step_like_torch_optim():
 def test_asynchronous_schedules_from_python_update_after_every_microbatch():
     eager, scripted = eager_and_scripted(Mlp)
     pipe = torch.classes.conveyor.Pipeline(
-        scripted, {"stages": 1, "microbatches": 4, "schedule": "pipedream", "optimizer": "sgd", "lr": 0.1})
+        scripted, {"workers": 1, "microbatches": 4, "schedule": "pipedream", "optimizer": "sgd", "lr": 0.1})
     x, y = batch()
     pipe.train_step(x, y)
     # One stage: PipeDream is plain SGD with one update per micro-batch.
@@ -188,7 +188,7 @@ def test_asynchronous_schedules_from_python_update_after_every_microbatch():
 
     _, scripted = eager_and_scripted(Mlp)
     pipe = torch.classes.conveyor.Pipeline(
-        scripted, {"stages": 3, "microbatches": 4, "schedule": "ddg", "optimizer": "adam", "lr": 0.01})
+        scripted, {"workers": 3, "microbatches": 4, "schedule": "ddg", "optimizer": "adam", "lr": 0.01})
     losses = [pipe.train_step(x, y) for _ in range(20)]
     assert losses[-1] < 0.7 * losses[0], losses
 
@@ -204,13 +204,15 @@ def test_optimizer_options_are_checked():
     with pytest.raises(ValueError, match="option 'optimizer' must be \"sgd\", \"adam\" or \"adamw\", got str 'lbfgs'"):
         torch.classes.conveyor.Pipeline(scripted, {"optimizer": "lbfgs", "lr": 0.1})
     with pytest.raises(ValueError, match="needs its own"):
-        torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2, "schedule": "pipedream"})
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "microbatches": 2, "schedule": "pipedream"})
+    with pytest.raises(ValueError, match="option 'stages' is now 'workers'"):
+        torch.classes.conveyor.Pipeline(scripted, {"stages": 2})
 
 
 def test_split_points_pipeline_a_forward_that_is_no_chain():
     eager, scripted = eager_and_scripted(NonChain)
     with pytest.raises(ValueError, match=r"not a plain chain.*aten::add.*split points that work here: b, c"):
-        torch.classes.conveyor.Pipeline(scripted, {"stages": 2})
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2})
     pipe = torch.classes.conveyor.Pipeline(scripted, {"split_points": ["b"], "microbatches": 4})
     x, y = batch()
     pipe.train_step(x, y)
@@ -233,7 +235,7 @@ def test_a_scripted_loss_module_gives_the_same_gradients():
 
 def test_torch_optim_over_parameters_trains_the_pipeline_and_the_script_module():
     eager, scripted = eager_and_scripted(Mlp)
-    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 4})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "microbatches": 4})
     script_ptrs = {p.data_ptr() for p in scripted.parameters()}
     assert {p.data_ptr() for p in pipe.parameters()} == script_ptrs
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-2)
@@ -258,7 +260,7 @@ def test_state_dict_moves_between_the_pipeline_and_the_model(tmp_path):
     eager, scripted = eager_and_scripted(Mlp)
     path = str(tmp_path / "mlp.pt")
     torch.jit.save(scripted, path)
-    pipe = torch.classes.conveyor.Pipeline(path, {"stages": 2})  # from a file: its own copy
+    pipe = torch.classes.conveyor.Pipeline(path, {"workers": 2})  # from a file: its own copy
     state = pipe.state_dict()
     assert list(state) == list(eager.state_dict())
     other, _ = eager_and_scripted(Mlp, seed=5)
@@ -275,7 +277,7 @@ def test_state_dict_moves_between_the_pipeline_and_the_model(tmp_path):
 
 def test_checkpoint_is_read_by_torch_load_and_restores_the_weights(tmp_path):
     _, scripted = eager_and_scripted(Mlp)
-    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "microbatches": 2})
     path = str(tmp_path / "run.ckpt")
     pipe.save_checkpoint(path, 7)
     saved = pipe.state_dict()
@@ -291,14 +293,14 @@ def test_checkpoint_is_read_by_torch_load_and_restores_the_weights(tmp_path):
     assert pipe.load_checkpoint(path) == 7
     for name, t in pipe.state_dict().items():
         assert torch.equal(t, ckpt["model"][name]), name
-    three = torch.classes.conveyor.Pipeline(scripted, {"stages": 3})
+    three = torch.classes.conveyor.Pipeline(scripted, {"workers": 3})
     with pytest.raises(ValueError, match="is of a pipeline of 2 stages, this one has 3"):
         three.load_checkpoint(path)
 
 
 def test_errors_in_stages_arrive_as_python_exceptions_naming_the_stage():
     _, scripted = eager_and_scripted(Mlp)
-    pipe = torch.classes.conveyor.Pipeline(scripted, {"stages": 2, "microbatches": 2})
+    pipe = torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "microbatches": 2})
     x, _ = batch(4)
     with pytest.raises(RuntimeError, match=r"stage 1 failed in 1F0 .*mse_loss|stage 1 failed"):
         pipe.train_step(x, torch.randn(4, 5, dtype=torch.float64))
@@ -308,7 +310,7 @@ def test_errors_in_stages_arrive_as_python_exceptions_naming_the_stage():
 
 def test_bad_arguments_are_clear_errors(tmp_path):
     _, scripted = eager_and_scripted(Mlp)
-    with pytest.raises(ValueError, match=r"unknown option 'stagez' \(known: .*stages"):
+    with pytest.raises(ValueError, match=r"unknown option 'stagez' \(known: .*workers"):
         torch.classes.conveyor.Pipeline(scripted, {"stagez": 2})
     with pytest.raises(ValueError, match="option 'microbatches' must be an int, got str 'many'"):
         torch.classes.conveyor.Pipeline(scripted, {"microbatches": "many"})

@@ -57,7 +57,7 @@ def test_the_encoder_output_crosses_two_cuts():
     assert_same_grads(pipe, eager)
 
 
-@pytest.mark.parametrize("cls,options", [(TiedLm, {"stages": 2}), (TiedHeadLm, {"split_points": ["rnn2"]})])
+@pytest.mark.parametrize("cls,options", [(TiedLm, {"workers": 2}), (TiedHeadLm, {"split_points": ["rnn2"]})])
 def test_a_tied_embedding_stays_one_weight_in_value(cls, options):
     eager, model = scripted(cls)
     tokens, y = torch.randint(40, (6, 5)), torch.randint(40, (6, 5))

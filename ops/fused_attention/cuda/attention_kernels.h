@@ -1,5 +1,5 @@
 #pragma once
-// Plain parameter blocks handed from the binding (attention_cuda.cpp, which
+// Plain parameter blocks handed from the binding (fused_attention_cuda.cpp, which
 // knows ATen) to the kernels and launchers (.cu files, which do not), so that
 // nvcc never compiles ATen headers. Every tensor is contiguous [B, H, S, D].
 

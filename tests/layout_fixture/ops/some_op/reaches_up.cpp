@@ -1,2 +1,2 @@
 // An op that reaches up into the plugin: check_layout.cmake must refuse it.
-#include "plugin/runtime.h"
+#include "plugin/runtime/runtime.h"

@@ -1,0 +1,18 @@
+# The headers install() puts under include/conveyor/: <conveyor/conveyor.h>
+# and what a user's code may name. The runtime's internals, the
+# fault-injection hooks, the picture internals, the transports' wire state and
+# the checkpoint loader's checks stay out. tests/check_layout.cmake checks
+# that these include only each other (and ops/, schedules/); tests/consumer
+# builds against them.
+set(CONVEYOR_SCRIPT_HEADERS plugin/script/torchscript.h plugin/script/script_layer.h)
+set(CONVEYOR_PUBLIC_HEADERS
+  plugin/conveyor.h plugin/errors.h plugin/model_names.h plugin/options.h plugin/pipeline.h plugin/profile_model.h
+  plugin/step_result.h plugin/types.h plugin/version.h
+  plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
+  plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
+  plugin/trace/timeline.h plugin/support/atomic_file.h plugin/support/tensors.h
+  plugin/transport/transport.h plugin/transport/c10d.h
+  plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h
+  plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/distributed/link_cost.h
+  plugin/distributed/process_groups.h
+  ${CONVEYOR_SCRIPT_HEADERS})

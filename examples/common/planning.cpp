@@ -1,0 +1,47 @@
+#include "examples/common/planning.h"
+
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+namespace conveyor::examples {
+
+std::shared_ptr<const ModelProfile> profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
+                                                             const Tensors& targets, const TensorsLossFn& loss_fn,
+                                                             int microbatches, const std::string& device) {
+  const auto first = [&](const Tensors& batch) {
+    Tensors out;
+    for (const auto& t : batch) out.push_back(t.tensor_split(microbatches, 0)[0]);
+    return out;
+  };
+  return std::make_shared<ModelProfile>(
+      profile_model(model, first(inputs), first(targets), loss_fn, ProfileOptions().device(device)));
+}
+
+const std::vector<std::string>& balance_names() {
+  static const std::vector<std::string> names = {"time", "uniform", "flops"};
+  return names;
+}
+
+void apply_balance(const std::string& balance, const std::vector<double>& estimate, int stages,
+                   PipelineOptions& options) {
+  if (balance == "time") {
+    options.balance(Balance::kTime);
+  } else if (balance == "uniform") {
+    options.balance(Balance::kUniform);
+  } else if (balance == "flops") {
+    options.boundaries(balanced_boundaries(estimate, stages));
+  } else {
+    throw std::invalid_argument("--balance expects time, uniform or flops, got '" + balance + "'");
+  }
+}
+
+void report_step(std::ostream& out, const Plan& plan, const StepResult& step, const std::string& timeline) {
+  out << "  " << plan.versus(step);
+  if (!timeline.empty()) {
+    plan.write_timeline(timeline, &step);
+    out << "  timeline of the last step, predicted above measured: " << timeline << "\n";
+  }
+}
+
+}  // namespace conveyor::examples

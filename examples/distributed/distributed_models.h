@@ -1,0 +1,42 @@
+#pragma once
+// The models distributed_train trains, with their synthetic data: an MLP
+// classifying features labelled by a fixed linear teacher, and the demo's
+// LSTM language model (examples/common/lm_model.h, dropout 0) on token sequences
+// whose targets are a fixed function of each token. Both are built from one
+// seed in the order torch.nn builds them in Python, so that
+// benchmarks/bench_vs_pippy.py starts torch.distributed.pipelining from the
+// same weights and data.
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <string>
+
+namespace conveyor::examples {
+
+struct DistributedModel {
+  std::string kind = "mlp";                  // mlp | lm
+  int inputs = 256, layers = 6, classes = 10;  // mlp
+  int vocab = 2000, embed = 64, length = 20;   // lm
+  int hidden = 512;                          // mlp: each hidden layer; lm: each LSTM
+  int batch = 256;
+  int64_t seed = 1;
+};
+
+torch::nn::Sequential make_model(const DistributedModel& m);
+
+struct Batch {
+  at::Tensor x, y;
+};
+
+// The same global batch on every rank: seeded by the step.
+Batch global_batch(const DistributedModel& m, int64_t step);
+
+// Mean cross-entropy over the last dimension (classes, or the vocabulary at every position).
+at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target);
+
+// Loss and accuracy of the whole model on a batch no step trains on, printed.
+void evaluate(const DistributedModel& m, torch::nn::Sequential model);
+
+}  // namespace conveyor::examples

@@ -1,0 +1,282 @@
+#include "plugin/planner/planner.h"
+
+#include "plugin/errors.h"
+#include "plugin/trace/timeline.h"
+#include "schedules/stash_memory.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+using schedules::Schedule;
+
+std::string ms(double seconds) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(seconds < 0.01 ? 2 : 1) << seconds * 1e3 << " ms";
+  return os.str();
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(bytes < (10 << 20) ? 2 : 1) << static_cast<double>(bytes) / (1 << 20)
+     << " MiB";
+  return os.str();
+}
+
+std::string percent(double fraction) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << 100 * fraction << "%";
+  return os.str();
+}
+
+// Bytes at n samples of what measured `bytes` at the profile's batch size.
+int64_t at_size(const ModelProfile& p, int64_t bytes, int64_t n) { return bytes * n / p.batch_size; }
+
+// The bytes stage [a, b) stashes per micro-batch at the profile's size, as the
+// runtime counts them: the graph's grad-requiring inputs and its outputs, or
+// the inputs alone when the backward replays the forward.
+int64_t stash_entry_bytes(const ModelProfile& p, const Schedule& s, int64_t a, int64_t b) {
+  if (schedules::replays_forward(s.stash)) return a > 0 ? p.layers[a - 1].output_bytes : p.input_bytes;
+  return (a > 0 ? p.layers[a - 1].output_grad_bytes : 0) + p.layers[b - 1].output_bytes;
+}
+
+int64_t weight_bytes(const ModelProfile& p, int64_t a, int64_t b) {
+  int64_t total = 0;
+  for (int64_t i = a; i < b; ++i) total += p.layers[i].parameter_bytes;
+  return total;
+}
+
+// Stage k's memory holding [a, b) with micro-batches of `sizes` samples.
+void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOptions& o, int k, int64_t a, int64_t b,
+                    const std::vector<int64_t>& sizes, StagePrediction& out) {
+  std::vector<std::vector<int64_t>> entries(s.num_stages, std::vector<int64_t>(sizes.size(), 0));
+  std::vector<std::vector<int64_t>> ones(s.num_stages, std::vector<int64_t>(sizes.size(), 1));
+  const int64_t entry = stash_entry_bytes(p, s, a, b);
+  for (size_t mb = 0; mb < sizes.size(); ++mb) entries[k][mb] = at_size(p, entry, sizes[mb]);
+  out.stash_bytes = schedules::peak_stash_bytes(s, entries)[k];
+  out.peak_inflight = static_cast<int>(schedules::peak_stash_bytes(s, ones)[k]);
+  const int64_t weights = weight_bytes(p, a, b);
+  out.weight_bytes = 2 * weights;
+  out.optimizer_bytes = static_cast<int64_t>(o.optimizer_state_per_weight() * static_cast<double>(weights));
+  out.weight_version_bytes = s.weight_stashing ? out.peak_inflight * weights : 0;
+  int64_t inner = 0;
+  for (int64_t i = a; i + 1 < b; ++i) inner += p.layers[i].output_bytes;
+  const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  const int64_t held = schedules::replays_forward(s.stash) ? 1 : out.peak_inflight;
+  out.activation_bytes = held * at_size(p, inner, largest);
+}
+
+double layer_seconds(const ModelProfile& p, size_t i, double n) {
+  return p.forward_seconds(i, n) + p.backward_seconds(i, n) + (i + 1 == p.layers.size() ? p.loss_seconds(n) : 0.0);
+}
+
+std::vector<int64_t> budgets_for(const PipelineOptions& o, int num_stages) {
+  const auto& b = o.memory_budgets();
+  if (b.empty()) return {};
+  if (b.size() == 1) return std::vector<int64_t>(num_stages, b[0]);
+  check_argument(static_cast<int>(b.size()) == num_stages, "conveyor: ", b.size(), " memory budgets given for ",
+                 num_stages, " stages: give one for every stage or one per stage");
+  return b;
+}
+
+}  // namespace
+
+SplitCosts split_costs(const ModelProfile& p, const PipelineOptions& o, int num_stages) {
+  SplitCosts c;
+  c.num_layers = static_cast<int64_t>(p.layers.size());
+  c.seconds = [&p](int, int64_t a, int64_t b) {
+    double t = 0;
+    for (int64_t i = a; i < b; ++i) t += layer_seconds(p, i, static_cast<double>(p.batch_size));
+    if (b < static_cast<int64_t>(p.layers.size())) t += p.link.seconds(p.layers[b - 1].output_bytes);
+    if (a > 0) t += p.link.seconds(p.layers[a - 1].output_grad_bytes);
+    return t;
+  };
+  c.budgets = budgets_for(o, num_stages);
+  if (!c.budgets.empty()) {
+    auto schedule = std::make_shared<Schedule>(build_schedule(o, num_stages));
+    c.bytes = [&p, &o, schedule](int k, int64_t a, int64_t b) {
+      StagePrediction s;
+      predict_memory(p, *schedule, o, k, a, b, std::vector<int64_t>(schedule->num_microbatches, p.batch_size), s);
+      return s.peak_bytes();
+    };
+  }
+  c.atomic_groups = o.atomic_groups();
+  for (const auto& l : p.layers) c.layer_names.push_back(l.name);
+  return c;
+}
+
+Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, int64_t batch,
+             const PipelineOptions& o) {
+  const int num = static_cast<int>(stages.stages.size());
+  check_argument(s.num_stages == num, "conveyor: the schedule has ", s.num_stages, " stages, the plan ", num);
+  check_argument(stages.num_layers == static_cast<int64_t>(p.layers.size()), "conveyor: the profile describes ",
+                 p.layers.size(), " layers, the plan ", stages.num_layers);
+  check_argument(batch >= s.num_microbatches, "conveyor: a batch of ", batch, " samples cannot make ",
+                 s.num_microbatches, " micro-batches");
+  Plan plan;
+  plan.stages = stages;
+  plan.schedule = s;
+  plan.batch_size = batch;
+  const std::vector<int64_t> sizes = schedules::microbatch_sizes(batch, s.num_microbatches);
+  const double n = static_cast<double>(batch) / s.num_microbatches;
+  const double scale = n / static_cast<double>(p.batch_size);
+  schedules::StageCosts costs;
+  for (int k = 0; k < num; ++k) {
+    const StageSpec& spec = stages.stages[k];
+    StagePrediction sp;
+    sp.begin = spec.begin;
+    sp.end = spec.end;
+    for (int64_t i = spec.begin; i < spec.end; ++i) {
+      sp.forward_seconds += p.forward_seconds(i, n);
+      sp.backward_seconds += p.backward_seconds(i, n);
+    }
+    if (k + 1 == num) {
+      sp.forward_seconds += p.loss_forward_seconds * scale;
+      sp.backward_seconds += p.loss_backward_seconds * scale;
+    } else {
+      sp.transfer_seconds =
+          p.link.seconds(static_cast<int64_t>(static_cast<double>(p.layers[spec.end - 1].output_bytes) * scale));
+      costs.transfers.push_back(sp.transfer_seconds);
+    }
+    predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
+    sp.forward_seconds += p.action_overhead_seconds;
+    sp.backward_seconds += p.action_overhead_seconds;
+    costs.forward.push_back(sp.forward_seconds);
+    costs.backward.push_back(sp.backward_seconds);
+    plan.predicted.push_back(sp);
+  }
+  plan.simulation = schedules::simulate(s, costs);
+
+  double slowest_stage = 0, model = 0, slowest_layer = 0;
+  size_t which = 0;
+  for (const auto& sp : plan.predicted) {
+    slowest_stage = std::max(slowest_stage, sp.forward_seconds + sp.backward_seconds);
+  }
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    const double t = layer_seconds(p, i, n);
+    model += t;
+    if (t > slowest_layer) slowest_layer = t, which = i;
+  }
+  // "Alone": the slowest stage is mostly this layer, so no other split could do much better.
+  if (num > 1 && slowest_layer >= 0.8 * slowest_stage) {
+    plan.bound = SpeedBound{static_cast<int64_t>(which), p.layers[which].name, slowest_layer, model};
+  }
+  return plan;
+}
+
+Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& o, int64_t batch) {
+  if (!o.profile()) {
+    throw std::invalid_argument("conveyor: make_plan needs the model's profile (PipelineOptions::profile)");
+  }
+  const StagePlan stages = plan_stages(model, o);
+  const Schedule schedule = build_schedule(o, static_cast<int>(stages.stages.size()));
+  Plan plan = predict(*o.profile(), stages, schedule, batch, o);
+  const char* names[] = {"uniform", "parameters", "time"};
+  plan.balance = o.boundaries().empty() ? names[static_cast<int>(o.balance())] : "given boundaries";
+  return plan;
+}
+
+Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& o, int64_t batch,
+                 const std::vector<int>& microbatches, const std::vector<std::string>& schedules) {
+  std::optional<Plan> best;
+  std::string closest = "no candidates given";
+  int64_t closest_excess = std::numeric_limits<int64_t>::max();
+  for (const std::string& name : schedules) {
+    for (int m : microbatches) {
+      PipelineOptions candidate = o;
+      candidate.schedule(name).schedule_text("").microbatches(m);
+      std::optional<Plan> plan;
+      try {
+        plan = make_plan(model, candidate, batch);
+      } catch (const std::invalid_argument& e) {
+        if (closest_excess == std::numeric_limits<int64_t>::max()) {
+          closest = c10::str(name, " with ", m, " micro-batches: ", e.what());
+        }
+        continue;
+      }
+      const std::vector<int64_t> budgets = budgets_for(o, static_cast<int>(plan->predicted.size()));
+      int64_t excess = std::numeric_limits<int64_t>::min();
+      int worst = 0;
+      for (size_t k = 0; k < budgets.size(); ++k) {
+        const int64_t over = plan->predicted[k].peak_bytes() - budgets[k];
+        if (over > excess) excess = over, worst = static_cast<int>(k);
+      }
+      if (excess > 0) {
+        if (excess < closest_excess) {
+          closest_excess = excess;
+          closest = c10::str(name, " with ", m, " micro-batches needs ", bytes_text(excess), " more than stage ", worst,
+                             "'s budget of ", bytes_text(budgets[worst]));
+        }
+        continue;
+      }
+      if (!best || plan->step_seconds() < best->step_seconds()) best = std::move(plan);
+    }
+  }
+  if (!best) throw std::invalid_argument("conveyor: no plan fits: closest: " + closest);
+  return *best;
+}
+
+std::string Plan::str() const {
+  std::ostringstream os;
+  const int64_t n = batch_size / std::max(1, schedule.num_microbatches);
+  os << "plan (balance: " << balance << "): " << predicted.size() << " stages, schedule " << schedule.name << ", "
+     << schedule.num_microbatches << " micro-batches of " << n << (batch_size % schedule.num_microbatches ? "+" : "")
+     << " samples\n";
+  for (size_t k = 0; k < predicted.size(); ++k) {
+    const StagePrediction& s = predicted[k];
+    os << "  stage " << k << " on " << stages.stages[k].device << ": layers [" << s.begin << ", " << s.end
+       << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
+    if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
+    os << "; busy " << ms(simulation.stage_busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
+       << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes)
+       << ", activations ~" << mib(s.activation_bytes) << ")\n";
+  }
+  os << "  predicted step " << ms(step_seconds()) << ", bubble " << percent(bubble_fraction()) << "\n";
+  if (bound) {
+    os << std::fixed << std::setprecision(2) << "  layer " << bound->layer << " alone bounds the speed: it takes "
+       << ms(bound->seconds) << " of the slowest stage's per micro-batch; no split can beat that, so the best "
+       << "speed-up any split can give over one device is " << bound->best_speedup() << "x (the model takes "
+       << ms(bound->model_seconds) << "): " << bound->name << "\n";
+  }
+  return os.str();
+}
+
+std::string Plan::versus(const StepResult& r) const {
+  std::ostringstream os;
+  const auto diff = [](double predicted, double measured) {
+    std::ostringstream d;
+    d << std::showpos << std::fixed << std::setprecision(1) << 100 * (predicted / measured - 1) << "%";
+    return d.str();
+  };
+  os << "predicted vs measured: step " << ms(step_seconds()) << " vs " << ms(r.wall_seconds) << " ("
+     << diff(step_seconds(), r.wall_seconds) << "), bubble " << percent(bubble_fraction()) << " vs "
+     << percent(r.bubble_fraction) << "\n";
+  for (size_t k = 0; k < predicted.size() && k < r.busy_seconds.size(); ++k) {
+    os << "  stage " << k << ": busy " << ms(simulation.stage_busy[k]) << " vs " << ms(r.busy_seconds[k]);
+    if (k < r.peak_stash_bytes.size()) {
+      os << "; peak stash " << predicted[k].stash_bytes << " vs " << r.peak_stash_bytes[k] << " bytes";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+void Plan::write_timeline(const std::string& path, const StepResult* measured) const {
+  std::vector<TimelineBlock> blocks = {
+      timeline_block(simulation, "predicted: " + ms(step_seconds()) + ", bubble " + percent(bubble_fraction()))};
+  if (measured) {
+    blocks.push_back(timeline_block(*measured, "measured: " + ms(measured->wall_seconds) + ", bubble " +
+                                                   percent(measured->bubble_fraction)));
+  }
+  conveyor::write_timeline(path, blocks);
+}
+
+}  // namespace conveyor

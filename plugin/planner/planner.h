@@ -1,0 +1,109 @@
+#pragma once
+// The planner: from a profile (plugin/planner/profile.h) to a plan: which layers each
+// stage runs, and what a step will cost under a schedule and a number of
+// micro-batches: per-stage time, the step's makespan and bubble (the
+// simulator, schedules/simulate.h), and per-stage peak memory (weights,
+// gradients, optimizer state, stashed weight versions, and the micro-batches
+// the schedule keeps in flight). A StepResult can be held against it and
+// drawn below it.
+//
+//   auto profile = std::make_shared<conveyor::ModelProfile>(conveyor::profile_model(model, x_mb, y_mb, loss));
+//   auto options = conveyor::PipelineOptions().workers(2).microbatches(4).balance(conveyor::Balance::kTime)
+//                      .profile(profile);
+//   conveyor::Plan plan = conveyor::make_plan(model, options, batch_size);
+//   std::cout << plan.str();
+//   conveyor::Pipeline pipe(model, options);
+//   auto r = pipe.train_step(x, y, loss);
+//   std::cout << plan.versus(r);
+//   plan.write_timeline("step.svg", &r);
+
+#include "plugin/options.h"
+#include "plugin/planner/balance_time.h"
+#include "plugin/planner/partition.h"
+#include "plugin/planner/profile.h"
+#include "plugin/step_result.h"
+#include "schedules/schedule.h"
+#include "schedules/simulate.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct StagePrediction {
+  int64_t begin = 0, end = 0;  // layers [begin, end)
+  // Per micro-batch of the step's mean size; the last stage's include the loss.
+  double forward_seconds = 0, backward_seconds = 0;
+  double transfer_seconds = 0;  // to the next stage (and the gradient back)
+  int peak_inflight = 0;        // micro-batches held at once
+  int64_t weight_bytes = 0;     // trainable weights and their gradients
+  int64_t optimizer_bytes = 0;  // PipelineOptions::optimizer_state_per_weight of the weights
+  int64_t weight_version_bytes = 0;  // stashed weight versions (schedules with weight stashing)
+  // The stage's inputs and outputs held for in-flight micro-batches, as
+  // StepResult::peak_stash_bytes counts them (exact).
+  int64_t stash_bytes = 0;
+  // An estimate of what autograd keeps inside the stage for them: the outputs
+  // of its inner layers (a layer's own saved tensors may be larger).
+  int64_t activation_bytes = 0;
+  int64_t peak_bytes() const {
+    return weight_bytes + optimizer_bytes + weight_version_bytes + stash_bytes + activation_bytes;
+  }
+};
+
+// When a single layer decides how fast any split can go.
+struct SpeedBound {
+  int64_t layer = 0;
+  std::string name;
+  double seconds = 0;        // its forward and backward per micro-batch (with the loss, if last)
+  double model_seconds = 0;  // the whole model's
+  // The most any number of stages can gain over one device: model / layer.
+  double best_speedup() const { return seconds > 0 ? model_seconds / seconds : 0.0; }
+};
+
+struct Plan {
+  StagePlan stages;
+  schedules::Schedule schedule;
+  int64_t batch_size = 0;  // samples per step
+  std::string balance;     // how the split was chosen ("time", "uniform", ...)
+  std::vector<StagePrediction> predicted;
+  schedules::Simulation simulation;  // the predicted step
+  // Set when the slowest stage is (almost) one layer alone.
+  std::optional<SpeedBound> bound;
+
+  double step_seconds() const { return simulation.makespan; }
+  double bubble_fraction() const { return simulation.bubble_fraction; }
+  // The plan: one line per stage, the predicted step, and the bound.
+  std::string str() const;
+  // Predicted against measured: step time, bubble, busy time and peak stash per stage.
+  std::string versus(const StepResult& measured) const;
+  // The predicted step drawn above `measured` (when given): SVG, or PNG for a ".png" path.
+  void write_timeline(const std::string& path, const StepResult* measured = nullptr) const;
+};
+
+// The predictions for a given split (any policy) under `schedule` with a batch of `batch_size` samples.
+Plan predict(const ModelProfile& profile, const StagePlan& stages, const schedules::Schedule& schedule,
+             int64_t batch_size, const PipelineOptions& options);
+
+// Splits the model as `options` say (plan_stages; Balance::kTime uses
+// options.profile()) and predicts. Throws std::invalid_argument without a
+// profile, or when the profile does not describe the model.
+Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size);
+
+// Of the given numbers of micro-batches and schedules, the plan with the
+// shortest predicted step whose every stage fits options.memory_budgets()
+// (no budgets: every plan fits). The profile's times are rescaled to each
+// micro-batch size. Throws std::invalid_argument naming the closest miss when
+// none fits.
+Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size,
+                 const std::vector<int>& microbatches, const std::vector<std::string>& schedules);
+
+// The costs Balance::kTime splits by: a stage's forward, backward and
+// transfers per micro-batch of the profile's size, its memory under the
+// options' schedule and micro-batch count.
+SplitCosts split_costs(const ModelProfile& profile, const PipelineOptions& options, int num_stages);
+
+}  // namespace conveyor

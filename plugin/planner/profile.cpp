@@ -1,0 +1,334 @@
+#include "plugin/planner/profile.h"
+
+#include "plugin/errors.h"
+#include "plugin/model/stage.h"
+#include "plugin/support/tensors.h"
+#include "plugin/support/timing.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace conveyor {
+
+double LinkProfile::seconds(int64_t bytes) const {
+  return latency_seconds + (bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second : 0.0);
+}
+
+namespace {
+
+
+double scaled(double at_batch, double fixed, int64_t batch, double n) {
+  return fixed + (at_batch - fixed) * n / static_cast<double>(batch);
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+template <typename Fn>
+double seconds_of(const c10::Device& device, Fn&& fn) {
+  synchronize(device);
+  const auto start = Clock::now();
+  fn();
+  synchronize(device);
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t floating_bytes(const Tensors& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.defined() && t.is_floating_point() ? tensor_bytes(t) : 0;
+  return total;
+}
+
+// The first n samples of every tensor along dim (a tensor without that dim goes whole).
+Tensors first_samples(const Tensors& batch, int64_t dim, int64_t n) {
+  Tensors out;
+  for (const auto& t : batch) out.push_back(t.defined() && t.dim() > dim ? t.narrow(dim, 0, n) : t);
+  return out;
+}
+
+Tensors on_device(const Tensors& tensors, const c10::Device& device) {
+  Tensors out;
+  for (const auto& t : tensors) out.push_back(t.defined() ? t.to(device) : t);
+  return out;
+}
+
+// Backward from every output that requires grad, with gradients of ones.
+void backward_from(const Tensors& outputs) {
+  std::vector<at::Tensor> roots, grads;
+  for (const auto& t : outputs) {
+    if (t.defined() && t.requires_grad()) {
+      roots.push_back(t);
+      grads.push_back(at::ones_like(t));
+    }
+  }
+  if (!roots.empty()) torch::autograd::backward(roots, grads);
+}
+
+struct Times {
+  double forward = 0, backward = 0;
+};
+
+// Median forward and backward time of `forward` after warm-up.
+Times measure(const ProfileOptions& o, const c10::Device& device, const std::function<Tensors()>& forward) {
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < o.warmup() + o.repeats(); ++r) {
+    Tensors y;
+    const double f = seconds_of(device, [&] { y = forward(); });
+    const double b = seconds_of(device, [&] { backward_from(y); });
+    if (r >= o.warmup()) fwd.push_back(f), bwd.push_back(b);
+  }
+  return {median(fwd), median(bwd)};
+}
+
+// Threads that keep the device busy with `work` while they live, as the
+// other stages of a shared device would.
+class CoRunners {
+ public:
+  CoRunners(int count, const std::function<void()>& work) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, work] {
+        torch::NoGradGuard no_grad;
+        while (!stop_.load()) work();
+      });
+    }
+  }
+  ~CoRunners() {
+    stop_.store(true);
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// What profiling changes and must put back: gradients, buffers, the random stream.
+class ModelState {
+ public:
+  explicit ModelState(const torch::nn::Sequential& model) : model_(model) {
+    for (const auto& p : model->parameters()) grads_.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+    for (const auto& b : model->buffers()) buffers_.push_back(b.clone());
+    rng_ = at::detail::getDefaultCPUGenerator().get_state();
+  }
+  ~ModelState() {
+    torch::NoGradGuard no_grad;
+    const auto params = model_->parameters();
+    for (size_t i = 0; i < params.size() && i < grads_.size(); ++i) {
+      params[i].mutable_grad() = grads_[i].defined() ? grads_[i].to(params[i].device()) : at::Tensor();
+    }
+    const auto buffers = model_->buffers();
+    for (size_t i = 0; i < buffers.size() && i < buffers_.size(); ++i) {
+      if (buffers[i].defined()) buffers[i].copy_(buffers_[i]);
+    }
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng_);
+  }
+
+ private:
+  torch::nn::Sequential model_;
+  std::vector<at::Tensor> grads_, buffers_;
+  at::Tensor rng_;
+};
+
+std::string layer_name(const std::string& index, const torch::nn::AnyModule& layer) {
+  std::ostringstream os;
+  os << index << " ";
+  layer.ptr()->pretty_print(os);
+  std::string name = os.str();
+  if (name.size() > 80) name = name.substr(0, 77) + "...";
+  return name;
+}
+
+// Every layer's time and bytes at one batch size; fills `profile` when `full`.
+std::vector<Times> profile_at(const std::vector<std::shared_ptr<Stage>>& layers, const Tensors& inputs,
+                              const Tensors& targets, const TensorsLossFn& loss_fn, const ProfileOptions& o,
+                              const c10::Device& device, ModelProfile* profile, Times& loss) {
+  std::vector<Times> times;
+  Tensors x = inputs;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Tensors in = (i == 0 ? x : as_input_leaves(x));
+    {
+      CoRunners others(o.sharing_stages() - 1, [&] { layers[i]->forward(in); });
+      times.push_back(measure(o, device, [&] { return layers[i]->forward(in); }));
+    }
+    {
+      torch::NoGradGuard no_grad;
+      x = layers[i]->forward(in);
+    }
+    if (profile) {
+      LayerProfile& l = profile->layers[i];
+      l.output_bytes = tensor_bytes(x);
+      l.output_grad_bytes = floating_bytes(x);
+    }
+  }
+  const Tensors out = as_input_leaves(x);
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < o.warmup() + o.repeats(); ++r) {
+    at::Tensor value;
+    const double f = seconds_of(device, [&] { value = loss_fn(out, targets); });
+    const double b = seconds_of(device, [&] { value.backward(); });
+    if (r >= o.warmup()) fwd.push_back(f), bwd.push_back(b);
+  }
+  loss = {median(fwd), median(bwd)};
+  return times;
+}
+
+}  // namespace
+
+double ModelProfile::forward_seconds(size_t i, double n) const {
+  return scaled(layers[i].forward_seconds, layers[i].forward_fixed, batch_size, n);
+}
+double ModelProfile::backward_seconds(size_t i, double n) const {
+  return scaled(layers[i].backward_seconds, layers[i].backward_fixed, batch_size, n);
+}
+double ModelProfile::loss_seconds(double n) const {
+  return (loss_forward_seconds + loss_backward_seconds) * n / static_cast<double>(batch_size);
+}
+
+std::string ModelProfile::str() const {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  os << "profile on " << device << ", " << batch_size << " samples per micro-batch; link: " << link.kind << ", "
+     << link.latency_seconds * 1e6 << " us";
+  if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
+  os << "\n  layer                                                          fwd ms   bwd ms   out KiB  weights KiB\n";
+  for (const LayerProfile& l : layers) {
+    os << "  " << std::left << std::setw(60) << l.name << std::right << std::setw(9) << l.forward_seconds * 1e3
+       << std::setw(9) << l.backward_seconds * 1e3 << std::setw(10) << l.output_bytes / 1024.0 << std::setw(13)
+       << l.parameter_bytes / 1024.0 << "\n";
+  }
+  os << "  " << std::left << std::setw(60) << "loss" << std::right << std::setw(9) << loss_forward_seconds * 1e3
+     << std::setw(9) << loss_backward_seconds * 1e3 << "\n";
+  return os.str();
+}
+
+ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
+                           const TensorsLossFn& loss_fn, const ProfileOptions& o) {
+  if (model->size() == 0) throw std::invalid_argument("conveyor: profile_model: the model has no layers");
+  check_argument(o.repeats() >= 1 && o.warmup() >= 0 && o.sharing_stages() >= 1,
+                 "conveyor: profile_model: repeats and sharing_stages must be positive and warmup non-negative, got ",
+                 o.repeats(), ", ", o.sharing_stages(), " and ", o.warmup());
+  int64_t batch = 0;
+  for (const auto& t : inputs) {
+    if (t.defined() && t.dim() > o.batch_dim()) {
+      batch = t.size(o.batch_dim());
+      break;
+    }
+  }
+  check_argument(batch >= 1, "conveyor: profile_model: no input has samples along dimension ", o.batch_dim());
+  const c10::Device device(o.device());
+  ModelState restore(model);
+  std::vector<std::shared_ptr<Stage>> layers;  // one single-layer stage each: the runtime's way of calling a layer
+  ModelProfile profile;
+  profile.device = device.str();
+  profile.batch_size = batch;
+  const auto children = model->named_children();
+  int64_t index = 0;
+  for (const auto& layer : *model) {
+    const auto& named = children[index];
+    layers.push_back(std::make_shared<Stage>(0, std::vector{std::pair{named.key(), layer}}, index, device));
+    LayerProfile l;
+    l.name = layer_name(named.key(), layer);
+    for (const auto& p : layer.ptr()->parameters()) l.parameter_bytes += p.requires_grad() ? tensor_bytes(p) : 0;
+    profile.layers.push_back(std::move(l));
+    ++index;
+  }
+  const Tensors in = on_device(inputs, device), tgt = on_device(targets, device);
+  profile.input_bytes = tensor_bytes(in);
+  Times loss;
+  const std::vector<Times> full = profile_at(layers, in, tgt, loss_fn, o, device, &profile, loss);
+  profile.loss_forward_seconds = loss.forward;
+  profile.loss_backward_seconds = loss.backward;
+  const int64_t half = batch / 2;
+  if (o.two_sizes() && half >= 1) {
+    Times half_loss;
+    const std::vector<Times> part = profile_at(layers, first_samples(in, o.batch_dim(), half),
+                                               first_samples(tgt, o.batch_dim(), half), loss_fn, o, device, nullptr,
+                                               half_loss);
+    // t(n) = fixed + slope * n through both sizes, the fixed part kept within [0, t(batch)].
+    const auto fixed = [&](double at_full, double at_half) {
+      const double slope = (at_full - at_half) / static_cast<double>(batch - half);
+      return std::clamp(at_full - slope * static_cast<double>(batch), 0.0, at_full);
+    };
+    for (size_t i = 0; i < full.size(); ++i) {
+      LayerProfile& l = profile.layers[i];
+      l.forward_fixed = fixed(full[i].forward, part[i].forward);
+      l.backward_fixed = fixed(full[i].backward, part[i].backward);
+    }
+  }
+  for (size_t i = 0; i < full.size(); ++i) {
+    profile.layers[i].forward_seconds = full[i].forward;
+    profile.layers[i].backward_seconds = full[i].backward;
+  }
+  const c10::Device next = o.next_device().empty() ? device : c10::Device(o.next_device());
+  profile.link = measure_link(device, next);
+  return profile;
+}
+
+LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
+  LinkProfile link;
+  if (from == to) {
+    // The in-process transport hands the tensors over without a copy: what
+    // costs is waking the receiving thread. Measured as half a round trip.
+    link.kind = "in-process handoff (same device, no copy)";
+    std::mutex mutex;
+    std::condition_variable cv;
+    int turn = 0;
+    constexpr int kRounds = 200;
+    std::thread peer([&] {
+      for (int r = 0; r < kRounds; ++r) {
+        std::unique_lock lock(mutex);
+        cv.wait(lock, [&] { return turn % 2 == 1; });
+        ++turn;
+        cv.notify_all();
+      }
+    });
+    const auto start = Clock::now();
+    for (int r = 0; r < kRounds; ++r) {
+      std::unique_lock lock(mutex);
+      ++turn;
+      cv.notify_all();
+      cv.wait(lock, [&] { return turn % 2 == 0; });
+    }
+    const double total = std::chrono::duration<double>(Clock::now() - start).count();
+    peer.join();
+    link.latency_seconds = total / (2.0 * kRounds);
+    return link;
+  }
+  link.kind = from.str() + " -> " + to.str() + " copy";
+  // (a copy's latency is the small copy's time; its bandwidth the large one's rate)
+  const auto copy_seconds = [&](int64_t bytes) {
+    const at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(from).dtype(at::kFloat));
+    std::vector<double> runs;
+    for (int r = 0; r < 7; ++r) {
+      runs.push_back(seconds_of(to, [&] {
+        synchronize(from);
+        const at::Tensor moved = t.to(to);
+        (void)moved;
+      }));
+    }
+    return median(runs);
+  };
+  constexpr int64_t kSmall = 4 << 10, kLarge = 64 << 20;
+  const double small = copy_seconds(kSmall), large = copy_seconds(kLarge);
+  link.latency_seconds = small;
+  link.bytes_per_second = large > small ? static_cast<double>(kLarge - kSmall) / (large - small) : 0.0;
+  return link;
+}
+
+}  // namespace conveyor

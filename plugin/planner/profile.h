@@ -1,0 +1,97 @@
+#pragma once
+// The profiler: what each layer of a model costs, measured on the device it
+// will run on, so a partition can balance time rather than layer counts and a
+// simulator can predict a step. Per layer: forward and backward time (median
+// of repeats after warm-up, at two batch sizes so that the part that does not
+// grow with the batch is known), output bytes, trainable weight bytes; for
+// the model: its inputs' bytes, the loss's time, and the link between stages.
+//
+//   auto profile = conveyor::profile_model(model, {microbatch_input}, {microbatch_target}, loss_fn);
+//   (profile_model, plugin/profile_model.h: these layers' costs and the runtime's own)
+//   std::cout << profile.str();
+//   conveyor::PipelineOptions().balance(conveyor::Balance::kTime).profile(
+//       std::make_shared<conveyor::ModelProfile>(profile));
+
+#include "plugin/types.h"
+
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+struct LayerProfile {
+  std::string name;  // "2 conveyor::FirstOutput<torch::nn::LSTM(...)>"
+  // At ModelProfile::batch_size samples, and the part of each that does not
+  // scale with the batch (launches, per-call work; 0 when measured at one size).
+  double forward_seconds = 0, backward_seconds = 0;
+  double forward_fixed = 0, backward_fixed = 0;
+  int64_t output_bytes = 0;       // every output tensor, at batch_size samples
+  int64_t output_grad_bytes = 0;  // the floating outputs, which get a gradient back
+  int64_t parameter_bytes = 0;    // trainable weights (a gradient and optimizer state each)
+};
+
+// The cost of moving a micro-batch's tensors from one stage to the next:
+// latency + bytes / bandwidth.
+struct LinkProfile {
+  std::string kind;               // "in-process handoff (same device)", "cpu -> cuda:1 copy"
+  double latency_seconds = 0;
+  double bytes_per_second = 0;    // 0: the bytes cost nothing (nothing is copied)
+  double seconds(int64_t bytes) const;
+};
+
+struct ModelProfile {
+  std::string device;
+  int64_t batch_size = 0;         // samples per profiled micro-batch (along batch_dim)
+  int64_t input_bytes = 0;        // the model's inputs at batch_size samples
+  double loss_forward_seconds = 0, loss_backward_seconds = 0;
+  // The runtime's own time per action (receive, stash, send, waking the next
+  // stage's thread), measured on a pipeline of layers that do nothing.
+  double action_overhead_seconds = 0;
+  std::vector<LayerProfile> layers;
+  LinkProfile link;
+
+  // Times and bytes scaled to a micro-batch of n samples.
+  double forward_seconds(size_t layer, double n) const;
+  double backward_seconds(size_t layer, double n) const;
+  double loss_seconds(double n) const;  // forward and backward of the loss
+  // A table: one line per layer.
+  std::string str() const;
+};
+
+struct ProfileOptions {
+  // Where to measure: the device the stages will run on ("cpu", "cuda:0").
+  TORCH_ARG(std::string, device) = "cpu";
+  TORCH_ARG(int, warmup) = 2;
+  TORCH_ARG(int, repeats) = 5;
+  // Also measure at half the batch, to separate fixed from per-sample cost.
+  TORCH_ARG(bool, two_sizes) = true;
+  // The dimension inputs and targets are batched along (PipelineOptions::batch_dim).
+  TORCH_ARG(int64_t, batch_dim) = 0;
+  // How many stages will share this device (threads on one CPU): each layer
+  // is measured while as many other threads run its forward, as the other
+  // stages will while this one works, so contention is in the profile.
+  TORCH_ARG(int, sharing_stages) = 1;
+  // profile_model: measure the runtime's cost per action (ModelProfile::action_overhead_seconds).
+  TORCH_ARG(bool, action_overhead) = true;
+  // Measure the link between these two devices too (empty: the same device,
+  // the in-process handoff).
+  TORCH_ARG(std::string, next_device) = "";
+};
+
+// Runs each layer of `model` on one micro-batch, forward and backward, as a
+// stage would: everything in a ModelProfile but the runtime's own cost per
+// action, which profile_model (plugin/profile_model.h) adds by running a
+// pipeline. Leaves the model as it found it (see profile_model).
+ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
+                            const TensorsLossFn& loss_fn, const ProfileOptions& options = {});
+
+// The link between two devices as the in-process transport uses it: a handoff
+// between threads for the same device, a copy otherwise.
+LinkProfile measure_link(const c10::Device& from, const c10::Device& to);
+
+}  // namespace conveyor

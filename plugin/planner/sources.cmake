@@ -1,0 +1,8 @@
+# The planner: profiles, partitions, time balancing and predicted steps. It
+# decides and never runs a step: it includes the model's pieces (model/),
+# support/, trace/ and the public types, never the runtime or pipeline.h.
+target_sources(conveyor PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/balance_time.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/profile.cpp)

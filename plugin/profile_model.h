@@ -1,0 +1,33 @@
+#pragma once
+// profile_model: what each layer of a model costs (the planner's profile,
+// plugin/planner/profile.h) and what the runtime itself costs per action,
+// measured by running a pipeline of layers that do nothing.
+//
+//   auto profile = conveyor::profile_model(model, microbatch_input, microbatch_target, loss_fn);
+//   std::cout << profile.str();
+
+#include "plugin/planner/profile.h"
+#include "plugin/types.h"
+
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/sequential.h>
+
+namespace conveyor {
+
+// Runs each layer of `model` on one micro-batch, forward and backward, as a
+// stage would (the layer's input a leaf that gets a gradient, except the
+// model's own inputs). Leaves the model as it found it: its gradients,
+// buffers (batch-norm statistics) and the global random generator's state are
+// restored; it is moved to options.device(). Throws std::invalid_argument for
+// an empty model or batch, and the layer's error, named, if one fails.
+ModelProfile profile_model(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
+                           const TensorsLossFn& loss_fn, const ProfileOptions& options = {});
+ModelProfile profile_model(const torch::nn::Sequential& model, const at::Tensor& input, const at::Tensor& target,
+                           const LossFn& loss_fn, const ProfileOptions& options = {});
+
+// The runtime's time per action on `device`: a two-stage GPipe step of layers
+// that do nothing, 8 micro-batches, the median of a few steps over the
+// 2 (M + K - 1) actions on its critical path.
+double measure_action_overhead(const c10::Device& device);
+
+}  // namespace conveyor

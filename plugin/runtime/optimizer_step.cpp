@@ -1,0 +1,49 @@
+// What decides whether weights change: the divergence guard's check of a
+// loss or of gradients, and a stage's optimizer step, the only place where
+// the runtime steps an optimizer (after each backward for schedules that
+// step per micro-batch, once after the step for synchronous ones).
+#include "ops/nonfinite/nonfinite.h"
+#include "plugin/errors.h"
+#include "plugin/runtime/runtime.h"
+#include "plugin/runtime/step_context.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+namespace conveyor {
+
+using schedules::Action;
+using schedules::ActionKind;
+
+void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
+  Stage& stage = *stages_[k];
+  auto& st = ctx.stages[k];
+  if (mb >= 0) {
+    // After micro-batch mb's backward: its gradients alone, checked first.
+    stage.collect_gradients();
+    if (options_.divergence_guard) {
+      check_finite(k, mb, "gradient", stage.gradients(), ctx, Action{k, ActionKind::kBackward, mb}.str());
+    }
+    TORCH_CHECK(stage.optimizer(), "schedule '", ctx.schedule.name, "' steps the optimizer after every micro-batch, ",
+                "but the pipeline has none (PipelineOptions::optimizer)");
+  }
+  stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);
+  ++st.updates;
+  if (mb >= 0) st.versions.after_update(st.updates, stage);
+}
+
+void Runtime::check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,
+                           const StepContext& ctx, const std::string& action) const {
+  if (tensors.empty()) return;
+  const int64_t bad = count_nonfinite(tensors).item<int64_t>();
+  if (bad == 0) return;
+  const int64_t step = completed_steps_ + 1;
+  const std::string& schedule = ctx.schedule.name;
+  const std::string where = action.empty() ? "" : c10::str(" in ", action, " (micro-batch ", mb, ")");
+  throw DivergenceError(step, schedule, k, mb, action,
+                        c10::str("conveyor: training diverged at step ", step, " of schedule '", schedule, "': stage ",
+                                 k, " has a non-finite ", what, " (", bad, " element", bad == 1 ? "" : "s", ")", where,
+                                 "; the weights of the last good step are kept"));
+}
+
+}  // namespace conveyor

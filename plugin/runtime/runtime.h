@@ -1,0 +1,139 @@
+#pragma once
+// Runtime: executes a Schedule over stages and a transport. It knows nothing of
+// which method produced the schedule: every worker thread walks its own action
+// list (the actions of the one stage it runs, or of several: virtual stages),
+// and does what the schedule declares around each action (stash the graph or
+// only the input, in device or host memory, read the live or a stashed weight
+// version, split a backward into input and weight gradients, step the stage's
+// optimizer after a backward, meet lock-step barriers).
+
+#include "plugin/runtime/activation_stash.h"
+#include "plugin/model/stage.h"
+#include "plugin/step_result.h"
+#include "plugin/types.h"
+#include "plugin/transport/transport.h"
+#include "plugin/runtime/workers.h"
+#include "schedules/schedule.h"
+
+#include <c10/core/Stream.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace conveyor {
+
+struct StepData {
+  std::vector<Tensors> inputs;        // per micro-batch, fed to stage 0
+  std::vector<Tensors> targets;       // per micro-batch, given to loss_fn on the last stage
+  std::vector<double> loss_scale;     // per micro-batch, multiplies its loss before its backward
+  std::vector<double> report_weight;  // per micro-batch, its share of the step's reported loss
+  const TensorsLossFn* loss_fn = nullptr;  // null: inference (no autograd, nothing stashed)
+};
+
+// One logical parameter held by several stages (tied weights): entry i is
+// (stage, index into that stage's live weights), stages ascending. After a
+// synchronous step's backwards every holder's gradient is the sum over the
+// holders (added in stage order), so identical copies stay identical.
+using TiedParameter = std::vector<std::pair<int, size_t>>;
+
+struct RuntimeOptions {
+  bool trace = true;
+  bool divergence_guard = true;
+  // Learning rate of a stage's n-th update; null leaves the optimizer's own.
+  std::function<double(int64_t)> learning_rate;
+  // placement[k]: the worker (thread) that runs stage k; the schedules run
+  // must place stages the same way. Empty: one worker per stage. A worker's
+  // stages share its device and stream.
+  std::vector<int> placement;
+};
+
+class Runtime {
+ public:
+  // `stages[k]` may be null for a stage that runs in another process (the
+  // transport reaches it); this process runs the others, one thread each.
+  Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, RuntimeOptions options,
+          std::vector<TiedParameter> ties = {});
+
+  // Gives every holder of a tied parameter the first holder's value (across
+  // processes through the transport): called once, when the pipeline is built.
+  void unify_tied_values();
+
+  // Runs `schedule` once. On inference, `outputs` (if given) receives the last
+  // stage's output per micro-batch. Throws PipelineError naming the stage,
+  // micro-batch and action of the first failure (DivergenceError for a
+  // non-finite loss or gradient); the other stages stop.
+  StepResult run(const schedules::Schedule& schedule, const StepData& data, std::vector<Tensors>* outputs = nullptr);
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  int worker_of(int k) const { return placement_.at(k); }
+  bool is_local(int k) const { return stages_.at(k) != nullptr; }
+  const Stage& stage(int k) const { return *stages_.at(k); }
+  Stage& stage(int k) { return *stages_.at(k); }
+  // Training steps completed (run() calls with a loss that succeeded).
+  int64_t completed_steps() const { return completed_steps_; }
+  void restore_completed_steps(int64_t steps) { completed_steps_ = steps; }
+
+ private:
+  // What one run() keeps while the workers run (step_context.h): the
+  // schedule and data of the step, and each stage's stash and counters.
+  struct StepContext;
+  // The step loop (runtime.cpp): worker w's line of the schedule.
+  void run_worker(int w, StepContext& ctx);
+  void run_action(const schedules::Action& action, StepContext& ctx);
+
+  // Forward and backward actions (actions.cpp).
+  void forward(int k, int mb, StepContext& ctx);
+  void backward(int k, int mb, StepContext& ctx);
+  // The last stage's loss of micro-batch mb (a scalar; checked).
+  at::Tensor loss_of(int mb, const Tensors& outputs, const StepData& data) const;
+  // An inputs-only stash entry's backward roots: its forward again, with grad
+  // (and every layer's outputs in the entry, for a split backward).
+  Tensors replay_forward(int k, int mb, StashEntry& entry, const StepData& data, bool keep_layer_outputs);
+  // The gradients stage k+1 sent for micro-batch mb, checked against `roots`.
+  Tensors receive_gradients(int k, int mb, const Tensors& roots, StepContext& ctx);
+  void send_input_gradients(int k, int mb, const Tensors& inputs, StepContext& ctx);
+
+  // A split backward (split_backward.cpp): I computes and sends the input
+  // gradients and keeps every layer's output gradients; W computes the
+  // weights' gradients from them, layer by layer.
+  void backward_input(int k, int mb, StepContext& ctx);
+  void backward_weight(int k, int mb, StepContext& ctx);
+
+  // Offloaded stashes (offload.cpp; schedules::Stash::kOffload): the entry's
+  // inputs to host memory after a forward, back ahead of the backward that
+  // needs them.
+  void offload(int k, StashEntry& entry);
+  void prefetch(int k, StashEntry& entry);
+  void bring_back(int k, StashEntry& entry);
+
+  // Tied parameters (tied_gradients.cpp; see TiedParameter): each local
+  // copy's gradient is taken out before a step (per tie, per entry), then
+  // every copy gets what it held plus the sum over the holders of the step's
+  // gradients; after a failure, what it held plus whatever the step added.
+  std::vector<Tensors> take_tied_gradients();
+  void sum_tied_gradients(const std::vector<Tensors>& before);
+  void add_back_tied_gradients(const std::vector<Tensors>& before);
+
+  // Updates (optimizer_step.cpp): the divergence guard's check, and stage
+  // k's optimizer step, after micro-batch mb's backward (schedules that step
+  // per micro-batch) or once after the step (mb = -1).
+  void check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors, const StepContext& ctx,
+                    const std::string& action) const;
+  void optimizer_step(int k, int mb, StepContext& ctx);
+
+  std::vector<std::shared_ptr<Stage>> stages_;
+  std::vector<TiedParameter> ties_;
+  std::vector<int> local_;  // indices of the stages this process runs
+  std::vector<int> placement_;  // stage -> worker
+  std::vector<int> local_workers_;  // the workers this process runs, one thread each
+  std::unique_ptr<Transport> transport_;
+  std::vector<std::optional<c10::Stream>> streams_;  // per stage (its worker's), on accelerators
+  std::vector<std::optional<c10::Stream>> side_streams_;  // per stage: offload copies
+  RuntimeOptions options_;
+  WorkerThreads workers_;
+  int64_t completed_steps_ = 0;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,21 @@
+# The runtime: executes a schedule over stages and a transport. One file per
+# responsibility: the step loop (runtime.cpp), forward and backward actions
+# (actions.cpp), the split backward (split_backward.cpp), offloading
+# (offload.cpp), tied-parameter gradients (tied_gradients.cpp), the optimizer
+# step and the divergence guard (optimizer_step.cpp), and the bookkeeping
+# classes (activation stash, weight versions, workers, timer, rollback). It includes
+# the model's pieces (model/), support/, transport/ and the public types, and
+# never the planner, a front end (script/), distributed/, checkpoint/ or
+# pipeline.h.
+target_sources(conveyor PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/action_timer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/activation_stash.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/actions.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/offload.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/optimizer_step.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/split_backward.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/step_rollback.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tied_gradients.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/weight_versions.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/workers.cpp)

@@ -1,0 +1,184 @@
+#include "plugin/trace/timeline.h"
+
+#include "plugin/support/atomic_file.h"
+#include "plugin/trace/png.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+constexpr int kWidth = 1000, kLeft = 100, kRight = 20, kRow = 26, kGap = 4, kTitle = 24, kAxis = 30;
+constexpr Rgb kBackground{255, 255, 255}, kIdle{232, 232, 232}, kForward{76, 120, 168}, kBackward{245, 133, 24},
+    kInk{40, 40, 40}, kOnBar{255, 255, 255};
+
+double end_of(const TimelineBlock& b) {
+  double end = 0;
+  for (const auto& row : b.rows) {
+    for (const auto& bar : row) end = std::max(end, bar.end);
+  }
+  return end;
+}
+
+// A round tick spacing giving about `count` ticks over `span` seconds.
+double tick_step(double span, int count) {
+  const double raw = span / count;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * power >= raw) return m * power;
+  }
+  return 10 * power;
+}
+
+std::string milliseconds(double seconds) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(seconds < 0.01 ? 1 : 0) << seconds * 1e3 << " ms";
+  return os.str();
+}
+
+std::string hex(const Rgb& c) {
+  std::ostringstream os;
+  os << "#" << std::hex << std::setfill('0') << std::setw(2) << int(c.r) << std::setw(2) << int(c.g) << std::setw(2)
+     << int(c.b);
+  return os.str();
+}
+
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+TimelineBlock timeline_block(const schedules::Simulation& sim, const std::string& title) {
+  TimelineBlock block{title, {}};
+  for (const auto& stage : sim.timeline) {
+    block.rows.emplace_back();
+    for (const auto& t : stage) block.rows.back().push_back({t.action, t.start, t.end});
+  }
+  return block;
+}
+
+TimelineBlock timeline_block(const StepResult& step, const std::string& title) {
+  bool any = false;
+  for (const auto& row : step.trace) any = any || !row.empty();
+  if (!any) {
+    throw std::invalid_argument("conveyor: the step has no trace to draw: build the pipeline with "
+                                "PipelineOptions().trace(true) (the default)");
+  }
+  TimelineBlock block{title, {}};
+  for (const auto& stage : step.trace) {
+    block.rows.emplace_back();
+    for (const auto& e : stage) block.rows.back().push_back({e.action, e.start_us * 1e-6, e.end_us * 1e-6});
+  }
+  return block;
+}
+
+Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
+  if (blocks.empty()) throw std::invalid_argument("conveyor: a timeline needs at least one step to draw");
+  double span = 0;
+  for (const auto& b : blocks) span = std::max(span, end_of(b));
+  if (span <= 0) span = 1e-3;
+  const double px_per_second = (kWidth - kLeft - kRight) / span;
+  const auto x_of = [&](double t) { return kLeft + static_cast<int>(std::lround(t * px_per_second)); };
+  Scene scene;
+  scene.width = kWidth;
+  int y = 8;
+  for (const auto& b : blocks) {
+    scene.texts.push_back({8, y + 4, b.title, kInk, false});
+    y += kTitle;
+    for (size_t k = 0; k < b.rows.size(); ++k) {
+      scene.texts.push_back({8, y + (kRow - kGlyphHeight) / 2, "stage " + std::to_string(k), kInk, false});
+      scene.rects.push_back({kLeft, y, x_of(span) - kLeft, kRow, kIdle});
+      for (const auto& bar : b.rows[k]) {
+        const int x0 = x_of(bar.start), x1 = std::max(x_of(bar.end), x0 + 1);
+        const bool fwd = bar.action.kind == schedules::ActionKind::kForward;
+        scene.rects.push_back({x0, y, x1 - x0, kRow, fwd ? kForward : kBackward});
+        const std::string label = std::to_string(bar.action.microbatch);
+        if (x1 - x0 >= static_cast<int>(label.size()) * kGlyphWidth + 4) {
+          scene.texts.push_back({(x0 + x1) / 2, y + (kRow - kGlyphHeight) / 2, label, kOnBar, true});
+        }
+      }
+      y += kRow + kGap;
+    }
+    y += kGap * 2;
+  }
+  // The time axis, and a legend.
+  scene.rects.push_back({kLeft, y, x_of(span) - kLeft, 1, kInk});
+  const double step = tick_step(span, 6);
+  for (double t = 0; t <= span * 1.0001; t += step) {
+    scene.rects.push_back({x_of(t), y, 1, 5, kInk});
+    scene.texts.push_back({x_of(t), y + 8, milliseconds(t), kInk, true});
+  }
+  y += kAxis - 4;
+  scene.rects.push_back({kLeft, y + 2, 12, 12, kForward});
+  scene.texts.push_back({kLeft + 18, y + 1, "forward", kInk, false});
+  scene.rects.push_back({kLeft + 130, y + 2, 12, 12, kBackward});
+  scene.texts.push_back({kLeft + 148, y + 1, "backward (n: micro-batch)", kInk, false});
+  scene.rects.push_back({kLeft + 470, y + 2, 12, 12, kIdle});
+  scene.texts.push_back({kLeft + 488, y + 1, "idle", kInk, false});
+  scene.height = y + kGlyphHeight + 8;
+  return scene;
+}
+
+std::string timeline_svg(const std::vector<TimelineBlock>& blocks) {
+  const Scene scene = timeline_scene(blocks);
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << scene.width << "\" height=\"" << scene.height
+     << "\" viewBox=\"0 0 " << scene.width << " " << scene.height << "\">\n";
+  os << "<rect width=\"100%\" height=\"100%\" fill=\"" << hex(kBackground) << "\"/>\n";
+  for (const auto& r : scene.rects) {
+    os << "<rect x=\"" << r.x << "\" y=\"" << r.y << "\" width=\"" << r.w << "\" height=\"" << r.h << "\" fill=\""
+       << hex(r.color) << "\"/>\n";
+  }
+  for (const auto& t : scene.texts) {
+    os << "<text x=\"" << t.x << "\" y=\"" << t.y + kGlyphHeight - 2 << "\" fill=\"" << hex(t.color)
+       << "\" font-family=\"monospace\" font-size=\"15\"" << (t.centred ? " text-anchor=\"middle\"" : "") << ">"
+       << escaped(t.text) << "</text>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+std::vector<uint8_t> timeline_png(const std::vector<TimelineBlock>& blocks) {
+  const Scene scene = timeline_scene(blocks);
+  Raster raster(scene.width, scene.height, kBackground);
+  for (const auto& r : scene.rects) raster.fill(r.x, r.y, r.w, r.h, r.color);
+  for (const auto& t : scene.texts) {
+    const int w = static_cast<int>(t.text.size()) * kGlyphWidth;
+    raster.text(t.centred ? t.x - w / 2 : t.x, t.y, t.text, t.color);
+  }
+  return raster.png();
+}
+
+void write_timeline(const std::string& path, const std::vector<TimelineBlock>& blocks) {
+  const bool png = path.size() >= 4 && path.compare(path.size() - 4, 4, ".png") == 0;
+  if (png) {
+    const std::vector<uint8_t> bytes = timeline_png(blocks);
+    write_atomically(path, [&](std::ostream& out) {
+      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    });
+  } else {
+    const std::string svg = timeline_svg(blocks);
+    write_atomically(path, [&](std::ostream& out) { out << svg; });
+  }
+}
+
+void StepResult::write_timeline(const std::string& path) const {
+  conveyor::write_timeline(path, {timeline_block(*this, "measured: " + milliseconds(wall_seconds) + ", bubble " +
+                                                            std::to_string(static_cast<int>(std::lround(
+                                                                100 * bubble_fraction))) + "%")});
+}
+
+}  // namespace conveyor

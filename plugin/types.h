@@ -1,0 +1,27 @@
+#pragma once
+// The types the public headers share: what crosses a stage boundary, the loss
+// functions a step takes, and the runs of layers a partition keeps together.
+
+#include "ops/adapters.h"  // Tensors: a list of tensors, a slot each
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace conveyor {
+
+// Returns the loss of one micro-batch: a scalar (see LossReduction).
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+// The same for a model of several outputs or targets: the last stage's
+// outputs and the micro-batch's targets.
+using TensorsLossFn = std::function<at::Tensor(const Tensors& outputs, const Tensors& targets)>;
+
+// Layers first..last (inclusive) form one unit no boundary may cut (a residual
+// block, an encoder layer).
+struct AtomicGroup {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,400 @@
+// Multi-process pipelines over c10d (Gloo, loopback). The test binary starts
+// copies of itself as the ranks of a job (see rank_launcher.h); each rank runs
+// a role of distributed_roles.h and writes what it computed, and the tests
+// compare that with the single-process runtime or plain single-process training.
+
+#include "distributed_roles.h"
+#include "distributed_tensor_roles.h"
+#include "error_of.h"
+#include "plugin/distributed/link_cost.h"
+#include "rank_launcher.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace conveyor::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr double kTolerance = 1e-10;
+
+std::string scratch(const std::string& name) {
+  return (fs::temp_directory_path() / ("conveyor-dist-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+// ---------------------------------------------------------------------------
+// References and comparisons.
+
+TensorMap merged(const std::string& out, const std::string& what, int world) {
+  TensorMap all;
+  for (int r = 0; r < world; ++r) {
+    for (auto& [name, t] : read_tensors(out + "/" + what + "-rank" + std::to_string(r) + ".pt")) all[name] = t;
+  }
+  return all;
+}
+
+void expect_equal(const TensorMap& got, const TensorMap& want, const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (const auto& [name, w] : want) {
+    const auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << where << ": no " << name;
+    ASSERT_TRUE(it->second.defined() && w.defined()) << where << ": " << name << " undefined";
+    const double diff = (it->second - w).abs().max().item<double>();
+    EXPECT_LE(diff, kTolerance) << where << ": " << name << " differs by " << diff;
+  }
+}
+
+TensorMap in_process_grads(const std::string& schedule, int stages) {
+  Pipeline pipe(seeded_mlp(), synchronous_case(schedule).workers(stages));
+  const Data d = global_batch(0);
+  const StepResult r = pipe.train_step(d.x, d.y, mse);
+  TensorMap grads = grads_of(pipe.named_parameters());
+  grads["loss"] = at::full({1}, r.loss, at::kDouble);
+  return grads;
+}
+
+TensorMap in_process_pipedream(int stages) {
+  Pipeline pipe(
+      seeded_mlp(),
+      PipelineOptions().workers(stages).microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()));
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    pipe.train_step(s.x, s.y, mse);
+  }
+  return values_of(pipe.named_parameters());
+}
+
+// Plain training on the global batch: what data parallelism must reproduce.
+TensorMap single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
+  auto model = seeded_mlp();
+  torch::optim::SGD sgd(model->parameters(), lr);
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    sgd.zero_grad();
+    const at::Tensor loss = mse(model->forward(s.x), s.y);
+    loss.backward();
+    sgd.step();
+    if (losses) losses->push_back(loss.item<double>());
+  }
+  return values_of(model);
+}
+
+std::string logs(const std::vector<RankExit>& exits) {
+  std::ostringstream os;
+  for (size_t r = 0; r < exits.size(); ++r)
+    os << "--- rank " << r << " (exit " << exits[r].code << ")\n" << exits[r].log;
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------
+// The tests. Each suite launches its ranks once.
+
+class Job : public ::testing::Test {
+ protected:
+  static void expect_success(const std::vector<RankExit>& exits) {
+    for (const auto& e : exits) ASSERT_EQ(e.code, 0) << logs(exits);
+  }
+};
+
+class TwoRanks : public Job {
+ protected:
+  static void SetUpTestSuite() {
+    out_ = scratch("two");
+    exits_ = launch("two", 2, out_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(out_); }
+  static inline std::string out_;
+  static inline std::vector<RankExit> exits_;
+};
+
+TEST_F(TwoRanks, EveryRankSucceeds) { expect_success(exits_); }
+
+TEST_F(TwoRanks, SynchronousGradientsEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  for (const std::string& schedule : synchronous_cases()) {
+    expect_equal(merged(out_, schedule, 2), in_process_grads(schedule, 2), schedule + " K=2");
+  }
+}
+
+// Two chunks per process: stages 0 and 2 on rank 0, 1 and 3 on rank 1.
+TEST_F(TwoRanks, InterleavedSchedulesWithTwoChunksPerProcessEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  for (const std::string& schedule : virtual_stage_cases()) {
+    const TensorMap got = merged(out_, schedule, 2);
+    EXPECT_EQ(got.size(), 9u) << schedule;  // 4 linear layers' weights and biases, and the loss
+    expect_equal(got, in_process_grads(schedule, 2), schedule + " K=2 v=2");
+  }
+}
+
+TEST_F(TwoRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  expect_equal(merged(out_, "pipedream", 2), in_process_pipedream(2), "pipedream K=2");
+}
+
+TEST_F(TwoRanks, EachRankCheckpointsItsStageAndResumesExactly) {
+  expect_success(exits_);
+  for (int r = 0; r < 2; ++r) {
+    const std::string rank = "-rank" + std::to_string(r) + ".pt";
+    const TensorMap next = read_tensors(out_ + "/pipedream-next" + rank);
+    const TensorMap resumed = read_tensors(out_ + "/pipedream-resumed" + rank);
+    ASSERT_FALSE(next.empty()) << "rank " << r;
+    ASSERT_EQ(next.size(), resumed.size()) << "rank " << r;
+    for (const auto& [name, t] : next) {
+      ASSERT_EQ(resumed.count(name), 1u) << "rank " << r << ": " << name;
+      EXPECT_TRUE(torch::equal(t, resumed.at(name))) << "rank " << r << ": " << name;
+    }
+    std::ifstream in(out_ + "/pipedream-ckpt" + rank, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto stages = torch::pickle_load(bytes).toGenericDict().at("stages").toList();
+    EXPECT_TRUE(stages.get(r).toGenericDict().at("local").toBool()) << "rank " << r;
+    EXPECT_FALSE(stages.get(1 - r).toGenericDict().at("local").toBool()) << "rank " << r;
+  }
+}
+
+TEST_F(TwoRanks, AllReduceDataParallelEqualsSingleProcessTraining) {
+  expect_success(exits_);
+  const TensorMap want = single_process_sgd(0.1);
+  for (int r = 0; r < 2; ++r) {
+    expect_equal(read_tensors(out_ + "/ddp-rank" + std::to_string(r) + ".pt"), want, "ddp rank " + std::to_string(r));
+  }
+}
+
+TEST_F(TwoRanks, AnActivationOfAnotherShapeThanDeclaredNamesBothStages) {
+  expect_success(exits_);
+  std::ifstream in(out_ + "/mismatch-rank1.txt");
+  const std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(message, HasSubstr("stage 1 failed in 1F0"));
+  EXPECT_THAT(message, HasSubstr("the activation of micro-batch 0 from rank 0 (stage 0) does not match what stage 1 "
+                                 "expects: it is [4, 16] Double, but the declared shape is [-1, 7]"));
+}
+
+TEST_F(TwoRanks, SeveralTensorsCrossProcessesAsInProcess) {
+  expect_success(exits_);
+  const Data d = global_batch(0);
+  Pipeline two(seeded_two_input(), PipelineOptions().workers(2).microbatches(kMicrobatches));
+  two.train_step(two_input_batch(), Tensors{d.y}, mse_of_first);
+  expect_equal(merged(out_, "two-input", 2), grads_of(two.named_parameters()), "two inputs K=2");
+
+  // Micro-batches of lengths 3, 7, 2, 5 in one step, no shape declared.
+  Pipeline bucketed(seeded_lstm_lm(), PipelineOptions().workers(2).microbatches(kMicrobatches));
+  const auto [inputs, targets] = bucketed_batches();
+  bucketed.train_microbatches(inputs, targets, lm_loss_of_first);
+  expect_equal(merged(out_, "bucketed", 2), grads_of(bucketed.named_parameters()), "bucketed K=2");
+}
+
+// One message per micro-batch and boundary: the payload rides with its header
+// while the whole fits 1 MiB, and follows on a tag of its own otherwise. Each
+// rank sends kMicrobatches messages a step (activations one way, gradients the
+// other) and the gradients stay those of the in-process runtime.
+TEST_F(TwoRanks, EachMicrobatchCrossesABoundaryAsOneMessageUnlessItIsLarge) {
+  expect_success(exits_);
+  const Data d = global_batch(0);
+  for (const int64_t width : {16, 70000}) {
+    const std::string what = "wide" + std::to_string(width);
+    const int per_message = width == 16 ? 1 : 2;
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in(out_ + "/" + what + "-rank" + std::to_string(r) + ".txt");
+      int64_t messages = -1, wire = -1;
+      in >> messages >> wire;
+      EXPECT_EQ(messages, kMicrobatches) << what << " rank " << r;
+      EXPECT_EQ(wire, per_message * kMicrobatches) << what << " rank " << r;
+    }
+    Pipeline pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches));
+    pipe.train_step(d.x, d.y, mse);
+    expect_equal(merged(out_, what, 2), grads_of(pipe.named_parameters()), what);
+  }
+}
+
+TEST_F(TwoRanks, TiedWeightsInTwoProcessesStayBitIdenticalAndMatchInProcess) {
+  expect_success(exits_);
+  const TensorMap got = merged(out_, "tied", 2);
+  ASSERT_TRUE(got.count("0.weight") && got.count("2.weight"));
+  EXPECT_TRUE(torch::equal(got.at("0.weight"), got.at("2.weight"))) << "the copies drifted apart";
+  auto sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
+  };
+  Pipeline pipe(seeded_tied_lm(), tied_lm_options().workers(2).optimizer(sgd));
+  for (int step = 0; step < kTiedSteps; ++step) {
+    const auto [x, y] = tied_lm_batch(step);
+    pipe.train_step(x, y, lm_loss);
+  }
+  expect_equal(got, values_of(pipe.named_parameters()), "tied LM K=2 after 5 steps");
+  EXPECT_FALSE(torch::equal(got.at("0.weight"), values_of(seeded_tied_lm()).at("0.weight"))) << "it did not train";
+}
+
+class FourRanks : public Job {
+ protected:
+  static void SetUpTestSuite() {
+    out_ = scratch("four");
+    exits_ = launch("four", 4, out_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(out_); }
+  static inline std::string out_;
+  static inline std::vector<RankExit> exits_;
+};
+
+TEST_F(FourRanks, EveryRankSucceeds) { expect_success(exits_); }
+
+TEST_F(FourRanks, SynchronousGradientsEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  for (const std::string& schedule : synchronous_cases()) {
+    expect_equal(merged(out_, schedule, 4), in_process_grads(schedule, 4), schedule + " K=4");
+  }
+}
+
+TEST_F(FourRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  expect_equal(merged(out_, "pipedream", 4), in_process_pipedream(4), "pipedream K=4");
+}
+
+TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
+  expect_success(exits_);
+  std::vector<double> losses;
+  const TensorMap want = single_process_sgd(0.1, &losses);
+  for (int replica = 0; replica < 2; ++replica) {
+    TensorMap got;
+    for (int stage = 0; stage < 2; ++stage) {
+      for (auto& [name, t] : read_tensors(out_ + "/hybrid-rank" + std::to_string(replica * 2 + stage) + ".pt")) {
+        got[name] = t;
+      }
+    }
+    expect_equal(got, want, "hybrid replica " + std::to_string(replica));
+  }
+  // The logging rank holds the whole model after gather_model(), and the
+  // global losses.
+  TensorMap gathered = read_tensors(out_ + "/hybrid-gathered.pt");
+  const at::Tensor got_losses = gathered["losses"];
+  gathered.erase("losses");
+  expect_equal(gathered, want, "gathered on rank 0");
+  ASSERT_EQ(got_losses.numel(), kSteps);
+  for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(got_losses[step].item<double>(), losses[step], kTolerance);
+}
+
+TEST_F(FourRanks, HybridPipeDreamOnTheSameDataEqualsOnePipeline) {
+  expect_success(exits_);
+  const TensorMap want = in_process_pipedream(2);
+  for (int replica = 0; replica < 2; ++replica) {
+    TensorMap got;
+    for (int stage = 0; stage < 2; ++stage) {
+      const std::string file = out_ + "/hybrid-pipedream-rank" + std::to_string(replica * 2 + stage) + ".pt";
+      for (auto& [name, t] : read_tensors(file)) got[name] = t;
+    }
+    expect_equal(got, want, "hybrid pipedream replica " + std::to_string(replica));
+  }
+}
+
+// A rank that dies mid-step: the others stop within the timeout, naming it.
+TEST(DistributedFaults, ADeadPeerStopsEveryOtherRankWithinTheTimeout) {
+  const std::string out = scratch("dead");
+  const auto exits = launch(
+      "faulty", 3, out,
+      {{"CONVEYOR_TEST_TRIP", "exit:3"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "5000"}});
+  fs::remove_all(out);
+  ASSERT_EQ(exits[1].code, 9) << logs(exits);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(exits[r].code, 1) << logs(exits);
+    EXPECT_LT(exits[r].seconds - exits[1].seconds, 5.0 + 1.0) << logs(exits);
+    EXPECT_THAT(exits[r].log, HasSubstr("conveyor: stage " + std::to_string(r) + " failed in " + std::to_string(r)))
+        << logs(exits);
+    EXPECT_THAT(exits[r].log, HasSubstr("from rank 1 (stage 1)")) << logs(exits);
+  }
+  // Stage 1 died in its third forward (1F2): stage 2 never got that activation.
+  EXPECT_THAT(exits[2].log, HasSubstr("waiting for the activation of micro-batch")) << logs(exits);
+  EXPECT_THAT(exits[0].log, HasSubstr("waiting for the gradient of micro-batch")) << logs(exits);
+}
+
+// A rank that stalls: its neighbour gives up after the timeout, not later.
+TEST(DistributedFaults, AStalledPeerTimesOut) {
+  const std::string out = scratch("stall");
+  const auto exits = launch(
+      "faulty", 3, out,
+      {{"CONVEYOR_TEST_TRIP", "stall:2"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "1000"}});
+  fs::remove_all(out);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(exits[r].code, 1) << logs(exits);
+  // Stage 1 sleeps 4 s in its second forward (1F1); stage 0 waits for the
+  // gradient of micro-batch 0, which 1B0 sends only after 1F1.
+  EXPECT_THAT(exits[0].log, HasSubstr("conveyor: stage 0 failed in 0B0 (backward of micro-batch 0): rank 0 (stage 0): "
+                                      "timed out after 1000 ms waiting for the gradient of micro-batch 0 from rank 1 "
+                                      "(stage 1)"))
+      << logs(exits);
+  EXPECT_LT(exits[0].seconds, exits[1].seconds - 1.5) << logs(exits);
+}
+
+// ---------------------------------------------------------------------------
+// In one process.
+
+TEST(DataParallelBaseline, LibTorchDataParallelOnTheCpuEqualsPlainTraining) {
+  auto model = seeded_mlp();
+  torch::optim::SGD sgd(model->parameters(), 0.1);
+  std::vector<double> losses, want_losses;
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    losses.push_back(data_parallel_step(model, sgd, s.x, s.y, mse, {torch::kCPU}));
+  }
+  expect_equal(values_of(model), single_process_sgd(0.1, &want_losses), "data_parallel on cpu");
+  for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(losses[step], want_losses[step], kTolerance);
+}
+
+// The planner's link for a multi-process pipeline is measured: a header and a
+// payload per transfer between two Gloo ranks on this machine.
+TEST(DistributedHelpers, TheC10dLinkIsMeasured) {
+  const LinkProfile link = measure_c10d_link(8 << 20, 3);
+  EXPECT_THAT(link.kind, HasSubstr("c10d Gloo"));
+  EXPECT_GT(link.latency_seconds, 0);
+  EXPECT_LT(link.latency_seconds, 1.0);
+  // On a busy machine the wake-ups can hide the bytes' cost (0: not measurable).
+  EXPECT_GE(link.bytes_per_second, 0);
+  EXPECT_GE(link.seconds(64 << 20), link.seconds(1 << 10));
+  EXPECT_THAT(testing::error_of([] { measure_c10d_link(16, 1); }), HasSubstr("at least 1 KiB"));
+}
+
+TEST(DistributedHelpers, ShardGivesEachReplicaItsSliceAndRejectsUnevenBatches) {
+  const at::Tensor batch = torch::arange(12).reshape({6, 2});
+  EXPECT_TRUE(shard(batch, 1, 3).equal(batch.narrow(0, 2, 2)));
+  EXPECT_TRUE(shard(batch, 0, 2, 1).equal(batch.narrow(1, 0, 1)));
+  EXPECT_THAT([&] { shard(batch, 0, 4); },
+              ::testing::ThrowsMessage<c10::Error>(
+                  HasSubstr("a global batch of 6 samples (dimension 0 of shape [6, 2]) does not split "
+                            "evenly among 4 replicas")));
+  EXPECT_THAT([&] { shard(batch, 0, 2, 2); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("no dimension 2")));
+}
+
+TEST(DistributedHelpers, LayoutPutsAReplicasStagesOnConsecutiveRanks) {
+  const HybridLayout layout = HybridLayout::for_world(6, 3);
+  EXPECT_EQ(layout.replicas, 2);
+  EXPECT_EQ(layout.pipeline_ranks(1), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(layout.replica_ranks(2), (std::vector<int>{2, 5}));
+  EXPECT_EQ(layout.worker_of(4), 1);
+  EXPECT_EQ(layout.replica_of(4), 1);
+  EXPECT_THAT([] { HybridLayout::for_world(6, 4); }, ::testing::ThrowsMessage<std::invalid_argument>(
+                                                         HasSubstr("the number of workers must divide WORLD_SIZE")));
+}
+
+TEST(DistributedHelpers, WriteAtomicallyLeavesTheOldFileWhenWritingFails) {
+  const std::string dir = scratch("save");
+  fs::create_directories(dir);
+  const std::string path = dir + "/model.pt";
+  write_atomically(path, [](std::ostream& out) { out << "first"; });
+  EXPECT_THROW(write_atomically(path,
+                                [](std::ostream& out) {
+                                  out << "half of the second";
+                                  throw std::runtime_error("disk full");
+                                }),
+               std::runtime_error);
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), "first");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);  // no temporary left
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+int main(int argc, char** argv) {
+  if (const char* role = std::getenv("CONVEYOR_TEST_ROLE")) return conveyor::testing::run_worker(role);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

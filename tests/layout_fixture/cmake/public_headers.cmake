@@ -1,0 +1,1 @@
+set(CONVEYOR_PUBLIC_HEADERS plugin/public_pulls_runtime.h)

@@ -1,0 +1,28 @@
+// A pipelined language model whose LSTMs were swapped for the fused op keeps
+// the unsplit, unswapped model's gradients under every synchronous schedule.
+#include "ops/swap.h"
+#include "test_models.h"
+
+namespace conveyor {
+namespace {
+
+TEST(FusedLstmPipeline, SwappedModelKeepsExactGradients) {
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (int k = 2; k <= 4; ++k) {
+      torch::manual_seed(20 + k);
+      auto model = testing::make_lstm_lm();
+      auto reference = testing::clone_of(model);
+      const SwapReport report = swap_fused_ops(model.ptr());
+      ASSERT_EQ(report.swapped.size(), 2u) << report.to_string();
+      const at::Tensor x = torch::randint(testing::kVocab, {6, 5}), y = torch::randint(testing::kVocab, {6, 5});
+      testing::lm_loss(reference->forward(x), y).backward();
+      Pipeline pipe(model, PipelineOptions().workers(k).microbatches(3).schedule(schedule));
+      const StepResult r = pipe.train_step(x, y, testing::lm_loss);
+      testing::expect_same_grads(pipe, reference, 1e-10, 0, std::string(schedule) + " K=" + std::to_string(k));
+      EXPECT_NEAR(r.loss, testing::lm_loss(reference->forward(x), y).item<double>(), 1e-12);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace conveyor

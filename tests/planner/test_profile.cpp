@@ -1,0 +1,260 @@
+// The profiler, the planner's predictions against the runtime's counts, and
+// the timeline pictures.
+#include "error_of.h"
+#include "test_models.h"
+
+#include "plugin/planner/planner.h"
+#include "plugin/trace/png.h"
+#include "plugin/planner/profile.h"
+#include "plugin/trace/timeline.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::error_of;
+
+ProfileOptions quick() { return ProfileOptions().warmup(0).repeats(1); }
+
+TEST(Profile, MeasuresEveryLayerAndLeavesTheModelAsItWas) {
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
+  const auto before = torch::get_default_dtype();
+  torch::manual_seed(3);
+  const at::Tensor expected_draw = torch::rand({4});
+  torch::manual_seed(3);
+  const ModelProfile p = profile_model(mlp, x, y, testing::mse, quick());
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected_draw)) << "the random stream moved";
+  for (const auto& param : mlp->parameters()) EXPECT_FALSE(param.grad().defined());
+  EXPECT_EQ(torch::get_default_dtype(), before);
+
+  ASSERT_EQ(p.layers.size(), 7u);
+  EXPECT_EQ(p.batch_size, 6);
+  EXPECT_EQ(p.input_bytes, 6 * 8 * 8);
+  const int64_t widths[] = {16, 16, 16, 16, 8, 8, 3};
+  for (size_t i = 0; i < 7; ++i) {
+    EXPECT_EQ(p.layers[i].output_bytes, 6 * widths[i] * 8) << i;
+    EXPECT_EQ(p.layers[i].output_grad_bytes, p.layers[i].output_bytes) << i;
+    EXPECT_GT(p.layers[i].forward_seconds, 0.0) << i;
+    EXPECT_GE(p.layers[i].forward_fixed, 0.0) << i;
+    EXPECT_LE(p.layers[i].forward_fixed, p.layers[i].forward_seconds) << i;
+  }
+  EXPECT_EQ(p.layers[0].parameter_bytes, (8 * 16 + 16) * 8);
+  EXPECT_EQ(p.layers[1].parameter_bytes, 0);
+  EXPECT_THAT(p.layers[0].name, HasSubstr("torch::nn::Linear"));
+  EXPECT_THAT(p.link.kind, HasSubstr("in-process handoff"));
+  EXPECT_GT(p.action_overhead_seconds, 0.0);
+  EXPECT_THAT(p.str(), HasSubstr("loss"));
+}
+
+TEST(Profile, RejectsWhatItCannotMeasure) {
+  EXPECT_THAT(error_of([] {
+                profile_model(torch::nn::Sequential(), torch::ones({2, 2}), torch::ones({2, 2}), testing::mse);
+              }),
+              HasSubstr("the model has no layers"));
+  EXPECT_THAT(error_of([] {
+                profile_model(testing::make_mlp(), torch::ones({4, 8}, torch::kFloat64),
+                              torch::ones({4, 3}, torch::kFloat64), testing::mse,
+                              ProfileOptions().batch_dim(2));
+              }),
+              HasSubstr("no input has samples along dimension 2"));
+  EXPECT_THAT(error_of([] {
+                profile_model(testing::make_mlp(), torch::ones({4, 8}, torch::kFloat64),
+                              torch::ones({4, 3}, torch::kFloat64), testing::mse, ProfileOptions().sharing_stages(0));
+              }),
+              HasSubstr("repeats and sharing_stages must be positive"));
+  EXPECT_THAT(error_of([] {
+                profile_model(testing::make_mlp(), torch::ones({4, 5}, torch::kFloat64),
+                              torch::ones({4, 3}, torch::kFloat64), testing::mse, quick());
+              }),
+              HasSubstr("layer 0"));
+}
+
+std::vector<Tensors> lm_batch(int64_t n) {
+  return {{torch::randint(testing::kVocab, {n, 5})}, {torch::randint(testing::kVocab, {n, 5})}};
+}
+
+// Memory is deterministic: for every schedule, the predicted peak of stashed
+// bytes and micro-batches in flight equal what the runtime reports, with
+// uneven micro-batches (10 samples in 4: 3, 3, 2, 2), on 2 and 3 stages.
+TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
+  const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return testing::lm_loss(out[0], t[0]); };
+  const auto sample = lm_batch(3);
+  for (int stages : {2, 3}) {
+    for (const std::string& schedule : schedules::schedule_names()) {
+      if (schedules::is_interleaved(schedule) && stages != 2) continue;  // 2 chunks each: 4 layers, M = 4
+      torch::manual_seed(5);
+      auto model = testing::make_lstm_lm();
+      auto profile = std::make_shared<ModelProfile>(profile_model(model, sample[0], sample[1], loss, quick()));
+      auto options = PipelineOptions().workers(stages).microbatches(4).schedule(schedule).balance(Balance::kTime)
+                         .profile(profile);
+      if (!schedules::make_schedule(schedule, stages, 4).synchronous()) {
+        options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
+      }
+      const Plan plan = make_plan(model, options, 10);
+      Pipeline pipe(model, options);
+      const auto batch = lm_batch(10);
+      const StepResult r = pipe.train_step(batch[0], batch[1], loss);
+      const std::string where = schedule + " K=" + std::to_string(stages);
+      ASSERT_EQ(plan.stages.str(), pipe.plan().str()) << where;
+      for (int k = 0; k < pipe.num_stages(); ++k) {  // every piece, with chunks
+        EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << where << " stage " << k;
+        EXPECT_GT(plan.predicted[k].stash_bytes, 0) << where << " stage " << k;
+        EXPECT_EQ(plan.predicted[k].peak_inflight, r.peak_inflight[k]) << where << " stage " << k;
+      }
+      EXPECT_THAT(plan.versus(r), HasSubstr("predicted vs measured"));
+    }
+  }
+}
+
+// Layers of several tensors: an integer mask rides along, gets no gradient,
+// and the prediction still counts the stash exactly.
+TEST(Predict, SeveralTensorLayersAreProfiledAndCountedToo) {
+  const auto masked = [](Tensors t) { return Tensors{t[0] * t[1], t[1]}; };
+  torch::nn::Sequential model(OnSlot(0, torch::nn::Linear(8, 8)), TensorsFunction(masked, "mask", 2),
+                              OnSlot(0, torch::nn::ReLU()), OnSlot(0, torch::nn::Linear(8, 8)),
+                              TensorsFunction([](Tensors t) { return Tensors{t[0]}; }, "drop the mask"),
+                              torch::nn::Linear(8, 3));
+  const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return torch::mse_loss(out[0], t[0]); };
+  const auto batch = [](int64_t n) {
+    return std::vector<Tensors>{{torch::randn({n, 8}), torch::randint(2, {n, 8})}, {torch::randn({n, 3})}};
+  };
+  const auto sample = batch(2);
+  auto profile = std::make_shared<ModelProfile>(profile_model(model, sample[0], sample[1], loss, quick()));
+  EXPECT_EQ(profile->layers[1].output_bytes, 2 * 8 * 4 + 2 * 8 * 8);  // float32 values and int64 mask
+  EXPECT_EQ(profile->layers[1].output_grad_bytes, 2 * 8 * 4);         // only the values get a gradient
+  for (const char* schedule : {"1f1b", "fr"}) {
+    auto options = PipelineOptions().workers(3).microbatches(3).schedule(schedule).balance(Balance::kTime)
+                       .profile(profile);
+    if (std::string(schedule) == "fr") {
+      options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
+    }
+    const Plan plan = make_plan(model, options, 7);
+    Pipeline pipe(model, options);
+    const auto b = batch(7);
+    const StepResult r = pipe.train_step(b[0], b[1], loss);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << schedule << k;
+  }
+}
+
+TEST(Predict, ChoosesAPlanWithinTheBudgetOrSaysWhatMisses) {
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
+  auto profile = std::make_shared<ModelProfile>(profile_model(mlp, x, y, testing::mse, quick()));
+  // A fixed split, so that memory alone decides (times vary from run to run).
+  auto options = PipelineOptions().boundaries({3}).profile(profile);
+  // 32 samples: 1F1B with 8 micro-batches holds 2 x 4 samples on stage 0;
+  // every other candidate holds more (GPipe all 32, fewer micro-batches
+  // bigger ones), so a budget of exactly its peak leaves it alone.
+  const Plan f1b8 = make_plan(mlp, PipelineOptions(options).schedule("1f1b").microbatches(8), 32);
+  int64_t budget = 0;
+  for (const auto& s : f1b8.predicted) budget = std::max(budget, s.peak_bytes());
+  options.memory_budgets({budget});
+  const Plan chosen = choose_plan(mlp, options, 32, {2, 4, 8}, {"gpipe", "1f1b"});
+  EXPECT_EQ(chosen.schedule.name, "1f1b");
+  EXPECT_EQ(chosen.schedule.num_microbatches, 8);
+  for (const auto& s : chosen.predicted) EXPECT_LE(s.peak_bytes(), budget);
+  options.memory_budgets({100});
+  EXPECT_THAT(error_of([&] { choose_plan(mlp, options, 32, {2, 4}, {"gpipe"}); }),
+              HasSubstr("no plan fits: closest: gpipe with 2 micro-batches needs"));
+  EXPECT_THAT(error_of([&] { make_plan(mlp, PipelineOptions().workers(2), 32); }),
+              HasSubstr("needs the model's profile"));
+}
+
+// Reads a PNG back with Python's zlib (an independent inflate): checks every
+// chunk's CRC and prints the colour of pixel (x, y).
+std::string python_pixel(const std::string& path, int x, int y) {
+  const std::string script = path + ".py";
+  std::ofstream(script) << R"(import sys, struct, zlib
+data = open(sys.argv[1], 'rb').read()
+assert data[:8] == b'\x89PNG\r\n\x1a\n'
+pos, chunks = 8, {}
+while pos < len(data):
+    n, kind = struct.unpack('>I4s', data[pos:pos + 8])
+    body = data[pos + 8:pos + 8 + n]
+    assert struct.unpack('>I', data[pos + 8 + n:pos + 12 + n])[0] == zlib.crc32(kind + body), kind
+    chunks[kind] = chunks.get(kind, b'') + body
+    pos += 12 + n
+w, h, depth, ctype = struct.unpack('>IIBB', chunks[b'IHDR'][:10])
+raw = zlib.decompress(chunks[b'IDAT'])
+assert len(raw) == h * (w + 1) and depth == 8 and ctype == 3
+rows, prev = [], bytes(w)
+for r in range(h):
+    f, line = raw[r * (w + 1)], bytearray(raw[r * (w + 1) + 1:(r + 1) * (w + 1)])
+    assert f == 2
+    for i in range(w):
+        line[i] = (line[i] + prev[i]) % 256
+    rows.append(bytes(line)); prev = line
+x, y = int(sys.argv[2]), int(sys.argv[3])
+p = chunks[b'PLTE'][3 * rows[y][x]:3 * rows[y][x] + 3]
+print('%d %d %d %dx%d' % (p[0], p[1], p[2], w, h))
+)";
+  const std::string command =
+      "python3 " + script + " " + path + " " + std::to_string(x) + " " + std::to_string(y) + " 2>&1";
+  std::string out;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buffer[256];
+    while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
+    pclose(pipe);
+  }
+  return out;
+}
+
+TEST(Timeline, SvgAndPngShowEveryActionOfPredictedAndMeasuredSteps) {
+  const auto s = schedules::make_1f1b(2, 3);
+  const schedules::Simulation sim = simulate(s, schedules::StageCosts::uniform(2, 0.010, 0.020));
+  StepResult measured;
+  measured.wall_seconds = 0.2;
+  for (const auto& row : sim.timeline) {
+    measured.trace.emplace_back();
+    for (const auto& t : row) measured.trace.back().push_back({t.action, t.start * 2e6, t.end * 2e6});
+  }
+  const std::vector<TimelineBlock> blocks = {timeline_block(sim, "predicted"), timeline_block(measured, "measured")};
+  const std::string svg = timeline_svg(blocks);
+  EXPECT_THAT(svg, HasSubstr("<svg"));
+  EXPECT_THAT(svg, HasSubstr(">predicted</text>"));
+  EXPECT_THAT(svg, HasSubstr(">measured</text>"));
+  size_t forwards = 0, backwards = 0;
+  for (size_t at = 0; (at = svg.find("fill=\"#4c78a8\"", at)) != std::string::npos; ++at) ++forwards;
+  for (size_t at = 0; (at = svg.find("fill=\"#f58518\"", at)) != std::string::npos; ++at) ++backwards;
+  EXPECT_EQ(forwards, 2u * 2 * 3 + 1);  // two blocks x 2 stages x 3 micro-batches, and the legend
+  EXPECT_EQ(backwards, 2u * 2 * 3 + 1);
+
+  const Scene scene = timeline_scene(blocks);
+  const SceneRect* bar = nullptr;  // the first backward bar drawn
+  for (const auto& r : scene.rects) {
+    if (r.color == Rgb{245, 133, 24}) {
+      bar = &r;
+      break;
+    }
+  }
+  ASSERT_NE(bar, nullptr);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("conveyor_timeline_test_" + std::to_string(::getpid()) + ".png"))
+                               .string();
+  write_timeline(path, blocks);
+  const std::string got = python_pixel(path, bar->x + 1, bar->y + 1);
+  EXPECT_EQ(got, "245 133 24 " + std::to_string(scene.width) + "x" + std::to_string(scene.height) + "\n");
+  EXPECT_EQ(python_pixel(path, 0, 0), "255 255 255 " + std::to_string(scene.width) + "x" +
+                                          std::to_string(scene.height) + "\n");
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".py");
+  EXPECT_THAT(error_of([] { StepResult().write_timeline("x.svg"); }), HasSubstr("no trace to draw"));
+}
+
+TEST(Timeline, DeflateRunsRoundTripThroughZlibsChecksums) {
+  // A known vector: CRC-32 of "123456789" is 0xCBF43926.
+  const std::string digits = "123456789";
+  EXPECT_EQ(crc32(reinterpret_cast<const uint8_t*>(digits.data()), digits.size()), 0xCBF43926u);
+  const std::vector<uint8_t> stream = zlib_runs(std::vector<uint8_t>(1000, 7));
+  EXPECT_LT(stream.size(), 40u);  // runs compress
+  EXPECT_EQ(stream[0], 0x78);
+}
+
+}  // namespace
+}  // namespace conveyor
