@@ -145,15 +145,16 @@ void check_declarations(const Schedule& s) {
     fail("weight stashing is declared but the optimizer steps once per batch: there are no versions to stash");
   }
   if (!s.barriers.empty()) {
-    if (static_cast<int>(s.barriers.size()) != s.num_workers()) fail("barriers are given for some stages only");
+    if (static_cast<int>(s.barriers.size()) != s.num_workers()) fail("barriers are given for some workers only");
     for (int k = 0; k < s.num_workers(); ++k) {
       if (s.barriers[k].size() != s.barriers[0].size()) {
-        fail("stage " + std::to_string(k) + " has " + std::to_string(s.barriers[k].size()) + " barriers, stage 0 has " +
-             std::to_string(s.barriers[0].size()) + ": every stage must meet every barrier");
+        fail("worker " + std::to_string(k) + " has " + std::to_string(s.barriers[k].size()) +
+             " barriers, worker 0 has " + std::to_string(s.barriers[0].size()) +
+             ": every worker must meet every barrier");
       }
       for (size_t i = 0; i < s.barriers[k].size(); ++i) {
         if (s.barriers[k][i] > s.workers[k].size() || (i > 0 && s.barriers[k][i] < s.barriers[k][i - 1])) {
-          fail("stage " + std::to_string(k) + "'s barrier " + std::to_string(i) + " is out of order");
+          fail("worker " + std::to_string(k) + "'s barrier " + std::to_string(i) + " is out of order");
         }
       }
     }

@@ -237,7 +237,7 @@ ProcessGroups::~ProcessGroups() {
 }
 
 std::string ProcessGroups::describe(int rank) const {
-  return c10::str("rank ", rank, " (replica ", layout_.replica_of(rank), ", stage ", layout_.worker_of(rank), ")");
+  return c10::str("rank ", rank, " (replica ", layout_.replica_of(rank), ", worker ", layout_.worker_of(rank), ")");
 }
 
 void ProcessGroups::barrier() {

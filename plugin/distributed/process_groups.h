@@ -111,7 +111,7 @@ class ProcessGroups {
   int worker() const { return layout_.worker_of(rank_); }
   const HybridLayout& layout() const { return layout_; }
   const Options& options() const { return options_; }
-  // "rank 3 (replica 1, stage 1)"
+  // "rank 3 (replica 1, worker 1)"
   std::string describe(int rank) const;
 
   const c10::intrusive_ptr<c10d::Backend>& world() const { return world_; }
@@ -146,7 +146,7 @@ std::string ranks_text(const std::vector<int>& ranks);
 // Each names this rank and `what` in its error and marks the groups failed.
 // `group` is one of `groups`' (world, pipeline or replicas).
 
-// Waits for `work`; on failure or timeout throws "rank R (replica d, stage k):
+// Waits for `work`; on failure or timeout throws "rank R (replica d, worker k):
 // timed out after T ms <what>" (or "failed after ...").
 void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
 

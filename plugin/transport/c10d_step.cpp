@@ -59,7 +59,7 @@ C10dTransport::Counts C10dTransport::counts() const {
 void C10dTransport::barrier(int worker, int index) {
   State& s = *state_;
   s.check_usable();
-  s.group_barrier("enter", c10::str("lock-step barrier ", index, " of the pipeline (stage ", worker, ")"));
+  s.group_barrier("enter", c10::str("lock-step barrier ", index, " of the pipeline (worker ", worker, ")"));
 }
 
 void C10dTransport::abort() {

@@ -87,8 +87,8 @@ class InProcessTransport final : public Transport {
         barrier_changed_.wait_until(lock, deadline(), [&] { return aborted_ || arrived_[index] == everyone; });
     if (aborted_) throw AbortedError("aborted because another stage failed");
     if (!met) {
-      throw TimeoutError(c10::str("stage ", worker, " timed out after ", timeout_.count(), " ms at lock-step barrier ",
-                                  index, ": ", everyone - arrived_[index], " stage(s) never arrived"));
+      throw TimeoutError(c10::str("worker ", worker, " timed out after ", timeout_.count(), " ms at lock-step barrier ",
+                                  index, ": ", everyone - arrived_[index], " worker(s) never arrived"));
     }
   }
 

@@ -71,7 +71,7 @@ TEST(AsyncSchedules, ValidatorChecksDeclarationsAndBarriers) {
   EXPECT_ERROR(validate(s), "weight stashing is declared but the optimizer steps once per batch");
   s = make_ddg(2, 3);
   s.barriers[1].pop_back();
-  EXPECT_ERROR(validate(s), "stage 1 has 2 barriers, stage 0 has 3: every stage must meet every barrier");
+  EXPECT_ERROR(validate(s), "worker 1 has 2 barriers, worker 0 has 3: every worker must meet every barrier");
   // A barrier that separates a forward from the activation it waits for deadlocks.
   EXPECT_ERROR(validate(Schedule::parse("| 0F0 0B0\n1F0 | 1B0\n")),
                "stage 1 blocks at 1F0 waiting for the activation of micro-batch 0 from stage 0");
