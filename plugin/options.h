@@ -10,6 +10,7 @@
 #include "plugin/types.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,19 @@ using LearningRateSchedule = std::function<double(int64_t update)>;
 enum class UpdateUnit {
   kBatch,       // train_step calls: synchronous schedules update once per batch
   kMicrobatch,  // micro-batches: asynchronous schedules update after each one, on each stage
+};
+
+// Dynamic loss scaling, with the semantics of torch.amp.GradScaler: each
+// micro-batch's loss is multiplied by the scale before its backward; an
+// update whose gradients hold an inf or NaN is skipped and the scale
+// multiplied by backoff_factor; after growth_interval clean updates in a row
+// it is multiplied by growth_factor. Clean gradients are divided by the scale
+// before they are clipped and stepped.
+struct LossScaling {
+  TORCH_ARG(double, init_scale) = 65536.0;
+  TORCH_ARG(double, growth_factor) = 2.0;
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  TORCH_ARG(int64_t, growth_interval) = 2000;
 };
 
 struct PipelineOptions {
@@ -167,6 +182,46 @@ struct PipelineOptions {
   // bit for bit and checkpoints restore every stage's streams. Forwards of
   // different stages then take turns (see plugin/model/stage_random.h).
   TORCH_ARG(bool, stage_rng) = false;
+
+  // --- training options (see README, "Training options") -------------------
+  // Mixed precision: every stage's forward (and the loss) runs under autocast
+  // to this dtype on the stage's device, at::kBFloat16 or at::kHalf, as
+  // torch.autocast would run the unsplit model; weights, gradients and
+  // optimizer state stay in their own dtype (fp32). An activation crosses a
+  // boundary in the dtype its stage produced (a Linear's bf16 output: half
+  // the bytes of fp32), and the receiving stage takes it as it is: autocast
+  // casts it per op (to bf16 for a matmul, to fp32 for a softmax or a norm),
+  // and its gradient travels back in the same dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, autocast) = std::nullopt;
+  // Dynamic loss scaling (fp16 needs it; see LossScaling). One verdict per
+  // update: on a synchronous schedule an inf or NaN in any gradient of any
+  // stage, process or replica skips the step on all of them; an asynchronous
+  // schedule keeps its scale for the whole train_step, skips (per stage) each
+  // update whose gradients are not finite, the update still counting as one
+  // (an update by zero: the weight version advances to an identical copy, so
+  // weight stashing and vertical sync keep their arithmetic), and backs the
+  // scale off after a step in which any update was skipped. Needs the
+  // pipeline's own optimizer. With a scaler on, non-finite gradients (and
+  // losses) are the scaler's verdict, not the divergence guard's error.
+  TORCH_ARG(std::optional<LossScaling>, loss_scaling) = std::nullopt;
+  // Clipping by global norm, > 0 to clip: before the pipeline's own
+  // optimizers step, every gradient is multiplied by
+  // min(1, max_norm / (total_norm + 1e-6)), as torch::nn::utils::clip_grad_norm_
+  // would on the unsplit model. Synchronous schedules: the norm over every
+  // parameter of the model, across stages, processes and replicas, each tied
+  // parameter once. Asynchronous schedules clip each stage's update by that
+  // stage's own norm (the other stages' gradients of the same micro-batch do
+  // not exist yet when it must step). Callers that own their optimizer call
+  // Pipeline::clip_grad_norm instead. Needs the pipeline's own optimizer.
+  TORCH_ARG(double, clip_grad_norm) = 0;
+  // The norm clipping uses: 2 (Euclidean), any p > 0, or infinity (the largest |g|).
+  TORCH_ARG(double, clip_norm_type) = 2.0;
+  // Gradient accumulation for the pipeline's own optimizer (synchronous
+  // schedules): train_step accumulates, and every n-th one steps (and clears
+  // the gradients). Each step's loss is weighted 1/n (LossReduction::kMean),
+  // so n steps on equal batches update as one step on their concatenation.
+  // A failed step drops what the window had accumulated.
+  TORCH_ARG(int, accumulate_steps) = 1;
 
  public:
   // Renamed: the count of threads or processes is workers(); a stage is a

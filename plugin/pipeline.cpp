@@ -15,6 +15,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace conveyor {
@@ -46,6 +47,41 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
   }
 }
 
+// Mixed precision, loss scaling, clipping and accumulation must fit the
+// schedule and who owns the optimizer.
+void check_training_options(const PipelineOptions& options, const schedules::Schedule& schedule) {
+  const std::string name = "'" + schedule.name + "'";
+  if (const auto dtype = options.autocast()) {
+    check_argument(*dtype == at::kBFloat16 || *dtype == at::kHalf, "conveyor: autocast runs the forward in ",
+                   "at::kBFloat16 or at::kHalf; ", c10::toString(*dtype), " is not a mixed-precision dtype");
+  }
+  if (options.loss_scaling()) {
+    check_argument(options.optimizer() != nullptr, "conveyor: loss scaling needs the pipeline's own optimizer ",
+                   "(PipelineOptions::optimizer): a step whose gradients overflow must skip the optimizer step, ",
+                   "which the pipeline can do only for an optimizer it steps");
+  }
+  if (options.clip_grad_norm() != 0) {
+    check_argument(options.clip_grad_norm() > 0 && std::isfinite(options.clip_grad_norm()),
+                   "conveyor: clip_grad_norm must be a positive finite norm (0: no clipping), got ",
+                   options.clip_grad_norm());
+    check_argument(options.optimizer() != nullptr, "conveyor: clip_grad_norm clips before the pipeline's own ",
+                   "optimizer steps, and the pipeline has none: with your own optimizer, call ",
+                   "Pipeline::clip_grad_norm(max_norm) between train_step and your optimizer's step");
+  }
+  check_argument(options.clip_norm_type() > 0 && !std::isnan(options.clip_norm_type()),
+                 "conveyor: clip_norm_type must be positive (2, any p > 0, or infinity), got ",
+                 options.clip_norm_type());
+  check_argument(options.accumulate_steps() >= 1, "conveyor: accumulate_steps must be >= 1, got ",
+                 options.accumulate_steps());
+  if (options.accumulate_steps() > 1) {
+    check_argument(schedule.synchronous(), "conveyor: schedule ", name, " updates the weights after every ",
+                   "micro-batch, so it cannot accumulate over train_steps; accumulate_steps needs a synchronous ",
+                   "schedule");
+    check_argument(options.optimizer() != nullptr, "conveyor: accumulate_steps accumulates for the pipeline's own ",
+                   "optimizer (PipelineOptions::optimizer); with your own, call train_step n times and step once");
+  }
+}
+
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
@@ -54,8 +90,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 }
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
-                   std::unique_ptr<Transport> transport)
+                   std::unique_ptr<Transport> transport, GradientReducer reduce_replicas)
     : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
+  reduce_replicas_ = std::move(reduce_replicas);
   const schedules::Schedule& schedule = schedule_;
   check_argument(local_worker >= 0 && local_worker < schedule.num_workers(), "conveyor: local worker ", local_worker,
                  " is not a worker of this ", schedule.num_workers(), "-worker pipeline");
@@ -71,6 +108,7 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int loc
 void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
   const int num_stages = static_cast<int>(plan_.stages.size());
   check_optimizer_options(options_, schedule_);
+  check_training_options(options_, schedule_);
   if (options_.timeout().count() <= 0) throw std::invalid_argument("conveyor: timeout must be positive");
 
   std::vector<std::pair<std::string, torch::nn::AnyModule>> named;
@@ -107,9 +145,18 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   }
   RuntimeOptions runtime_options;
   runtime_options.trace = options_.trace();
-  runtime_options.divergence_guard = options_.divergence_guard();
+  // With a loss scaler, an inf or NaN is its verdict (a skipped update), not an error.
+  runtime_options.divergence_guard = options_.divergence_guard() && !options_.loss_scaling();
   runtime_options.learning_rate = options_.lr_schedule();
   runtime_options.placement = schedule_.placement;
+  runtime_options.autocast = options_.autocast();
+  if (const auto& scaling = options_.loss_scaling()) {
+    runtime_options.loss_scaler = LossScalerConfig{scaling->init_scale(), scaling->growth_factor(),
+                                                   scaling->backoff_factor(), scaling->growth_interval()};
+  }
+  runtime_options.max_norm = options_.clip_grad_norm();
+  runtime_options.norm_type = options_.clip_norm_type();
+  runtime_options.reduce_gradients = reduce_replicas_;
   std::vector<TiedParameter> ties;
   for (const TiedNames& names : tied) {
     TiedParameter tie;
@@ -216,13 +263,44 @@ StepResult Pipeline::train(StepData& data, const std::vector<int64_t>& samples, 
   const bool mean = options_.loss_reduction() == LossReduction::kMean;
   int64_t n = 0;
   for (int64_t s : samples) n += s;
+  // Accumulating over n steps, each step's mean counts 1/n; a loss scaler
+  // multiplies every micro-batch's loss by its scale.
+  const int window = options_.accumulate_steps();
+  const double accumulate = mean ? 1.0 / window : 1.0;
+  const LossScaler* scaler = runtime_->loss_scaler();
+  const double scale = scaler ? scaler->scale() : 1.0;
   for (int64_t s : samples) {
     const double share = mean ? static_cast<double>(s) / static_cast<double>(n) : 1.0;
     data.report_weight.push_back(share);
-    data.loss_scale.push_back(schedule_.synchronous() ? share : 1.0);
+    data.loss_scale.push_back((schedule_.synchronous() ? share * accumulate : 1.0) * scale);
   }
   data.loss_fn = &loss_fn;
-  return runtime_->run(schedule_, data);
+  data.update = accumulated_ + 1 >= window;
+  StepResult result;
+  try {
+    result = runtime_->run(schedule_, data);
+  } catch (...) {
+    accumulated_ = 0;  // the failed step's gradients, and the window's, are dropped
+    throw;
+  }
+  accumulated_ = data.update ? 0 : accumulated_ + 1;
+  return result;
+}
+
+double Pipeline::clip_grad_norm(double max_norm, double norm_type) {
+  return runtime_->clip_grad_norm(max_norm, norm_type);
+}
+
+std::optional<LossScalerState> Pipeline::loss_scaler_state() const {
+  const LossScaler* scaler = runtime_->loss_scaler();
+  if (!scaler) return std::nullopt;
+  return scaler->state();
+}
+
+void Pipeline::restore_loss_scaler(const LossScalerState& state) {
+  LossScaler* scaler = runtime_->loss_scaler();
+  if (!scaler) throw std::invalid_argument("conveyor: this pipeline has no loss scaler (PipelineOptions::loss_scaling)");
+  scaler->restore(state);
 }
 
 at::Tensor Pipeline::forward(const at::Tensor& input) {

@@ -40,6 +40,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,8 +66,10 @@ class Pipeline {
   // `transport`. Only those layers are moved and trained; parameters() are
   // their weights; train_step's loss is NaN and forward() undefined unless
   // the worker runs the last stage.
+  // `reduce_replicas` (if given) reduces a stage's gradients across
+  // data-parallel replicas before each update of the pipeline's optimizer.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
-           std::unique_ptr<Transport> transport);
+           std::unique_ptr<Transport> transport, GradientReducer reduce_replicas = nullptr);
   ~Pipeline();
   Pipeline(Pipeline&&) noexcept;
   Pipeline& operator=(Pipeline&&) noexcept;
@@ -93,6 +96,20 @@ class Pipeline {
   // The same for several inputs or outputs; each output is the micro-batches'
   // outputs concatenated along batch_dim().
   Tensors forward(const Tensors& inputs);
+
+  // Clips the gradients by their global norm, as
+  // torch::nn::utils::clip_grad_norm_(parameters(), max_norm, norm_type) on
+  // the unsplit model: the norm over every parameter (each tied parameter
+  // once), across stages and processes; every gradient is multiplied by
+  // min(1, max_norm / (norm + 1e-6)). For a caller that owns its optimizer,
+  // between train_step and its step; collective over the pipeline's
+  // processes. Returns the norm before clipping.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // The loss scaler's scale and growth tracker (PipelineOptions::loss_scaling);
+  // none without one. Checkpoints save and restore it.
+  std::optional<LossScalerState> loss_scaler_state() const;
+  void restore_loss_scaler(const LossScalerState& state);
 
   // The live weights, stage by stage.
   std::vector<at::Tensor> parameters() const;
@@ -132,6 +149,8 @@ class Pipeline {
   std::vector<std::vector<std::string>> tied_names_;
   schedules::Schedule schedule_;  // built and validated once, by plan_stages (before plan_ is set)
   StagePlan plan_;
+  GradientReducer reduce_replicas_;
+  int accumulated_ = 0;  // train_steps accumulated since the last update (accumulate_steps)
   std::unique_ptr<Runtime> runtime_;
 };
 

@@ -4,6 +4,7 @@
 #include "schedules/action.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,32 @@ struct StepResult {
   std::vector<int> peak_stashed_inputs;
   // Per stage: the most distinct stashed weight versions alive at once.
   std::vector<int> peak_weight_versions;
-  // Per stage: optimizer steps the pipeline took during this step.
+  // Per stage: optimizer steps the pipeline took during this step (a skipped
+  // update, below, counts: it is an update by zero).
   std::vector<int> updates;
+  // Whether the pipeline's own optimizers stepped at the end of this step
+  // (synchronous schedules): false on a step that accumulates
+  // (PipelineOptions::accumulate_steps), that a loss scaler skipped, or when
+  // the caller owns the optimizer.
+  bool stepped = false;
+  // Updates skipped because their gradients held an inf or NaN (loss
+  // scaling): 1 for a skipped synchronous step; for an asynchronous schedule
+  // the updates of this process's stages that were skipped.
+  int skipped_updates = 0;
+  // The loss scale this step's losses were multiplied by (1 without loss
+  // scaling); the scaler's next scale is Pipeline::loss_scaler_state().
+  double loss_scale = 1.0;
+  // The gradients' total norm before clipping (PipelineOptions::clip_grad_norm):
+  // over every parameter of the model, across stages, processes and replicas,
+  // each tied parameter once; for an asynchronous schedule, which clips each
+  // stage's update by that stage's norm, the largest such norm of the step.
+  // NaN when nothing was clipped this step.
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  // Per stage: bytes of the activations it sent to the next stage and of the
+  // input gradients it sent to the previous one (what crosses a boundary;
+  // under autocast, activations travel in the dtype the stage produced).
+  std::vector<int64_t> activation_bytes_sent;
+  std::vector<int64_t> gradient_bytes_sent;
   // One event per action, per stage, in execution order (empty when
   // PipelineOptions::trace is off).
   std::vector<std::vector<TraceEvent>> trace;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace conveyor {
 
@@ -23,5 +24,18 @@ struct AtomicGroup {
   int64_t first = 0;
   int64_t last = 0;
 };
+
+// Where a dynamic loss scaler stands (PipelineOptions::loss_scaling): the
+// scale the next step's loss is multiplied by, and the clean updates in a row
+// since the scale last changed. Checkpoints carry it.
+struct LossScalerState {
+  double scale = 65536.0;
+  int64_t growth_tracker = 0;
+};
+
+// Reduces stage `stage`'s gradients (the .grad of `weights`) in place across
+// data-parallel replicas before any update looks at them (the distributed
+// pipeline's; plugin/distributed/distributed_pipeline.h).
+using GradientReducer = std::function<void(int stage, const std::vector<at::Tensor>& weights)>;
 
 }  // namespace conveyor

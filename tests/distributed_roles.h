@@ -272,6 +272,76 @@ inline void faulty(Worker& w) {
 
 inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
 
+// ---------------------------------------------------------------------------
+// Training options over processes: K = 2 workers, and D = world / 2 replicas.
+
+// Clipping by global norm: the norm over the whole model, across the pipeline's
+// processes and (after averaging) the replicas.
+inline PipelineOptions clipped_options() {
+  return PipelineOptions().microbatches(2).schedule("1f1b").clip_grad_norm(0.05).optimizer(sgd_momentum());
+}
+
+// Linear, bomb, Tanh | Linear, Tanh, Linear: the bomb overflows worker 0's
+// gradients only, and only on replica 0.
+inline torch::nn::Sequential bomb_model(const std::shared_ptr<double>& factor) {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), GradBomb(factor), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                          torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+inline PipelineOptions scaled_options() {
+  return PipelineOptions().boundaries({3}).microbatches(2).schedule("gpipe").optimizer(sgd_momentum()).loss_scaling(
+      LossScaling().init_scale(1024).growth_interval(2));
+}
+constexpr int kOverflowStep = 1;
+inline torch::nn::Sequential seeded_fp32_mlp() {
+  auto m = seeded_mlp();
+  m->to(torch::kFloat32);
+  return m;
+}
+inline PipelineOptions autocast_options() {
+  return PipelineOptions().microbatches(2).schedule("1f1b").autocast(at::kBFloat16);
+}
+
+inline void training_options(Worker& w) {
+  auto groups = w.groups("training-options", 2, std::chrono::seconds(20));
+  const int d = groups->replica(), replicas = groups->layout().replicas;
+  DistributedPipeline clipped(seeded_mlp(), clipped_options(), groups);
+  std::vector<double> norms;
+  for (int step = 0; step < kSteps; ++step) {
+    const Data s = global_batch(step);
+    norms.push_back(clipped.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse).grad_norm);
+  }
+  TensorMap clip = values_of(clipped.named_parameters());
+  clip["norms"] = torch::tensor(norms, at::kDouble);
+  write_tensors(w.file("clip"), clip);
+
+  auto factor = std::make_shared<double>(1.0);
+  DistributedPipeline scaled(bomb_model(factor), scaled_options(), groups);
+  std::vector<double> scales, skipped;
+  for (int step = 0; step < kSteps + 1; ++step) {
+    *factor = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
+    const Data s = global_batch(step);
+    const StepResult r = scaled.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
+    scales.push_back(r.loss_scale);
+    skipped.push_back(r.skipped_updates);
+  }
+  if (replicas == 1) {  // bf16 autocast over c10d: the activations and gradients cross in bf16
+    DistributedPipeline bf16(seeded_fp32_mlp(), autocast_options(), groups);
+    const Data s = global_batch(0);
+    const StepResult r = bf16.train_step(s.x.to(torch::kFloat32), s.y.to(torch::kFloat32), mse);
+    TensorMap grads = grads_of(bf16.named_parameters());
+    grads["loss"] = at::full({1}, r.loss, at::kDouble);
+    write_tensors(w.file("bf16"), grads);
+  }
+  TensorMap scaler = values_of(scaled.named_parameters());
+  scaler["scales"] = torch::tensor(scales, at::kDouble);
+  scaler["skipped"] = torch::tensor(skipped, at::kDouble);
+  write_tensors(w.file("scaler"), scaler);
+  groups->barrier();
+}
+
 inline int run_worker(const std::string& role) {
   torch::set_num_threads(1);
   Worker w;
@@ -284,9 +354,11 @@ inline int run_worker(const std::string& role) {
       data_parallel(w);
       declared_shape_mismatch(w);
       several_tensors(w);
+      training_options(w);
     } else if (role == "four") {
       pipelines(w);
       hybrid(w);
+      training_options(w);
     } else if (role == "faulty") {
       faulty(w);
     } else {

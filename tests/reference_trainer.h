@@ -42,9 +42,12 @@ enum class Method { kStashed, kStashedVerticalSync, kFeaturesReplay };
 class ReferenceTrainer {
  public:
   // `stages[k]` holds stage k's layers (modules of the reference model).
+  // `max_norm` > 0 clips each stage's update by that stage's own norm
+  // (clip_grad_norm_ over its parameters), as the pipeline clips an
+  // asynchronous schedule's updates.
   ReferenceTrainer(std::vector<torch::nn::Sequential> stages, Method method, const OptimizerFactory& optimizer,
-                   LearningRateSchedule lr = nullptr)
-      : stages_(std::move(stages)), method_(method), lr_(std::move(lr)) {
+                   LearningRateSchedule lr = nullptr, double max_norm = 0)
+      : stages_(std::move(stages)), method_(method), lr_(std::move(lr)), max_norm_(max_norm) {
     for (auto& s : stages_) optimizers_.push_back(optimizer(s->parameters()));
     updates_.assign(stages_.size(), 0);
   }
@@ -81,6 +84,7 @@ class ReferenceTrainer {
         if (lr_) {
           for (auto& g : optimizers_[k]->param_groups()) g.options().set_lr(lr_(updates_[k]));
         }
+        if (max_norm_ > 0) torch::nn::utils::clip_grad_norm_(stages_[k]->parameters(), max_norm_);
         optimizers_[k]->step();
         optimizers_[k]->zero_grad(true);
         ++updates_[k];
@@ -145,6 +149,7 @@ class ReferenceTrainer {
   std::vector<torch::nn::Sequential> stages_;
   Method method_;
   LearningRateSchedule lr_;
+  double max_norm_ = 0;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<int64_t> updates_;
 };

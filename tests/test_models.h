@@ -31,6 +31,35 @@ inline torch::nn::Sequential make_lstm_lm(torch::Dtype dtype = torch::kFloat64) 
   return m;
 }
 
+// Identity forward; multiplies the gradient by *factor (inf: an overflow in
+// the gradients of the layers before it, and only theirs).
+struct ScaleGradient : torch::autograd::Function<ScaleGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double factor) {
+    ctx->saved_data["factor"] = factor;
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {g[0] * ctx->saved_data["factor"].toDouble(), at::Tensor()};
+  }
+};
+
+struct GradBombImpl : torch::nn::Cloneable<GradBombImpl> {
+  explicit GradBombImpl(std::shared_ptr<double> factor) : factor(std::move(factor)) {}
+  void reset() override {}  // a clone shares the factor
+  at::Tensor forward(const at::Tensor& x) { return ScaleGradient::apply(x, *factor); }
+  std::shared_ptr<double> factor;
+};
+TORCH_MODULE(GradBomb);
+
+
+// SGD with this learning rate and momentum, one per stage.
+inline OptimizerFactory sgd(double lr, double momentum = 0) {
+  return [lr, momentum](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(lr).momentum(momentum));
+  };
+}
+
 inline torch::nn::Sequential clone_of(const torch::nn::Sequential& m) {
   return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m->clone()));
 }

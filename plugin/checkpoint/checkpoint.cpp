@@ -109,6 +109,11 @@ Dict options_to_dict(const Pipeline& pipe) {
   d.insert("channel_capacity", int64_t{o.channel_capacity()});
   d.insert("timeout_ms", static_cast<int64_t>(o.timeout().count()));
   d.insert("stage_rng", o.stage_rng());
+  d.insert("autocast", o.autocast() ? std::string(c10::toString(*o.autocast())) : std::string("none"));
+  d.insert("loss_scaling", o.loss_scaling().has_value());
+  d.insert("clip_grad_norm", o.clip_grad_norm());
+  d.insert("clip_norm_type", o.clip_norm_type());
+  d.insert("accumulate_steps", int64_t{o.accumulate_steps()});
   return d;
 }
 
@@ -173,6 +178,14 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   }
   d.insert("optimizers", optimizers);
   d.insert("rng", rng_to_dict());
+  if (const auto scaler = pipe.loss_scaler_state()) {
+    c10::impl::GenericDict sd(c10::StringType::get(), c10::AnyType::get());
+    sd.insert("scale", scaler->scale);
+    sd.insert("growth_tracker", scaler->growth_tracker);
+    d.insert("loss_scaler", sd);
+  } else {
+    d.insert("loss_scaler", c10::IValue());
+  }
   write_atomically(path, checkpoint_bytes(d));
 }
 
@@ -204,6 +217,8 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
     if (checked.random[k]) pipe.stage(k).random()->set_state(*checked.random[k]);
   }
   pipe.restore_progress(checked.completed_steps, checked.updates);
+  // A file without a scaler (or a pipeline without one) keeps the pipeline's.
+  if (checked.loss_scaler && pipe.loss_scaler_state()) pipe.restore_loss_scaler(*checked.loss_scaler);
   return checked.step;
 }
 

@@ -27,6 +27,10 @@
 //                 the whole pipeline; k: stage k's own), "param_groups":
 //                 [{"lr", "params": [names]}], "state": {name: {field: value}}}
 //   rng           {"cpu": generator state, "cuda": [state per device]}
+//   loss_scaler   {"scale", "growth_tracker"} of the pipeline's loss scaler
+//                 (PipelineOptions::loss_scaling), or None; a file without
+//                 one leaves the pipeline's scaler as it is. Gradients are
+//                 not saved: save at an update, not inside an accumulation.
 // The file also holds a digest of its content (plugin/checkpoint/checkpoint_file.h):
 // a file changed or cut after it was written is refused, never loaded as other weights.
 // Optimizer state is stored by parameter name, so it does not depend on the

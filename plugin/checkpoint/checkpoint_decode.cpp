@@ -14,6 +14,7 @@
 #include <torch/csrc/jit/serialization/storage_context.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -303,6 +304,18 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
                                     : checked::to_tensor(cuda.get(i - 1), name, damaged + "rng ");
     const at::Tensor state = checked::generator_state(target.generators[i], saved, name, damaged + "rng ");
     out.generator_states.push_back(state);
+  }
+  // The loss scaler's state (PipelineOptions::loss_scaling), if it had one.
+  if (checked::has_value(d, "loss_scaler")) {
+    const Dict scaler = checked::dict_field(d, "loss_scaler", damaged);
+    LossScalerState state;
+    state.scale = checked::to_double(checked::field(scaler, "scale", damaged), "scale", damaged + "loss_scaler ");
+    state.growth_tracker = checked::int_field(scaler, "growth_tracker", damaged + "loss_scaler ");
+    if (!(state.scale > 0) || !std::isfinite(state.scale) || state.growth_tracker < 0) {
+      throw std::invalid_argument(c10::str(damaged, "its loss scaler has scale ", state.scale, " and growth tracker ",
+                                           state.growth_tracker));
+    }
+    out.loss_scaler = state;
   }
   out.step = checked::int_field(d, "step", damaged);
   return out;

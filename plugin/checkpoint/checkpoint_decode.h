@@ -9,6 +9,8 @@
 #include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model/stage_random.h"
 
+#include "plugin/types.h"
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -59,6 +61,7 @@ struct CheckedCheckpoint {
   std::vector<std::function<void()>> restore_optimizers;
   std::vector<std::optional<StageRandom::State>> random;  // per stage
   std::vector<at::Tensor> generator_states;  // the first generator_states.size() target generators'
+  std::optional<LossScalerState> loss_scaler;  // the file's, if it has one
 };
 
 // Names an optimizer's tensors by `names` (CheckpointTarget::names); throws

@@ -39,26 +39,18 @@ void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weig
                       groups.layout().replicas, " replicas (", ranks_text(groups.layout().replica_ranks(k)), ")"));
 }
 
-// The optimizer of a replicated stage: before each step, the gradients are
-// reduced across the replicas and the learning rate scaled; the wrapped
-// optimizer (the user's) does the rest. Its param groups are the ones a
-// learning-rate schedule sets.
-class ReplicatedOptimizer final : public torch::optim::Optimizer {
+// The optimizer of a replicated stage whose learning rate is scaled for the
+// global batch; the wrapped optimizer (the user's) does the rest. Its param
+// groups are the ones a learning-rate schedule sets. The gradients were
+// reduced across the replicas before (the pipeline's GradientReducer), so
+// that a loss scaler's verdict and clipping see the global batch's.
+class ScaledLearningRate final : public torch::optim::Optimizer {
  public:
-  ReplicatedOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::shared_ptr<ProcessGroups> groups,
-                      bool average, double lr_scale)
-      : Optimizer(inner->param_groups(), inner->defaults().clone()),
-        inner_(std::move(inner)),
-        groups_(std::move(groups)),
-        average_(average),
-        lr_scale_(lr_scale) {}
+  ScaledLearningRate(std::unique_ptr<torch::optim::Optimizer> inner, double lr_scale)
+      : Optimizer(inner->param_groups(), inner->defaults().clone()), inner_(std::move(inner)), lr_scale_(lr_scale) {}
 
   at::Tensor step(LossClosure closure) override {
     TORCH_CHECK(!closure, "conveyor: a replicated stage's optimizer does not take a loss closure");
-    std::vector<at::Tensor> weights;
-    for (const auto& group : param_groups())
-      weights.insert(weights.end(), group.params().begin(), group.params().end());
-    reduce_gradients(*groups_, weights, average_);
     for (size_t i = 0; i < param_groups().size(); ++i) {
       inner_->param_groups()[i].options().set_lr(param_groups()[i].options().get_lr() * lr_scale_);
     }
@@ -69,8 +61,6 @@ class ReplicatedOptimizer final : public torch::optim::Optimizer {
 
  private:
   std::unique_ptr<torch::optim::Optimizer> inner_;
-  std::shared_ptr<ProcessGroups> groups_;
-  bool average_;
   double lr_scale_;
 };
 
@@ -110,11 +100,18 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
   const double lr_scale = distributed_.scale_learning_rate() ? layout.replicas : 1.0;
-  if (options.optimizer() && (layout.replicas > 1 || lr_scale != 1.0)) {
-    options.optimizer([inner = options.optimizer(), groups = groups_, average = average_,
+  if (options.optimizer() && lr_scale != 1.0) {
+    options.optimizer([inner = options.optimizer(),
                        lr_scale](std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
-      return std::make_unique<ReplicatedOptimizer>(inner(std::move(weights)), groups, average, lr_scale);
+      return std::make_unique<ScaledLearningRate>(inner(std::move(weights)), lr_scale);
     });
+  }
+  // The pipeline's own optimizer updates from the replicas' reduced gradients.
+  GradientReducer reduce_replicas;
+  if (options.optimizer() && layout.replicas > 1) {
+    reduce_replicas = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
+      reduce_gradients(*groups, weights, average);
+    };
   }
 
   C10dTransportOptions transport_options;
@@ -126,7 +123,8 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   const c10::intrusive_ptr<c10d::Backend> device_group =
       transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
   auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);
-  pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport));
+  pipeline_ =
+      std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport), std::move(reduce_replicas));
 
   // Identical initial weights: replica 0's, stage by stage.
   const bool on_device = transport_options.device.is_cuda() && groups_->replicas_device();
@@ -137,6 +135,17 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
     for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
     broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
               c10::str("broadcasting the initial weights of stage ", s, " from replica 0"));
+  }
+}
+
+double DistributedPipeline::clip_grad_norm(double max_norm, double norm_type) {
+  try {
+    return pipeline_->clip_grad_norm(max_norm, norm_type);
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (...) {
+    groups_->mark_failed();
+    throw;
   }
 }
 

@@ -23,7 +23,10 @@
 //  - identical initial weights: the constructor broadcasts every stage's
 //    weights and buffers from replica 0 to the other replicas;
 //  - synchronized updates: each stage's gradients are averaged across its D
-//    replicas (summed for LossReduction::kSum) before every optimizer step;
+//    replicas (summed for LossReduction::kSum) before every optimizer step,
+//    and before a loss scaler's verdict and clipping look at them, so that
+//    an overflow on any rank skips the step on every rank and the clipping
+//    norm is the global batch's, over the whole model;
 //  - each replica reads its own shard of the global batch: shard();
 //  - the learning rate for the global batch: DistributedOptions::scale_learning_rate;
 //  - logging, checkpointing and evaluation on one rank: is_logging_rank(),
@@ -108,6 +111,11 @@ class DistributedPipeline {
   // This rank's stage's live weights (what an optimizer steps).
   std::vector<at::Tensor> parameters() const { return pipeline_->parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return pipeline_->named_parameters(); }
+
+  // Clipping by global norm for a caller that owns its optimizer, after
+  // train_step (whose gradients are then averaged across replicas): the norm
+  // over the whole model, across the pipeline's processes. Collective.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
   // Global rank 0 logs, checkpoints and evaluates.
   bool is_logging_rank() const { return groups_->rank() == 0; }

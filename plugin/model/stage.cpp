@@ -146,4 +146,9 @@ void Stage::step(double lr) {
   ++updates_;
 }
 
+void Stage::skip_step() {
+  clear_gradients();
+  ++updates_;
+}
+
 }  // namespace conveyor

@@ -101,6 +101,9 @@ class Stage {
   // One optimizer step with learning rate `lr` (negative: leave it), then
   // clears the gradients.
   void step(double lr);
+  // An update by zero (a loss scaler's skipped step): clears the gradients
+  // and counts the update, leaving the weights and the optimizer's state.
+  void skip_step();
 
   // --- the stage's own random streams (PipelineOptions::stage_rng) -------
   void enable_random(uint64_t seed) { random_ = std::make_unique<StageRandom>(seed, device_); }

@@ -2,6 +2,7 @@
 // and what crosses to its neighbours. runtime.cpp runs the step that calls
 // them; split_backward.cpp holds the I and W of a split backward.
 #include "plugin/errors.h"
+#include "plugin/runtime/autocast.h"
 #include "plugin/support/fault_injection.h"
 #include "plugin/runtime/runtime.h"
 #include "plugin/runtime/step_context.h"
@@ -114,13 +115,16 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
   Tensors y;
   {
     c10::AutoGradMode grad_mode(build_graph);
+    const AutocastScope autocast(stage.device().type(), options_.autocast);
     // A split backward differentiates layer by layer: keep every layer's outputs.
     std::vector<Tensors>* layer_outputs = build_graph && schedule.splits_backward() ? &entry.layer_outputs : nullptr;
     y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr, layer_outputs);
   }
   if (!last) {
+    Tensors sent = detached(y);
+    st.activation_bytes += tensor_bytes(sent);
     waited(st.wait_out, st.blocked, [&] {
-      transport_->send(Channel::kActivation, k, k + 1, mb, detached(y));
+      transport_->send(Channel::kActivation, k, k + 1, mb, sent);
       return 0;
     });
   }
@@ -132,7 +136,11 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
   Tensors roots;
   if (last) {
     c10::AutoGradMode grad_mode(build_graph);
-    at::Tensor loss = loss_of(mb, y, data);
+    at::Tensor loss;
+    {
+      const AutocastScope autocast(stage.device().type(), options_.autocast);
+      loss = loss_of(mb, y, data);
+    }
     if (FaultInjector* faults = fault_injector()) loss = faults->on_loss(k, mb, loss);
     if (options_.divergence_guard) {
       check_finite(k, mb, "loss", {loss.detach()}, ctx, Action{k, ActionKind::kForward, mb}.str());
@@ -170,6 +178,7 @@ Tensors Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData
   bring_back(k, entry);
   if (k > 0) entry.inputs = as_input_leaves(std::move(entry.inputs));
   std::vector<Tensors>* outputs = keep_layer_outputs ? &entry.layer_outputs : nullptr;
+  const AutocastScope autocast(stage.device().type(), options_.autocast);
   Tensors y;
   if (entry.random) {  // set only with the stage's own streams
     stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.inputs, outputs); });
@@ -225,6 +234,7 @@ Tensors Runtime::receive_gradients(int k, int mb, const Tensors& roots, StepCont
 }
 
 void Runtime::send_input_gradients(int k, int mb, const Tensors& grads, StepContext& ctx) {
+  ctx.stages[k].gradient_bytes += tensor_bytes(grads);
   waited(ctx.stages[k].wait_out, ctx.stages[k].blocked, [&] {
     transport_->send(Channel::kGradient, k, k - 1, mb, grads);
     return 0;

@@ -1,14 +1,22 @@
 // What decides whether weights change: the divergence guard's check of a
 // loss or of gradients, and a stage's optimizer step, the only place where
 // the runtime steps an optimizer (after each backward for schedules that
-// step per micro-batch, once after the step for synchronous ones).
+// step per micro-batch, once after the step for synchronous ones, whose
+// update.cpp reduces, unscales and clips first). A schedule that steps per
+// micro-batch does all of that here, per update: its gradients reduced
+// across replicas, the loss scaler's verdict (a skipped update is an update
+// by zero), unscaling and clipping by the stage's own norm.
 #include "ops/nonfinite/nonfinite.h"
 #include "plugin/errors.h"
 #include "plugin/runtime/runtime.h"
 #include "plugin/runtime/step_context.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <cmath>
 
 namespace conveyor {
 
@@ -21,11 +29,29 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
   if (mb >= 0) {
     // After micro-batch mb's backward: its gradients alone, checked first.
     stage.collect_gradients();
+    TORCH_CHECK(stage.optimizer(), "schedule '", ctx.schedule.name, "' steps the optimizer after every micro-batch, ",
+                "but the pipeline has none (PipelineOptions::optimizer)");
+    if (options_.reduce_gradients) options_.reduce_gradients(k, stage.live());
     if (options_.divergence_guard) {
       check_finite(k, mb, "gradient", stage.gradients(), ctx, Action{k, ActionKind::kBackward, mb}.str());
     }
-    TORCH_CHECK(stage.optimizer(), "schedule '", ctx.schedule.name, "' steps the optimizer after every micro-batch, ",
-                "but the pipeline has none (PipelineOptions::optimizer)");
+    if (scaler_) {
+      const std::vector<at::Tensor> grads = stage.gradients();
+      if (!grads.empty() && count_nonfinite(grads).item<int64_t>() > 0) {
+        stage.skip_step();
+        ++st.updates;
+        ++st.skipped;
+        st.versions.after_update(st.updates, stage);
+        return;
+      }
+      c10::NoGradGuard no_grad;
+      const double inverse = 1.0 / scaler_->scale();
+      for (const auto& g : grads) g.mul_(inverse);
+    }
+    if (options_.max_norm > 0) {
+      const double norm = torch::nn::utils::clip_grad_norm_(stage.live(), options_.max_norm, options_.norm_type);
+      if (std::isnan(st.grad_norm) || norm > st.grad_norm) st.grad_norm = norm;
+    }
   }
   stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);
   ++st.updates;

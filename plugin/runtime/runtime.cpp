@@ -91,6 +91,7 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
       side_streams_(stages_.size()),
       options_(std::move(options)),
       workers_(static_cast<int>(local_workers_.size())) {
+  if (options_.loss_scaler) scaler_.emplace(*options_.loss_scaler);
   // Each worker on an accelerator computes on its own stream, so workers that
   // share a device can overlap and copies can overlap compute. A worker's
   // stages share its device and its stream (their actions run in turn).
@@ -196,16 +197,15 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     std::rethrow_exception(error);
   }
 
-  // A synchronous step with the pipeline's own optimizer steps once, here,
-  // after every stage has shown finite gradients.
-  if (training && schedule.synchronous()) {
-    for (int k : local_) {
-      if (stages_[k]->optimizer()) optimizer_step(k, -1, ctx);
-    }
-  }
-  if (training) ++completed_steps_;
-
   StepResult result;
+  // A synchronous step with the pipeline's own optimizer steps once, here,
+  // after every stage has shown finite gradients (or the loss scaler's
+  // verdict skips it); an asynchronous one has updated as it went.
+  if (training) {
+    update(ctx, result);
+    ++completed_steps_;
+  }
+
   result.wall_seconds = wall;
   double busy_total = 0;
   for (int k = 0; k < num; ++k) {
@@ -217,6 +217,8 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
     result.peak_stashed_inputs.push_back(st.stash.peak_inputs());
     result.peak_weight_versions.push_back(st.versions.peak());
     result.updates.push_back(st.updates);
+    result.activation_bytes_sent.push_back(st.activation_bytes);
+    result.gradient_bytes_sent.push_back(st.gradient_bytes);
     result.trace.push_back(std::move(st.trace));
     busy_total += st.busy_seconds;
   }

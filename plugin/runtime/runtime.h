@@ -8,6 +8,7 @@
 // optimizer after a backward, meet lock-step barriers).
 
 #include "plugin/runtime/activation_stash.h"
+#include "plugin/runtime/loss_scaler.h"
 #include "plugin/model/stage.h"
 #include "plugin/step_result.h"
 #include "plugin/types.h"
@@ -15,6 +16,7 @@
 #include "plugin/runtime/workers.h"
 #include "schedules/schedule.h"
 
+#include <c10/core/ScalarType.h>
 #include <c10/core/Stream.h>
 
 #include <functional>
@@ -30,6 +32,9 @@ struct StepData {
   std::vector<double> loss_scale;     // per micro-batch, multiplies its loss before its backward
   std::vector<double> report_weight;  // per micro-batch, its share of the step's reported loss
   const TensorsLossFn* loss_fn = nullptr;  // null: inference (no autograd, nothing stashed)
+  // A synchronous step with the pipeline's own optimizers: whether it ends
+  // with their update (false while accumulating gradients over steps).
+  bool update = true;
 };
 
 // One logical parameter held by several stages (tied weights): entry i is
@@ -47,6 +52,16 @@ struct RuntimeOptions {
   // must place stages the same way. Empty: one worker per stage. A worker's
   // stages share its device and stream.
   std::vector<int> placement;
+  // Each stage's forward (and the loss) under autocast to this dtype.
+  std::optional<c10::ScalarType> autocast;
+  // Dynamic loss scaling: the runtime gives the verdicts and keeps the scale;
+  // the caller multiplies each micro-batch's loss by loss_scaler()->scale().
+  std::optional<LossScalerConfig> loss_scaler;
+  // Clip each update's gradients to this norm (0: no clipping).
+  double max_norm = 0;
+  double norm_type = 2.0;
+  // Reduces a stage's gradients across data-parallel replicas before an update.
+  GradientReducer reduce_gradients;
 };
 
 class Runtime {
@@ -74,6 +89,15 @@ class Runtime {
   // Training steps completed (run() calls with a loss that succeeded).
   int64_t completed_steps() const { return completed_steps_; }
   void restore_completed_steps(int64_t steps) { completed_steps_ = steps; }
+
+  // The total norm of this pipeline's gradients (every stage, across
+  // processes; each tied parameter once), and every gradient multiplied by
+  // min(1, max_norm / (norm + 1e-6)) as torch::nn::utils::clip_grad_norm_
+  // does. Collective over the pipeline's processes. Returns the norm.
+  double clip_grad_norm(double max_norm, double norm_type);
+  // Null without loss scaling.
+  LossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
   // What one run() keeps while the workers run (step_context.h): the
@@ -122,6 +146,16 @@ class Runtime {
   void check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors, const StepContext& ctx,
                     const std::string& action) const;
   void optimizer_step(int k, int mb, StepContext& ctx);
+  // After a training step's last action (update.cpp): a synchronous step's
+  // update (replicas' gradients reduced, the loss scaler's verdict,
+  // unscaling, clipping, the optimizers' steps), or an asynchronous step's
+  // scaler verdict.
+  void update(StepContext& ctx, StepResult& result);
+  // The local part of the gradients' norm (update.cpp): a CPU double holding
+  // the sum of |g|^p over this process's gradients (the largest |g| for p =
+  // inf); `grads` receives the gradients to clip. Each tied parameter counts
+  // at its first holder only.
+  at::Tensor local_norm_part(double norm_type, std::vector<at::Tensor>& grads) const;
 
   std::vector<std::shared_ptr<Stage>> stages_;
   std::vector<TiedParameter> ties_;
@@ -132,6 +166,7 @@ class Runtime {
   std::vector<std::optional<c10::Stream>> streams_;  // per stage (its worker's), on accelerators
   std::vector<std::optional<c10::Stream>> side_streams_;  // per stage: offload copies
   RuntimeOptions options_;
+  std::optional<LossScaler> scaler_;
   WorkerThreads workers_;
   int64_t completed_steps_ = 0;
 };

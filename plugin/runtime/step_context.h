@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -28,6 +29,12 @@ struct Runtime::StepContext {
     std::vector<TraceEvent> trace;
     at::Tensor loss_sum;
     int updates = 0;
+    // Updates a loss scaler skipped, and the largest norm an update of an
+    // asynchronous schedule was clipped by (NaN: none).
+    int skipped = 0;
+    double grad_norm = std::numeric_limits<double>::quiet_NaN();
+    // Bytes sent to the neighbours: activations forward, input gradients back.
+    int64_t activation_bytes = 0, gradient_bytes = 0;
     // The index of the action the stage is in (-1: none), and whether it is
     // blocked in the transport: a timeout's message names the stages busy in
     // an action, the likely cause of the wait.

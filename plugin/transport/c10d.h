@@ -107,6 +107,8 @@ class C10dTransport final : public Transport {
   // A barrier of the pipeline group, bounded by the timeout: a stage that
   // failed never joins it, so the others fail too and keep their weights.
   void commit() override;
+  // An all-reduce of the pipeline group, bounded by the timeout.
+  void reduce_over_workers(at::Tensor& values, bool max) override;
   // Tied parameters (Transport): the holders send their tensor to the first
   // holder, which adds them in stage order and sends the sum back.
   at::Tensor sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor) override;

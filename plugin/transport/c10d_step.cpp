@@ -106,6 +106,25 @@ void C10dTransport::commit() {
   s.group_barrier("wait for", "the other stages (" + others + ") to finish the step");
 }
 
+void C10dTransport::reduce_over_workers(at::Tensor& values, bool max) {
+  State& s = *state_;
+  s.check_usable();
+  TORCH_CHECK(values.device().is_cpu() && values.is_contiguous(), "conveyor: reduce_over_workers takes a contiguous ",
+              "CPU tensor");
+  c10d::AllreduceOptions reduce_options;
+  reduce_options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  reduce_options.timeout = s.options.timeout;
+  std::vector<at::Tensor> list{values};
+  const std::string what = "the other workers to reduce the update's verdict or gradient norm";
+  c10::intrusive_ptr<Work> work;
+  try {
+    work = s.group->allreduce(list, reduce_options);
+  } catch (const std::exception& e) {
+    s.fail(s.prefix + ": could not wait for " + what + " [" + message_of(e) + "]");
+  }
+  s.wait(work, Clock::now() + s.options.timeout, -1, what);
+}
+
 void C10dTransport::reset() {
   state_->check_usable();
   finish_step();

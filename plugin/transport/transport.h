@@ -80,6 +80,13 @@ class Transport {
   // the same bits on every holder; first_holders_value returns the first
   // holder's `tensor` (the initial value). In-process every holder is local
   // and the runtime needs neither: the defaults refuse.
+  // A small CPU tensor reduced element-wise over every worker of the
+  // pipeline, in place: summed, or the largest value taken (`max`). The
+  // update's verdicts (an inf anywhere) and its global gradient norm use it.
+  // In-process every worker is local and the runtime has reduced already:
+  // the default leaves `values` as they are.
+  virtual void reduce_over_workers(at::Tensor& /*values*/, bool /*max*/) {}
+
   virtual at::Tensor sum_over_holders(int tie, const std::vector<int>& holders, const at::Tensor& tensor);
   virtual at::Tensor first_holders_value(int tie, const std::vector<int>& holders, const at::Tensor& tensor);
 };

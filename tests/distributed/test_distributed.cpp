@@ -5,6 +5,7 @@
 
 #include "distributed_roles.h"
 #include "distributed_tensor_roles.h"
+#include "distributed/training_options_check.h"
 #include "error_of.h"
 #include "plugin/distributed/link_cost.h"
 #include "rank_launcher.h"
@@ -34,17 +35,6 @@ TensorMap merged(const std::string& out, const std::string& what, int world) {
     for (auto& [name, t] : read_tensors(out + "/" + what + "-rank" + std::to_string(r) + ".pt")) all[name] = t;
   }
   return all;
-}
-
-void expect_equal(const TensorMap& got, const TensorMap& want, const std::string& where) {
-  ASSERT_EQ(got.size(), want.size()) << where;
-  for (const auto& [name, w] : want) {
-    const auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << where << ": no " << name;
-    ASSERT_TRUE(it->second.defined() && w.defined()) << where << ": " << name << " undefined";
-    const double diff = (it->second - w).abs().max().item<double>();
-    EXPECT_LE(diff, kTolerance) << where << ": " << name << " differs by " << diff;
-  }
 }
 
 TensorMap in_process_grads(const std::string& schedule, int stages) {
@@ -162,6 +152,10 @@ TEST_F(TwoRanks, AllReduceDataParallelEqualsSingleProcessTraining) {
   }
 }
 
+TEST_F(TwoRanks, ClippingByGlobalNormAndAnOverflowOnOneRankEqualOneProcess) { expect_training_options(out_, 2); }
+
+TEST_F(TwoRanks, Bf16AutocastOverC10dEqualsTheInProcessPipelineBitForBit) { expect_bf16_as_in_process(out_); }
+
 TEST_F(TwoRanks, AnActivationOfAnotherShapeThanDeclaredNamesBothStages) {
   expect_success(exits_);
   std::ifstream in(out_ + "/mismatch-rank1.txt");
@@ -272,6 +266,9 @@ TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
   ASSERT_EQ(got_losses.numel(), kSteps);
   for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(got_losses[step].item<double>(), losses[step], kTolerance);
 }
+
+// The overflow on rank 0 reaches rank 2 through the replicas' average, ranks 1 and 3 through the verdict.
+TEST_F(FourRanks, HybridClippingAndAnOverflowOnOneRankEqualOneProcess) { expect_training_options(out_, 4); }
 
 TEST_F(FourRanks, HybridPipeDreamOnTheSameDataEqualsOnePipeline) {
   expect_success(exits_);

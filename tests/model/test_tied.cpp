@@ -249,5 +249,57 @@ TEST(TiedParameters, OneTensorInLayersOfTwoStagesIsRefused) {
   EXPECT_NO_THROW(Pipeline(model, PipelineOptions().workers(1)));
 }
 
+TEST(TiedParameters, ClippingCountsATiedParameterOnceAsTheUnsplitModelDoes) {
+  // The pipeline's clip: the norm over every parameter with the tied one
+  // counted once (its copies hold the same summed gradient), then both copies
+  // scaled alike; equal to clip_grad_norm_ over the unsplit model's
+  // parameters, for 2 and inf, with the pipeline's optimizer and with the
+  // caller's (Pipeline::clip_grad_norm).
+  for (const char* schedule : kSyncSchedules) {
+    for (int k = 2; k <= 4; ++k) {
+      for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+        const std::string where = c10::str(schedule, " K=", k, " norm ", norm_type);
+        torch::manual_seed(k * 10);
+        auto model = make_tied_lm();
+        TiedReference ref(model);
+        auto ref_opt = std::make_unique<torch::optim::SGD>(ref.parameters(), torch::optim::SGDOptions(1.0));
+        Pipeline pipe(model, PipelineOptions()
+                                 .workers(k)
+                                 .microbatches(3)
+                                 .schedule(schedule)
+                                 .tied_parameters(kTie)
+                                 .clip_grad_norm(0.05)
+                                 .clip_norm_type(norm_type)
+                                 .optimizer([](std::vector<at::Tensor> p) {
+                                   return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1.0));
+                                 }));
+        for (int step = 0; step < 2; ++step) {
+          const Batch b = lm_batch();
+          const StepResult r = pipe.train_step(b.input, b.target, testing::lm_loss);
+          ref_opt->zero_grad();
+          testing::lm_loss(ref.forward(b.input), b.target).backward();
+          const double norm = torch::nn::utils::clip_grad_norm_(ref.parameters(), 0.05, norm_type);
+          ref_opt->step();
+          EXPECT_TRUE(r.stepped) << where;
+          EXPECT_NEAR(r.grad_norm, norm, 1e-10) << where;
+          EXPECT_GT(norm, 0.05) << where << ": the test must clip";
+          expect_reference_values(pipe, ref, where + " step " + std::to_string(step));
+        }
+        // The caller's optimizer: the same clip on the gradients it steps.
+        torch::manual_seed(k * 10 + 1);
+        auto own = make_tied_lm();
+        TiedReference own_ref(own);
+        Pipeline caller(own, PipelineOptions().workers(k).microbatches(3).schedule(schedule).tied_parameters(kTie));
+        const Batch b = lm_batch();
+        caller.train_step(b.input, b.target, testing::lm_loss);
+        testing::lm_loss(own_ref.forward(b.input), b.target).backward();
+        const double expected = torch::nn::utils::clip_grad_norm_(own_ref.parameters(), 0.05, norm_type);
+        EXPECT_NEAR(caller.clip_grad_norm(0.05, norm_type), expected, 1e-10) << where;
+        expect_reference_grads(caller, own_ref, where + " (caller's optimizer)");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conveyor

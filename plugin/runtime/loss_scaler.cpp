@@ -1,0 +1,42 @@
+#include "plugin/runtime/loss_scaler.h"
+
+#include "plugin/errors.h"
+
+#include <cmath>
+
+namespace conveyor {
+
+LossScaler::LossScaler(LossScalerConfig config) : config_(config) {
+  check_argument(std::isfinite(config_.init_scale) && config_.init_scale > 0, "conveyor: loss_scaling's init_scale ",
+                 "must be positive and finite, got ", config_.init_scale);
+  check_argument(config_.growth_factor > 1, "conveyor: loss_scaling's growth_factor must be > 1, got ",
+                 config_.growth_factor);
+  check_argument(config_.backoff_factor > 0 && config_.backoff_factor < 1,
+                 "conveyor: loss_scaling's backoff_factor must be in (0, 1), got ", config_.backoff_factor);
+  check_argument(config_.growth_interval >= 1, "conveyor: loss_scaling's growth_interval must be >= 1, got ",
+                 config_.growth_interval);
+  state_.scale = static_cast<float>(config_.init_scale);
+}
+
+void LossScaler::update(bool found_inf) {
+  const float scale = static_cast<float>(state_.scale);
+  if (found_inf) {
+    state_.scale = scale * static_cast<float>(config_.backoff_factor);
+    state_.growth_tracker = 0;
+    return;
+  }
+  if (++state_.growth_tracker < config_.growth_interval) return;
+  const float grown = scale * static_cast<float>(config_.growth_factor);
+  if (std::isfinite(grown)) state_.scale = grown;
+  state_.growth_tracker = 0;
+}
+
+void LossScaler::restore(const LossScalerState& state) {
+  check_argument(std::isfinite(state.scale) && state.scale > 0 && state.growth_tracker >= 0,
+                 "conveyor: a loss scaler's state needs a positive finite scale and a non-negative growth tracker, "
+                 "got scale ",
+                 state.scale, " and growth tracker ", state.growth_tracker);
+  state_ = state;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,141 @@
+// What happens between a training step's last action and the next step:
+// a synchronous step's update (its gradients reduced across replicas, the
+// loss scaler's verdict, unscaling, clipping by global norm, the optimizers'
+// steps), an asynchronous step's verdict on its loss scale, and the global
+// norm that clipping and Pipeline::clip_grad_norm compute.
+#include "ops/nonfinite/nonfinite.h"
+#include "plugin/errors.h"
+#include "plugin/runtime/runtime.h"
+#include "plugin/runtime/step_context.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <set>
+#include <utility>
+
+namespace conveyor {
+
+namespace {
+
+bool any_nonfinite(const std::vector<at::Tensor>& tensors) {
+  return !tensors.empty() && count_nonfinite(tensors).item<int64_t>() > 0;
+}
+
+// 1 if `local` is true on any worker of the pipeline, else 0.
+bool on_any_worker(Transport& transport, bool local) {
+  at::Tensor flag = at::full({1}, local ? 1.0 : 0.0, at::kDouble);
+  transport.reduce_over_workers(flag, /*max=*/true);
+  return flag.item<double>() > 0;
+}
+
+}  // namespace
+
+at::Tensor Runtime::local_norm_part(double norm_type, std::vector<at::Tensor>& grads) const {
+  // A tied parameter's copies hold the same (summed) gradient: the first
+  // holder's counts, as the unsplit model's one tensor would.
+  std::set<std::pair<int, size_t>> later_copies;
+  for (const TiedParameter& tie : ties_) {
+    for (size_t i = 1; i < tie.size(); ++i) later_copies.insert(tie[i]);
+  }
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> norms;
+  for (int k : local_) {
+    const auto& live = stages_[k]->live();
+    for (size_t i = 0; i < live.size(); ++i) {
+      const at::Tensor& g = live[i].grad();
+      if (!g.defined()) continue;
+      grads.push_back(g);
+      if (later_copies.count({k, i})) continue;
+      // Per tensor, as torch::nn::utils::clip_grad_norm_ computes it.
+      norms.push_back((inf ? g.abs().max() : g.norm(norm_type)).to(c10::kCPU));
+    }
+  }
+  if (norms.empty()) return at::empty({0}, at::kDouble);
+  const auto dtype = norms[0].scalar_type();
+  for (auto& n : norms) {
+    if (n.scalar_type() != dtype) {  // stages of different dtypes: compare in double
+      for (auto& m : norms) m = m.to(at::kDouble);
+      break;
+    }
+  }
+  return at::stack(norms);
+}
+
+double Runtime::clip_grad_norm(double max_norm, double norm_type) {
+  check_argument(max_norm > 0 && std::isfinite(max_norm), "conveyor: clipping needs a positive finite max_norm, got ",
+                 max_norm);
+  check_argument(norm_type > 0 && !std::isnan(norm_type), "conveyor: clipping's norm_type must be positive (2, any ",
+                 "p > 0, or infinity), got ", norm_type);
+  c10::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> grads;
+  const at::Tensor norms = local_norm_part(norm_type, grads);
+  at::Tensor total;
+  if (local_.size() == stages_.size()) {
+    // Every stage is here: the norm of the per-tensor norms, as the unsplit
+    // model's clip_grad_norm_ computes it, bit for bit.
+    if (norms.numel() == 0) return 0.0;
+    total = norms.numel() == 1 ? norms[0] : inf ? norms.max() : norms.norm(norm_type);
+  } else {
+    // Each process's part, reduced over the pipeline's processes.
+    at::Tensor part = at::zeros({1}, at::kDouble);
+    if (norms.numel() > 0) {
+      part = (inf ? norms.max() : norms.to(at::kDouble).pow(norm_type).sum()).to(at::kDouble).reshape({1});
+    }
+    transport_->reduce_over_workers(part, /*max=*/inf);
+    total = inf ? part[0] : part[0].pow(1.0 / norm_type);
+  }
+  const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& g : grads) g.mul_(coef.to(g.device()));
+  return total.item<double>();
+}
+
+void Runtime::update(StepContext& ctx, StepResult& result) {
+  result.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (!ctx.schedule.synchronous()) {
+    // The step updated as it went (optimizer_step): what remains is the
+    // scaler's verdict on the whole step, the same on every worker.
+    for (int k : local_) {
+      result.skipped_updates += ctx.stages[k].skipped;
+      const double norm = ctx.stages[k].grad_norm;
+      if (!std::isnan(norm) && !(norm <= result.grad_norm)) result.grad_norm = norm;
+    }
+    if (scaler_) scaler_->update(on_any_worker(*transport_, result.skipped_updates > 0));
+    return;
+  }
+  std::vector<int> owned;  // stages with the pipeline's own optimizer
+  for (int k : local_) {
+    if (stages_[k]->optimizer()) owned.push_back(k);
+  }
+  if (owned.empty() || !ctx.data.update) return;
+  if (options_.reduce_gradients) {
+    for (int k : owned) options_.reduce_gradients(k, stages_[k]->live());
+  }
+  if (scaler_) {
+    std::vector<at::Tensor> grads;
+    for (int k : owned) {
+      for (auto& g : stages_[k]->gradients()) grads.push_back(g);
+    }
+    if (on_any_worker(*transport_, any_nonfinite(grads))) {
+      // An overflow anywhere: no stage steps, on any process or replica.
+      for (int k : owned) {
+        stages_[k]->skip_step();
+        ++ctx.stages[k].updates;
+      }
+      result.skipped_updates = 1;
+      scaler_->update(true);
+      return;
+    }
+    c10::NoGradGuard no_grad;
+    const double inverse = 1.0 / scaler_->scale();
+    for (auto& g : grads) g.mul_(inverse);
+  }
+  if (options_.max_norm > 0) result.grad_norm = clip_grad_norm(options_.max_norm, options_.norm_type);
+  for (int k : owned) optimizer_step(k, -1, ctx);
+  result.stepped = true;
+  if (scaler_) scaler_->update(false);
+}
+
+}  // namespace conveyor
