@@ -37,7 +37,16 @@
 //   micro-batch), tied_parameters (a list of lists of parameter names, as
 //   named_parameters() gives them: PipelineOptions::tied_parameters; a
 //   tensor the model uses in several stages, as after
-//   `self.proj.weight = self.emb.weight`, is tied by itself).
+//   `self.proj.weight = self.emb.weight`, is tied by itself). Training
+//   options (PipelineOptions' of those names; README, "Training options"):
+//   autocast ("bf16" | "fp16"), loss_scaling (True, or a dict of
+//   init_scale, growth_factor, backoff_factor, growth_interval),
+//   clip_grad_norm (a max norm) and clip_norm_type (a number, or "inf"),
+//   accumulate_steps; the first three need the pipeline's optimizer.
+//
+// last_step() returns what the last train_step did: {"loss", "grad_norm",
+// "loss_scale", "skipped_updates", "stepped"}; clip_grad_norm(max_norm,
+// norm_type) clips for a caller's own optimizer and returns the norm.
 //
 // train_step and forward take a tensor or a tuple of tensors (a model of
 // several inputs; targets likewise); forward returns a tensor, or a tuple
@@ -55,6 +64,8 @@
 #include <torch/nn/functional/loss.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -68,7 +79,8 @@ const std::set<std::string> kKnownOptions = {
     "workers",   "microbatches",     "schedule",   "schedule_text", "devices",     "split_points",   "balance",
     "batch_dim", "channel_capacity", "timeout_ms", "optimize",      "loss",        "loss_reduction", "fused_ops",
     "stage_rng", "optimizer",        "lr",         "momentum",      "weight_decay", "shared_inputs",
-    "shared_targets", "tied_parameters", "chunks", "recompute", "offload", "sample"};
+    "shared_targets", "tied_parameters", "chunks", "recompute", "offload", "sample", "autocast", "loss_scaling",
+    "clip_grad_norm", "clip_norm_type", "accumulate_steps"};
 
 // Bad arguments reach Python as ValueError, failures in a step as RuntimeError.
 template <typename Fn>
@@ -99,8 +111,24 @@ class PythonPipeline : public torch::CustomClassHolder {
   // One step: accumulates the batch's gradients into parameters()' .grad
   // (zero them first, as with loss.backward()) and returns the loss.
   double train_step(const c10::IValue& input, const c10::IValue& target) {
-    return python_errors(
-        [&] { return pipe_->train_step(as_tensors("input", input), as_tensors("target", target), loss_).loss; });
+    return python_errors([&] {
+      last_ = pipe_->train_step(as_tensors("input", input), as_tensors("target", target), loss_);
+      return last_.loss;
+    });
+  }
+
+  c10::Dict<std::string, double> last_step() const {
+    c10::Dict<std::string, double> out;
+    out.insert("loss", last_.loss);
+    out.insert("grad_norm", last_.grad_norm);
+    out.insert("loss_scale", last_.loss_scale);
+    out.insert("skipped_updates", static_cast<double>(last_.skipped_updates));
+    out.insert("stepped", last_.stepped ? 1.0 : 0.0);
+    return out;
+  }
+
+  double clip_grad_norm(double max_norm, double norm_type) {
+    return python_errors([&] { return pipe_->clip_grad_norm(max_norm, norm_type); });
   }
 
   c10::IValue forward(const c10::IValue& input) {
@@ -209,6 +237,23 @@ class PythonPipeline : public torch::CustomClassHolder {
       if (key == "chunks") opts.chunks(static_cast<int>(as_int(key, v)));
       if (key == "recompute") opts.recompute(as_bool(key, v));
       if (key == "offload") opts.offload(as_bool(key, v));
+      if (key == "autocast") {
+        const std::string d = as_string(key, v);
+        if (d == "bf16" || d == "bfloat16") {
+          opts.autocast(at::kBFloat16);
+        } else if (d == "fp16" || d == "float16" || d == "half") {
+          opts.autocast(at::kHalf);
+        } else {
+          throw bad_option(key, "\"bf16\" or \"fp16\"", v);
+        }
+      }
+      if (key == "loss_scaling") set_loss_scaling(v, opts);
+      if (key == "clip_grad_norm") opts.clip_grad_norm(as_double(key, v));
+      if (key == "clip_norm_type") {
+        const bool inf = v.isString() && (v.toStringRef() == "inf" || v.toStringRef() == "infinity");
+        opts.clip_norm_type(inf ? std::numeric_limits<double>::infinity() : as_double(key, v));
+      }
+      if (key == "accumulate_steps") opts.accumulate_steps(static_cast<int>(as_int(key, v)));
       if (key == "balance") {
         const std::string b = as_string(key, v);
         if (b != "uniform" && b != "parameters" && b != "time") {
@@ -246,6 +291,36 @@ class PythonPipeline : public torch::CustomClassHolder {
                                  sample ? &*sample : nullptr, &plan_text_);
   }
 
+  static void set_loss_scaling(const c10::IValue& v, PipelineOptions& opts) {
+    const std::string key = "loss_scaling";
+    if (v.isBool()) {
+      if (v.toBool()) opts.loss_scaling(LossScaling());
+      return;
+    }
+    if (!v.isGenericDict()) throw bad_option(key, "True, or a dict of init_scale, growth_factor, backoff_factor, growth_interval", v);
+    LossScaling scaling;
+    for (const auto& entry : v.toGenericDict()) {
+      const std::string field = entry.key().isString() ? entry.key().toStringRef() : "";
+      const c10::IValue& value = entry.value();
+      if (field == "init_scale") {
+        scaling.init_scale(as_double(key + "." + field, value));
+      } else if (field == "growth_factor") {
+        scaling.growth_factor(as_double(key + "." + field, value));
+      } else if (field == "backoff_factor") {
+        scaling.backoff_factor(as_double(key + "." + field, value));
+      } else if (field == "growth_interval") {
+        // A dict of numbers arrives with one value type: 2000.0 is 2000 updates.
+        const double interval = value.isInt() ? static_cast<double>(value.toInt()) : as_double(key + "." + field, value);
+        if (interval != std::floor(interval)) throw bad_option(key + "." + field, "a whole number of updates", value);
+        scaling.growth_interval(static_cast<int64_t>(interval));
+      } else {
+        throw std::invalid_argument("conveyor.Pipeline: unknown loss_scaling field '" + field +
+                                    "' (known: init_scale, growth_factor, backoff_factor, growth_interval)");
+      }
+    }
+    opts.loss_scaling(scaling);
+  }
+
   void set_loss(const c10::IValue& v) {
     if (v.isString()) {
       const std::string name = v.toStringRef();
@@ -270,6 +345,7 @@ class PythonPipeline : public torch::CustomClassHolder {
   std::string fused_ops_report_ = "fused_ops is off\n";
   std::string plan_text_;
   std::unique_ptr<Pipeline> pipe_;
+  StepResult last_;  // the last train_step's
   TensorsLossFn loss_;
 };
 
@@ -279,6 +355,8 @@ TORCH_LIBRARY_FRAGMENT(conveyor, m) {
   m.class_<PythonPipeline>("Pipeline")
       .def(torch::init<c10::IValue, Options>())
       .def("train_step", &PythonPipeline::train_step)
+      .def("last_step", &PythonPipeline::last_step)
+      .def("clip_grad_norm", &PythonPipeline::clip_grad_norm)
       .def("forward", &PythonPipeline::forward)
       .def("parameters", &PythonPipeline::parameters)
       .def("named_parameters", &PythonPipeline::named_parameters)

@@ -320,3 +320,50 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     bad.write_bytes(b"\x00" * 100)
     with pytest.raises(ValueError, match="not a readable zip archive"):
         torch.classes.conveyor.Pipeline(str(bad), {})
+
+
+# --- training options -----------------------------------------------------------
+
+
+def test_loss_scaling_and_clipping_follow_grad_scaler_and_clip_grad_norm_on_the_unsplit_model():
+    # Steps 1 and 4 overflow (an inf in the input): GradScaler skips them and
+    # backs off; the pipeline must skip the same steps with the same scales.
+    eager, scripted = eager_and_scripted(Mlp, seed=3)
+    pipe = torch.classes.conveyor.Pipeline(
+        scripted,
+        {"workers": 2, "microbatches": 2, "schedule": "gpipe", "optimizer": "sgd", "lr": 0.1, "momentum": 0.9,
+         "clip_grad_norm": 0.05, "loss_scaling": {"init_scale": 1024.0, "growth_interval": 2.0}})
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    for step in range(6):
+        x, y = batch(8)
+        overflow = step in (1, 4)
+        if overflow:
+            x[0, 0] = float("inf")
+        pipe.train_step(x, y)
+        info = pipe.last_step()
+        opt.zero_grad()
+        scaler.scale(((eager(x) - y) ** 2).mean()).backward()
+        scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.05)
+        scale_before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        assert info["loss_scale"] == scale_before, step
+        assert info["skipped_updates"] == (1.0 if overflow else 0.0), step
+        assert info["stepped"] == (0.0 if overflow else 1.0), step
+        if not overflow:
+            assert norm.item() > 0.05 and abs(info["grad_norm"] - norm.item()) <= 1e-10, step
+        got = pipe.named_parameters()
+        for name, p in eager.named_parameters():
+            assert torch.allclose(got[name], p, rtol=0, atol=1e-10), (step, name)
+
+
+def test_bad_training_options_are_value_errors():
+    _, scripted = eager_and_scripted(Mlp)
+    with pytest.raises(ValueError, match="autocast"):
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "autocast": "int8"})
+    with pytest.raises(ValueError, match="call Pipeline::clip_grad_norm"):
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "clip_grad_norm": 1.0})
+    with pytest.raises(ValueError, match="loss scaling needs the pipeline's own optimizer"):
+        torch.classes.conveyor.Pipeline(scripted, {"workers": 2, "loss_scaling": True})
