@@ -2,6 +2,7 @@
 
 #include "ops/fused_attention/fused_attention_module.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/activation.h>
 
@@ -71,10 +72,35 @@ at::Tensor EncoderLayerImpl::activation(const at::Tensor& x) const {
 at::Tensor EncoderLayerImpl::forward(const at::Tensor& src, const at::Tensor& src_mask,
                                      const at::Tensor& src_key_padding_mask) {
   sync_self_attn();
+  // LibTorch's C++ multi_head_attention_forward applies a mask through
+  // AT_DISPATCH_FLOATING_TYPES (float and double only), so under autocast
+  // (or on bf16/fp16 input) torch::nn::MultiheadAttention with a mask runs
+  // in fp32, autocast off, as a softmax-heavy op would under CUDA autocast.
+  const c10::DeviceType device = src.device().type();
+  const bool reduced = src.scalar_type() == at::kBFloat16 || src.scalar_type() == at::kHalf;
+  const bool masked = src_key_padding_mask.defined() || src_mask.defined();
+  const bool fp32_attention = masked && (reduced || at::autocast::is_autocast_enabled(device)) &&
+                              std::dynamic_pointer_cast<torch::nn::MultiheadAttentionImpl>(self_attn.ptr()) != nullptr;
+  at::Tensor attended;
   // need_weights = false: the result is the same and the fused module can
   // skip forming the weights.
-  const at::Tensor attended = std::get<0>(self_attn.forward<std::tuple<at::Tensor, at::Tensor>>(
-      src, src, src, src_key_padding_mask, /*need_weights=*/false, src_mask));
+  if (fp32_attention) {
+    const bool was_enabled = at::autocast::is_autocast_enabled(device);
+    at::autocast::set_autocast_enabled(device, false);
+    try {
+      const at::Tensor x = src.to(at::kFloat);
+      const at::Tensor mask = src_mask.defined() && src_mask.is_floating_point() ? src_mask.to(at::kFloat) : src_mask;
+      attended = std::get<0>(self_attn.forward<std::tuple<at::Tensor, at::Tensor>>(
+          x, x, x, src_key_padding_mask, /*need_weights=*/false, mask));
+    } catch (...) {
+      at::autocast::set_autocast_enabled(device, was_enabled);
+      throw;
+    }
+    at::autocast::set_autocast_enabled(device, was_enabled);
+  } else {
+    attended = std::get<0>(self_attn.forward<std::tuple<at::Tensor, at::Tensor>>(
+        src, src, src, src_key_padding_mask, /*need_weights=*/false, src_mask));
+  }
   const at::Tensor x = norm1(src + dropout1(attended));
   return norm2(x + dropout2(linear2(dropout(activation(linear1(x))))));
 }
