@@ -57,6 +57,9 @@ Flags (--flag VALUE or --flag=VALUE):
   --eval-limit N      score a fixed subset of N valid sequences (default 0: all)
   --lr X              peak learning rate (default 0.002)
   --warmup F          share of the updates spent warming up (default 0.1)
+  --clip X            clip gradients to this global norm, 0: none (default 0)
+  --autocast none|bf16|fp16
+                      every stage's forward under autocast (default none)
   --fused-ops on|off  conveyor's fused attention (default off)
   --threads N         intra-op threads per stage (default cores / stages)
   --seed N            initial weights, batch order and masks (default 1)
@@ -87,6 +90,7 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.integer("--train-limit", &t.train_limit, 0, kBig).integer("--eval-limit", &t.eval_limit, 0, kBig);
   flags.real("--lr", &t.lr, 1e-12, 1e3).real("--warmup", &t.warmup, 0, 1);
   flags.real("--require-drop", &c.require_drop, 0, 1e3);
+  flags.real("--clip", &t.clip, 0, 1e9).text("--autocast", &t.autocast);
   flags.integer("--threads", &t.threads, 1, 1024).integer("--seed", &t.seed, 0, kBig).text("--schedule", &t.schedule);
   flags.on("--fused-ops", [&t](const std::string& flag, const std::string& value) {
     if (value != "on" && value != "off") throw ex::UsageError(flag + " expects on or off, got '" + value + "'");

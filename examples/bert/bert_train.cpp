@@ -2,6 +2,7 @@
 
 #include "examples/common/digits_data.h"
 #include "examples/common/flags.h"
+#include "examples/common/training_flags.h"
 #include "ops/swap.h"
 #include "plugin/conveyor.h"
 
@@ -108,6 +109,8 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
                                                            static_cast<double>(std::max<int64_t>(1, total - warmup)));
                      })
                      .lr_schedule_unit(async ? UpdateUnit::kMicrobatch : UpdateUnit::kBatch);
+  if (t.clip > 0) options.clip_grad_norm(t.clip);
+  options.autocast(autocast_dtype("--autocast", t.autocast));
   if (!async) {
     options.tied_parameters({model.tied});
   } else {

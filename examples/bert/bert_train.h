@@ -26,6 +26,8 @@ struct BertTraining {
   int64_t epochs = 1;
   int64_t train_limit = 0, eval_limit = 0;  // sequences used of train and valid (0: all)
   double lr = 1e-3, warmup = 0.1, weight_decay = 0.01;  // AdamW; warm-up: a share of the updates, then linear to 0
+  double clip = 0;                     // gradient-norm limit (PipelineOptions::clip_grad_norm), 0: none
+  std::string autocast = "none";       // none | bf16 | fp16 (PipelineOptions::autocast)
   double diverge_loss = 0;                               // epoch train loss counted as divergence (0: ln V)
   Masking masking;
   bool fused = false;

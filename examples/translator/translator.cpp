@@ -79,7 +79,11 @@ Flags (--flag VALUE or --flag=VALUE):
   --tie on|off        projection tied to the target embedding (default off;
                       synchronous schedules only)
   --lr X              Adam learning rate (default 0.002)
-  --clip X            gradient-norm limit for synchronous schedules, 0: none (default 1)
+  --clip X            gradient-norm limit, 0: none (default 1): the global norm
+                      over every stage for synchronous schedules, each stage's
+                      own for asynchronous ones (PipelineOptions::clip_grad_norm)
+  --autocast none|bf16|fp16
+                      every stage's forward under autocast (default none)
   --threads N         intra-op threads per stage (default cores / stages)
   --eval-every N      steps between valid losses, 0: at the end (default 200)
   --train-pairs N     use the first N train pairs only, 0: all (default 0)
@@ -133,7 +137,7 @@ bool parse_args(int argc, char** argv, ex::TranslatorConfig& c) {
   f.on("--scale-lr", [&](const std::string& flag, const std::string& v) { c.scale_lr = on_off(flag, v); });
   f.text("--schedule", &c.schedule).text("--source-file", &c.source_file).text("--target-file", &c.target_file);
   f.text("--cache-dir", &c.cache_dir).text("--out-dir", &c.out_dir).text("--python", &c.python);
-  f.text("--checkpoint", &c.checkpoint);
+  f.text("--checkpoint", &c.checkpoint).text("--autocast", &c.autocast);
   if (!f.parse(argc, argv)) return false;
   const auto& names = conveyor::schedules::schedule_names();
   if (std::find(names.begin(), names.end(), c.schedule) == names.end()) {

@@ -1,5 +1,7 @@
 #include "examples/translator/translator_app.h"
 
+#include "examples/common/training_flags.h"
+
 #include "examples/common/flags.h"
 #include "examples/common/progress.h"
 #include "examples/translator/translator_bleu.h"
@@ -123,7 +125,9 @@ PipelineOptions pipeline_options(const TranslatorConfig& c, const Translator& mo
     options.optimizer([lr = c.lr](std::vector<at::Tensor> p) {
       return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr));
     });
+    if (c.clip > 0) options.clip_grad_norm(c.clip);
   }
+  options.autocast(autocast_dtype("--autocast", c.autocast));
   return options;
 }
 

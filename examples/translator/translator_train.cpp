@@ -3,6 +3,7 @@
 
 #include "examples/common/flags.h"
 #include "examples/common/progress.h"
+#include "examples/common/training_flags.h"
 #include "examples/translator/translator_app.h"
 #include "plugin/support/timing.h"
 
@@ -35,7 +36,9 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
             << schedule << (schedule.ends_with("\n") ? "" : "\n") << "training: " << c.steps << " batches of up to "
             << c.batch << " pairs from one length bucket each (" << batches_per_epoch << " per epoch), "
             << (synchronous ? "Adam lr " + fixed(c.lr, 4) + ", gradient norm clipped to " + fixed(c.clip, 2)
-                            : "an Adam per stage stepped after every micro-batch, lr " + fixed(c.lr, 4))
+                            : "an Adam per stage stepped after every micro-batch, lr " + fixed(c.lr, 4) +
+                                  ", each update clipped to " + fixed(c.clip, 2))
+            << ", autocast " << c.autocast
             << ", dropout " << c.dropout << "\n"
             << std::flush;
 }
@@ -73,7 +76,7 @@ int run_translator(const TranslatorConfig& c) {
     if (synchronous) optimizer.zero_grad();
     last = pipe.train_microbatches(inputs, targets, translation_loss);
     if (synchronous) {
-      if (c.clip > 0) torch::nn::utils::clip_grad_norm_(params, c.clip);
+      if (c.clip > 0) pipe.clip_grad_norm(c.clip);  // the global norm, each tied weight once
       optimizer.step();
     }
     train_seconds += seconds_since(t0);
@@ -101,8 +104,9 @@ int run_translator(const TranslatorConfig& c) {
             << " (mean of the last " << recent.size() << " steps)\n  throughput: "
             << format_count(static_cast<double>(sentences) / train_seconds) << " pairs/s, "
             << format_count(static_cast<double>(tokens) / train_seconds) << " target tokens/s; last step "
-            << fixed(last.wall_seconds, 3) << " s, bubble " << fixed(100 * last.bubble_fraction, 1)
-            << "%; training " << format_duration(train_seconds) << "\n"
+            << fixed(last.wall_seconds, 3) << " s, bubble " << fixed(100 * last.bubble_fraction, 1) << "%, "
+            << format_count(static_cast<double>(boundary_bytes(last))) << " bytes across the boundaries"
+            << "; training " << format_duration(train_seconds) << "\n"
             << std::flush;
   std::pair<double, double> bleu;
   if (c.bleu) {
