@@ -2,7 +2,6 @@
 // pipeline against the unsplit model under the same autocast, which dtype
 // each layer ran in and crossed a boundary in, and training that converges
 // under every kind of schedule.
-#include "ops/fused_attention/encoder_layer.h"
 #include "test_models.h"
 
 #include <ATen/autocast_mode.h>
@@ -127,29 +126,6 @@ TEST(Autocast, Bf16TrainingWithAndWithoutClippingLowersTheLossOnEverySchedule) {
       }
     }
   }
-}
-
-}  // namespace
-}  // namespace conveyor
-
-namespace conveyor {
-namespace {
-
-TEST(Autocast, AnEncoderLayerWithAPaddingMaskRunsItsAttentionInFp32) {
-  // LibTorch's C++ MultiheadAttention masks in float and double only: under
-  // autocast EncoderLayer runs it in fp32 instead of failing on bf16.
-  torch::manual_seed(15);
-  EncoderLayer layer(torch::nn::TransformerEncoderLayerOptions(16, 2).dim_feedforward(32).dropout(0.0));
-  const at::Tensor x = torch::randn({5, 3, 16});
-  at::Tensor pad = torch::zeros({3, 5}, torch::kBool);
-  pad[0][4] = true;
-  const at::Tensor fp32 = layer->forward(x, at::Tensor(), pad);
-  at::Tensor low;
-  {
-    AutocastGuard autocast(at::kBFloat16);
-    low = layer->forward(x, at::Tensor(), pad);
-  }
-  EXPECT_LE((low.to(at::kFloat) - fp32).abs().max().item<double>(), 0.1);
 }
 
 }  // namespace
