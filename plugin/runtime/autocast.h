@@ -1,9 +1,11 @@
 #pragma once
 // AutocastScope: a stage's forward under autocast to one dtype on the stage's
-// device type, as `with torch.autocast(device_type, dtype)` would run it. The
-// scope is the outermost one of its thread (the runtime's worker), so on exit
-// it drops autocast's cache of weights cast to the low dtype: with weight
-// stashing the next forward may read another version of the same parameters.
+// device type, as `with torch.autocast(device_type, dtype, cache_enabled=False)`
+// would run it. Autocast's cache of weights cast to the low dtype is one map
+// for the whole process, and clear_cache() empties it for every thread: the
+// worker threads would clear each other's entries mid-forward, and with
+// weight stashing a cached cast could outlive the version it was made from.
+// So the scope turns the (thread-local) cache off for its worker instead.
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
@@ -21,11 +23,12 @@ class AutocastScope {
     was_dtype_ = at::autocast::get_autocast_dtype(device_);
     at::autocast::set_autocast_enabled(device_, true);
     at::autocast::set_autocast_dtype(device_, *dtype);
-    at::autocast::increment_nesting();
+    was_caching_ = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
   }
   ~AutocastScope() {
     if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_cache_enabled(was_caching_);
     at::autocast::set_autocast_enabled(device_, was_enabled_);
     at::autocast::set_autocast_dtype(device_, was_dtype_);
   }
@@ -36,6 +39,7 @@ class AutocastScope {
   c10::DeviceType device_;
   bool on_;
   bool was_enabled_ = false;
+  bool was_caching_ = true;
   c10::ScalarType was_dtype_ = c10::ScalarType::Undefined;
 };
 
