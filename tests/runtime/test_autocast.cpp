@@ -7,6 +7,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace conveyor {
@@ -17,11 +18,14 @@ using testing::sgd;
 // ---------------------------------------------------------------------------
 // Autocast.
 
-// Records the dtype of what passes through it.
+// Records the dtype of what passes through it (the stages' threads may
+// record at the same time: one lock for every probe).
+std::mutex probe_mutex;
 struct DtypeProbeImpl : torch::nn::Cloneable<DtypeProbeImpl> {
   explicit DtypeProbeImpl(std::shared_ptr<std::vector<c10::ScalarType>> seen) : seen(std::move(seen)) {}
   void reset() override {}  // a clone records into the same list
   at::Tensor forward(const at::Tensor& x) {
+    const std::lock_guard<std::mutex> lock(probe_mutex);
     seen->push_back(x.scalar_type());
     return x;
   }
