@@ -49,8 +49,8 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
       for (const auto& g : grads) g.mul_(inverse);
     }
     if (options_.max_norm > 0) {
-      const double norm = torch::nn::utils::clip_grad_norm_(stage.live(), options_.max_norm, options_.norm_type);
-      if (std::isnan(st.grad_norm) || norm > st.grad_norm) st.grad_norm = norm;
+      st.grad_norm = std::fmax(
+          st.grad_norm, torch::nn::utils::clip_grad_norm_(stage.live(), options_.max_norm, options_.norm_type));
     }
   }
   stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);

@@ -99,8 +99,7 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     // scaler's verdict on the whole step, the same on every worker.
     for (int k : local_) {
       result.skipped_updates += ctx.stages[k].skipped;
-      const double norm = ctx.stages[k].grad_norm;
-      if (!std::isnan(norm) && !(norm <= result.grad_norm)) result.grad_norm = norm;
+      result.grad_norm = std::fmax(result.grad_norm, ctx.stages[k].grad_norm);  // NaN: not clipped
     }
     if (scaler_) scaler_->update(on_any_worker(*transport_, result.skipped_updates > 0));
     return;
