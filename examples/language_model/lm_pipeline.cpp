@@ -99,7 +99,7 @@ Flags (--flag VALUE or --flag=VALUE):
   --trace FILE      write the Chrome trace (Perfetto, chrome://tracing) of the
                     last training step to FILE
   --timeline FILE   draw the last training step, predicted above measured, to
-                    FILE: SVG, or PNG if FILE ends in .png
+                    FILE (an .svg)
   --help            this text
 
 Exit status: 0 when the valid loss beats the unigram baseline by 0.2 nats, 1

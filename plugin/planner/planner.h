@@ -80,7 +80,7 @@ struct Plan {
   std::string str() const;
   // Predicted against measured: step time, bubble, busy time and peak stash per stage.
   std::string versus(const StepResult& measured) const;
-  // The predicted step drawn above `measured` (when given): SVG, or PNG for a ".png" path.
+  // The predicted step drawn above `measured` (when given): an SVG.
   void write_timeline(const std::string& path, const StepResult* measured = nullptr) const;
 };
 

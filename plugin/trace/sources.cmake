@@ -1,5 +1,4 @@
-# Pictures of a step: timelines (SVG, PNG) of predicted and measured steps.
+# Pictures of a step: timelines (SVG) of predicted and measured steps.
 # Includes support/ and the public step result only.
 target_sources(conveyor PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/png.cpp
   ${CMAKE_CURRENT_LIST_DIR}/timeline.cpp)

@@ -1,7 +1,6 @@
 #include "plugin/trace/timeline.h"
 
 #include "plugin/support/atomic_file.h"
-#include "plugin/trace/png.h"
 
 #include <algorithm>
 #include <cmath>
@@ -151,28 +150,17 @@ std::string timeline_svg(const std::vector<TimelineBlock>& blocks) {
   return os.str();
 }
 
-std::vector<uint8_t> timeline_png(const std::vector<TimelineBlock>& blocks) {
-  const Scene scene = timeline_scene(blocks);
-  Raster raster(scene.width, scene.height, kBackground);
-  for (const auto& r : scene.rects) raster.fill(r.x, r.y, r.w, r.h, r.color);
-  for (const auto& t : scene.texts) {
-    const int w = static_cast<int>(t.text.size()) * kGlyphWidth;
-    raster.text(t.centred ? t.x - w / 2 : t.x, t.y, t.text, t.color);
-  }
-  return raster.png();
-}
-
 void write_timeline(const std::string& path, const std::vector<TimelineBlock>& blocks) {
-  const bool png = path.size() >= 4 && path.compare(path.size() - 4, 4, ".png") == 0;
-  if (png) {
-    const std::vector<uint8_t> bytes = timeline_png(blocks);
-    write_atomically(path, [&](std::ostream& out) {
-      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    });
-  } else {
-    const std::string svg = timeline_svg(blocks);
-    write_atomically(path, [&](std::ostream& out) { out << svg; });
+  const auto ends_with = [&](const std::string& suffix) {
+    return path.size() >= suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (!ends_with(".svg")) {
+    throw std::invalid_argument("conveyor: timelines are drawn as SVG, so '" + path +
+                                "' must end in .svg; for a PNG, convert the SVG (rsvg-convert, from Debian's "
+                                "librsvg2-bin) or, from Python, draw StepResult.trace with matplotlib");
   }
+  const std::string svg = timeline_svg(blocks);
+  write_atomically(path, [&](std::ostream& out) { out << svg; });
 }
 
 void StepResult::write_timeline(const std::string& path) const {

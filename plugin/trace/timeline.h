@@ -2,8 +2,8 @@
 // Timelines: a step drawn as one row per stage, forwards and backwards in two
 // colours with their micro-batch numbers, idle time as the grey between them.
 // Several blocks share one time axis, so a prediction drawn above the
-// measured step shows where the two part. Written as SVG, or as PNG (no
-// library needed: plugin/trace/png.h).
+// measured step shows where the two part. Written as SVG, which any browser
+// shows and any converter turns into a bitmap.
 
 #include "plugin/step_result.h"
 #include "schedules/simulate.h"
@@ -29,11 +29,11 @@ TimelineBlock timeline_block(const schedules::Simulation& simulation, const std:
 TimelineBlock timeline_block(const StepResult& step, const std::string& title);
 
 std::string timeline_svg(const std::vector<TimelineBlock>& blocks);
-std::vector<uint8_t> timeline_png(const std::vector<TimelineBlock>& blocks);
-// SVG, or PNG when `path` ends in ".png"; written atomically.
+// Written atomically; `path` must end in ".svg" (std::invalid_argument names the
+// ways to a PNG otherwise).
 void write_timeline(const std::string& path, const std::vector<TimelineBlock>& blocks);
 
-// --- the drawing both formats share --------------------------------------
+// --- the drawing, as rectangles and text --------------------------------------
 struct Rgb {
   uint8_t r = 0, g = 0, b = 0;
   friend bool operator==(const Rgb&, const Rgb&) = default;
@@ -51,7 +51,7 @@ struct SceneText {
 struct Scene {
   int width = 0, height = 0;
   std::vector<SceneRect> rects;  // drawn in order
-  std::vector<SceneText> texts;  // over the rectangles, in a 5x7 font at twice its size
+  std::vector<SceneText> texts;  // over the rectangles, in monospace, kGlyphWidth x kGlyphHeight a character
 };
 constexpr int kGlyphWidth = 12, kGlyphHeight = 14;  // a character's cell in the scene
 Scene timeline_scene(const std::vector<TimelineBlock>& blocks);

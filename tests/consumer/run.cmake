@@ -22,12 +22,28 @@ foreach(public conveyor.h plugin/pipeline.h plugin/version.h plugin/model/stage.
     message(FATAL_ERROR "public header ${public} was not installed")
   endif()
 endforeach()
-foreach(internal plugin/runtime plugin/support/fault_injection.h plugin/trace/png.h plugin/transport/mailbox.h
+foreach(internal plugin/runtime plugin/support/fault_injection.h plugin/transport/mailbox.h
                  plugin/transport/c10d_state.h plugin/checkpoint/checkpoint_decode.h)
   if(EXISTS "${_include}/${internal}")
     message(FATAL_ERROR "internal ${internal} was installed")
   endif()
 endforeach()
+# The installed library points into no directory of the build machine (its
+# virtual environment, the build tree): whoever links it links LibTorch too.
+file(GLOB _installed_libs "${WORK_DIR}/prefix/lib*/libconveyor.so.*.*")
+if(NOT _installed_libs)
+  message(FATAL_ERROR "libconveyor.so was not installed under ${WORK_DIR}/prefix/lib")
+endif()
+foreach(lib IN LISTS _installed_libs)
+  file(READ_ELF "${lib}" RPATH _rpath RUNPATH _runpath)
+  if(_rpath OR _runpath)
+    message(FATAL_ERROR "installed ${lib} has RPATH '${_rpath}' RUNPATH '${_runpath}': it must carry none")
+  endif()
+endforeach()
+# The Python package's files are not part of a plain install.
+if(EXISTS "${WORK_DIR}/prefix/conveyor")
+  message(FATAL_ERROR "cmake --install installed the Python package's files (component python) too")
+endif()
 run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build" -G Ninja
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DTorch_DIR=${TORCH_DIR}
     -DCONVEYOR_MINIMAL_EXAMPLE=${SOURCE_DIR}/examples/minimal.cpp)
