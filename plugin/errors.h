@@ -18,17 +18,24 @@ namespace conveyor {
 
 class PipelineError : public std::runtime_error {
  public:
-  PipelineError(int stage, int microbatch, std::string action, const std::string& message)
-      : std::runtime_error(message), stage_(stage), microbatch_(microbatch), action_(std::move(action)) {}
+  PipelineError(int stage, int microbatch, std::string action, const std::string& message, bool timed_out = false)
+      : std::runtime_error(message),
+        stage_(stage),
+        microbatch_(microbatch),
+        action_(std::move(action)),
+        timed_out_(timed_out) {}
 
   int stage() const { return stage_; }                   // -1 when not tied to a stage
   int microbatch() const { return microbatch_; }         // -1 when not tied to a micro-batch
   const std::string& action() const { return action_; }  // text form, e.g. "1F3"; empty if none
+  // Whether a blocking wait ran out (a stalled or dead peer): a TimeoutError inside the step.
+  bool timed_out() const { return timed_out_; }
 
  private:
   int stage_;
   int microbatch_;
   std::string action_;
+  bool timed_out_;
 };
 
 // A non-finite loss or gradient stopped training. The pipeline's weights (and

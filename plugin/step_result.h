@@ -19,6 +19,10 @@ struct TraceEvent {
 struct StepResult {
   // The step's loss, equal to the unsplit model's loss on the whole batch.
   double loss = 0;
+  // Each micro-batch's own loss, as loss_fn returned it (its mean, for
+  // LossReduction::kMean), in micro-batch order; empty where this process
+  // does not run the last stage.
+  std::vector<double> microbatch_losses;
   // Wall time of the whole step.
   double wall_seconds = 0;
   // Per stage: time spent computing inside actions (forward, backward, loss,
@@ -72,9 +76,9 @@ struct StepResult {
   // ("X") event per action, a track per stage.
   std::string chrome_trace_json() const;
   void write_chrome_trace(const std::string& path) const;  // throws std::runtime_error on I/O failure
-  // The step as a timeline, a row per stage (plugin/trace/timeline.h): an SVG, or
-  // a PNG when `path` ends in ".png". Plan::write_timeline draws the
-  // prediction above it. Throws std::invalid_argument without a trace.
+  // The step as a timeline, a row per stage (plugin/trace/timeline.h), in SVG.
+  // Plan::write_timeline draws the prediction above it. Throws
+  // std::invalid_argument without a trace.
   void write_timeline(const std::string& path) const;
 };
 

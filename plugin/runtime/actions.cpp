@@ -145,6 +145,8 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
     if (options_.divergence_guard) {
       check_finite(k, mb, "loss", {loss.detach()}, ctx, Action{k, ActionKind::kForward, mb}.str());
     }
+    if (st.microbatch_losses.size() <= static_cast<size_t>(mb)) st.microbatch_losses.resize(mb + 1);
+    st.microbatch_losses[mb] = loss.detach();
     const at::Tensor value = loss.detach() * data.report_weight[mb];
     st.loss_sum = st.loss_sum.defined() ? st.loss_sum + value : value;
     if (build_graph) roots = {loss * data.loss_scale[mb]};

@@ -226,6 +226,9 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   result.bubble_fraction = wall > 0 && runs > 0 ? std::max(0.0, 1.0 - busy_total / (runs * wall)) : 0.0;
   const auto& loss_sum = ctx.stages.back().loss_sum;
   result.loss = loss_sum.defined() ? loss_sum.item<double>() : std::numeric_limits<double>::quiet_NaN();
+  for (const at::Tensor& l : ctx.stages.back().microbatch_losses) {
+    result.microbatch_losses.push_back(l.defined() ? l.item<double>() : std::numeric_limits<double>::quiet_NaN());
+  }
   return result;
 }
 
@@ -260,8 +263,10 @@ void Runtime::run_worker(int w, StepContext& ctx) {
         transport_->barrier(w, static_cast<int>(next_barrier));
       } catch (const TimeoutError& e) {
         const int k = mine.front();
-        throw PipelineError(k, -1, "", c10::str("conveyor: stage ", k, " failed at lock-step barrier ", next_barrier,
-                                                ": ", message_of(e), busy_now(k)));
+        throw PipelineError(k, -1, "",
+                            c10::str("conveyor: stage ", k, " failed at lock-step barrier ", next_barrier, ": ",
+                                     message_of(e), busy_now(k)),
+                            /*timed_out=*/true);
       }
     }
   };
@@ -292,8 +297,9 @@ void Runtime::run_worker(int w, StepContext& ctx) {
       throw;
     } catch (const std::exception& e) {
       std::string message = c10::str("conveyor: stage ", k, " failed in ", describe(action), ": ", message_of(e));
-      if (dynamic_cast<const TimeoutError*>(&e)) message += busy_now(k);
-      throw PipelineError(k, action.microbatch, action.str(), message);
+      const bool timed_out = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+      if (timed_out) message += busy_now(k);
+      throw PipelineError(k, action.microbatch, action.str(), message, timed_out);
     }
     st.action = -1;
     st.versions.note_peak();

@@ -28,6 +28,7 @@ struct Runtime::StepContext {
     double wait_in = 0, wait_out = 0;
     std::vector<TraceEvent> trace;
     at::Tensor loss_sum;
+    std::vector<at::Tensor> microbatch_losses;  // the last stage's, by micro-batch
     int updates = 0;
     // Updates a loss scaler skipped, and the largest norm an update of an
     // asynchronous schedule was clipped by (NaN: none).
