@@ -7,4 +7,5 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/script_nodes.cpp
   ${CMAKE_CURRENT_LIST_DIR}/torchscript.cpp
   ${CMAKE_CURRENT_LIST_DIR}/python_class.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/python_options.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/python_options.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/script_pipeline.cpp)
