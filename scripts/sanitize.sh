@@ -36,7 +36,7 @@ configure() {
     -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
     -DCMAKE_SHARED_LINKER_FLAGS="$flags" "$@" -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_EXAMPLES=OFF \
     -DCONVEYOR_BUILD_BENCHMARKS=OFF -DCONVEYOR_PRECOMPILE_HEADERS=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
-    -DCONVEYOR_PYTHON="$py" \
+    -DCONVEYOR_PYTHON="$py" -DCONVEYOR_PYTHON_MODULE=OFF \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST >"$dir/sanitize-configure.log" 2>&1 ||
     { tail -n 30 "$dir/sanitize-configure.log" >&2; echo "sanitize: configuring $dir failed" >&2; return 1; }
 }

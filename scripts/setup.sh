@@ -5,12 +5,17 @@
 #    and the translator's parallel corpus: the King James Version and the
 #    Reina-Valera 1909 as SWORD modules, with diatheke to read them;
 #  - the project's own virtual environment .venv with LibTorch (the torch
-#    wheel, CUDA 13 build), numpy, pytest, scikit-learn and sacrebleu.
+#    wheel: the CUDA 13 build where a CUDA compiler is found, the CPU build
+#    where none is; scripts/lib/choose_torch.sh), numpy, pytest,
+#    scikit-learn, sacrebleu, and scikit-build-core (pip install . of the
+#    Python package).
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-torch_version="${CONVEYOR_TORCH_VERSION:-2.14.1}"
-fallback_torch="2.13.0"
+# shellcheck source=lib/choose_torch.sh
+source "$root/scripts/lib/choose_torch.sh"
+torch_version="$(conveyor_torch_version)"
+fallback_torch="$conveyor_cpu_torch"
 
 apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev diatheke sword-text-kjv
   sword-text-sparv)
@@ -22,7 +27,11 @@ venv="$root/.venv"
 py="$venv/bin/python"
 [ -x "$py" ] || python3 -m venv "$venv"
 have_torch() { "$py" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$1' else 1)" 2>/dev/null; }
-if ! have_torch "$torch_version" && ! have_torch "$fallback_torch"; then
+# The CPU build stands in for a CUDA one that failed to install, never the
+# other way round: a CUDA LibTorch does not configure without the toolkit.
+if ! have_torch "$torch_version" && { [ "$torch_version" = "$fallback_torch" ] || ! have_torch "$fallback_torch"; }; then
+  [ "$torch_version" != "$fallback_torch" ] || conveyor_have_nvcc ||
+    echo "setup: no CUDA compiler found (nvcc): LibTorch comes from the CPU build of torch"
   echo "setup: installing torch==$torch_version into .venv (LibTorch comes from this wheel)"
   if ! "$py" -m pip install -q "torch==$torch_version"; then
     echo "setup: torch==$torch_version failed to install; falling back to torch==$fallback_torch (CPU build)" >&2
@@ -32,7 +41,8 @@ fi
 # numpy and pytest for the Python tests; scikit-learn ships the digits images
 # the ResNet study trains on (sklearn/datasets/data/digits.csv.gz); sacrebleu
 # scores the translator.
-"$py" -c "import numpy, pytest, sklearn, sacrebleu" 2>/dev/null || "$py" -m pip install -q numpy pytest scikit-learn sacrebleu
+"$py" -c "import numpy, pytest, sklearn, sacrebleu, scikit_build_core" 2>/dev/null ||
+  "$py" -m pip install -q numpy pytest scikit-learn sacrebleu "scikit-build-core>=0.10"
 # Build tools: use the machine's cmake/ninja when recent enough, else the venv's.
 if ! cmake --version 2>/dev/null | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=25))}'; then
   "$py" -m pip install -q "cmake>=3.25"

@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# The test command: set-up, build, fuzz the parsers, every test (C++ and Python) via ctest, then
-# the C++ tests again under sanitizers.
+# The test command: set-up, build, the Python package installed into .venv
+# (pip install . reusing the build), fuzzing of the parsers, every test (C++
+# and Python) via ctest, then the C++ tests again under sanitizers.
+#   bash scripts/test.sh            the full run, as CI makes it
+#   bash scripts/test.sh --quick    for contributors: set-up, an incremental
+#                                   build and install, and every test not
+#                                   labelled "slow" (no fuzzing, no sanitizers);
+#                                   a few minutes after the first build
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "test.sh: unknown argument '$1' (--quick, or nothing for the full run)" >&2; exit 2 ;;
+esac
 start=$(date +%s)
 bash "$root/scripts/build.sh"
 build="${CONVEYOR_BUILD_DIR:-$root/build}"
 export PATH="$root/.venv/bin:$PATH"
+py="$root/.venv/bin/python"
+# The package as a user installs it (pip install .), built in the build
+# directory just made, so that the library is not compiled a second time.
+t0=$(date +%s)
+"$py" -m pip install -q --no-build-isolation --no-deps -C build-dir="$build" "$root" >"$build/pip-install.log" 2>&1 ||
+  { tail -n 40 "$build/pip-install.log" >&2; echo "test.sh: pip install . failed (log: $build/pip-install.log)" >&2; exit 1; }
+echo "test.sh: installed the conveyor package into .venv in $(( $(date +%s) - t0 )) s"
+if [ "$quick" = 1 ]; then
+  ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 --label-exclude slow
+  echo "test.sh --quick: done in $(( $(date +%s) - start )) s"
+  exit 0
+fi
 # The parsers under libFuzzer + ASan/UBSan first (CONVEYOR_FUZZ_SECONDS per
 # target, default 60; 0 skips; seed CONVEYOR_FUZZ_SEED, default 1, so that
 # every run of this command fuzzes the same inputs), then every test.

@@ -1,0 +1,350 @@
+// conveyor._C: the extension module behind the `conveyor` Python package
+// (python/conveyor/). It wraps ScriptPipeline (plugin/script/script_pipeline.h)
+// and adds what only Python has: a loss function and a learning-rate schedule
+// that are Python callables, called on the pipeline's threads with the GIL
+// taken for the call alone (train_step and forward release it while the
+// stages run), and errors raised as the Python exceptions they are.
+
+#include "plugin/checkpoint/checkpoint.h"
+#include "plugin/errors.h"
+#include "plugin/script/python_options.h"
+#include "plugin/script/script_pipeline.h"
+#include "plugin/trace/timeline.h"
+#include "plugin/version.h"
+
+#include <torch/extension.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace py = pybind11;
+
+namespace conveyor {
+namespace {
+
+// A Python object held by C++ code that any thread may copy or drop: the
+// last owner takes the GIL to release it.
+std::shared_ptr<py::object> hold(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// The first Python exception a callback raised inside a step, kept to be
+// raised again in the caller's thread once the step has unwound.
+struct RaisedInStep {
+  std::mutex mutex;
+  std::optional<py::error_already_set> error;
+
+  void keep(py::error_already_set&& e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!error) error = std::move(e);
+  }
+  std::optional<py::error_already_set> take() {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto out = std::move(error);
+    error.reset();
+    return out;
+  }
+};
+
+py::object python_tensors(const Tensors& tensors) {
+  if (tensors.size() == 1) return py::cast(tensors[0]);
+  py::tuple out(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) out[i] = tensors[i].defined() ? py::cast(tensors[i]) : py::none();
+  return out;
+}
+
+// What ScriptPipeline reads from Python values: None, bool, int, float, str,
+// tensors, lists, tuples, dicts of them, and ScriptModules (a scripted loss).
+c10::IValue ivalue_of(const py::handle& v, const std::string& what) {
+  if (v.is_none()) return {};
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
+  if (py::isinstance<py::tuple>(v)) {
+    std::vector<c10::IValue> items;
+    for (const auto& item : v) items.push_back(ivalue_of(item, what));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  if (py::isinstance<py::list>(v)) {
+    c10::impl::GenericList items(c10::AnyType::get());
+    for (const auto& item : v) items.push_back(ivalue_of(item, what));
+    return items;
+  }
+  if (py::isinstance<py::dict>(v)) {
+    c10::impl::GenericDict items(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [key, value] : py::reinterpret_borrow<py::dict>(v)) {
+      items.insert(py::str(key).cast<std::string>(), ivalue_of(value, what));
+    }
+    return items;
+  }
+  if (py::hasattr(v, "_c") && py::isinstance<torch::jit::Module>(v.attr("_c"))) {
+    return v.attr("_c").cast<torch::jit::Module>()._ivalue();
+  }
+  throw std::invalid_argument("conveyor.Pipeline: " + what + " cannot be a " +
+                              py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
+}
+
+Tensors tensors_from(const char* what, const py::handle& value) {
+  return as_tensors(what, ivalue_of(value, std::string("the ") + what));
+}
+
+// Calls `fn` with the GIL; a Python exception is kept in `raised` and the
+// step fails with its message (the runtime names stage and micro-batch).
+template <typename Fn>
+auto call_python(const std::shared_ptr<RaisedInStep>& raised, const char* what, Fn&& fn) -> decltype(fn()) {
+  py::gil_scoped_acquire gil;
+  try {
+    return fn();
+  } catch (py::error_already_set& e) {
+    const std::string message = std::string(what) + " raised " + e.what();
+    raised->keep(std::move(e));
+    throw std::runtime_error(message);
+  }
+}
+
+TensorsLossFn python_loss(py::object fn, std::shared_ptr<RaisedInStep> raised) {
+  auto callable = hold(std::move(fn));
+  return [callable, raised](const Tensors& outputs, const Tensors& targets) {
+    return call_python(raised, "loss_fn", [&] {
+      const py::object loss = (*callable)(python_tensors(outputs), python_tensors(targets));
+      if (!THPVariable_Check(loss.ptr())) {
+        const std::string got = py::str(py::type::handle_of(loss).attr("__name__"));
+        PyErr_SetString(PyExc_TypeError, ("conveyor.Pipeline: loss_fn must return a scalar tensor, got " + got).c_str());
+        throw py::error_already_set();
+      }
+      return loss.cast<at::Tensor>();
+    });
+  };
+}
+
+LearningRateSchedule python_lr_schedule(py::object fn, std::shared_ptr<RaisedInStep> raised) {
+  auto callable = hold(std::move(fn));
+  return [callable, raised](int64_t update) {
+    return call_python(raised, "lr_schedule", [&] { return (*callable)(update).cast<double>(); });
+  };
+}
+
+// A step's result with the plan's prediction (when the plan made one), for
+// pictures of predicted against measured.
+struct StepReport : StepResult {
+  std::shared_ptr<const Plan> plan;
+
+  std::vector<TimelineBlock> timeline() const {
+    std::vector<TimelineBlock> blocks;
+    if (plan) blocks.push_back(timeline_block(plan->simulation, "predicted"));
+    blocks.push_back(timeline_block(*this, "measured"));
+    return blocks;
+  }
+};
+
+class PyPipeline {
+ public:
+  // `options`: a dict of ScriptPipeline's options, typed (the package checks
+  // types and names first); `loss_fn` and `lr_schedule`: Python callables or None.
+  PyPipeline(const py::object& script_module, const py::dict& options, const py::object& loss_fn,
+             const py::object& lr_schedule)
+      : raised_(std::make_shared<RaisedInStep>()) {
+    c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [key, value] : options) {
+      const auto name = py::cast<std::string>(key);
+      generic.insert(name, ivalue_of(value, "option '" + name + "'"));
+    }
+    const ScriptOptions dict = c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic));
+    const c10::IValue model = py::isinstance<py::str>(script_module)
+                                  ? c10::IValue(py::cast<std::string>(script_module))
+                                  : c10::IValue(py::cast<torch::jit::Module>(script_module)._ivalue());
+    const TensorsLossFn python_loss_fn = loss_fn.is_none() ? nullptr : python_loss(loss_fn, raised_);
+    const LearningRateSchedule python_lr = lr_schedule.is_none() ? nullptr : python_lr_schedule(lr_schedule, raised_);
+    const auto customize = [&](PipelineOptions& opts, TensorsLossFn& loss) {
+      if (python_loss_fn) loss = python_loss_fn;
+      if (python_lr) opts.lr_schedule(python_lr);
+    };
+    // Building may run the model (balance "time" profiles it), and autograd
+    // and the Python callbacks need the GIL free.
+    released([&] { pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize); });
+    if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
+  }
+
+  StepReport train_step(const py::object& input, const py::object& target) {
+    const Tensors inputs = tensors_from("input", input), targets = tensors_from("target", target);
+    StepReport report;
+    static_cast<StepResult&>(report) = released([&] { return pipe_->train_step(inputs, targets); });
+    report.plan = plan_;
+    return report;
+  }
+
+  const std::shared_ptr<const Plan>& plan() const { return plan_; }
+
+  py::object forward(const py::object& input) {
+    const Tensors inputs = tensors_from("input", input);
+    return python_tensors(released([&] { return pipe_->forward(inputs); }));
+  }
+
+  ScriptPipeline& script() { return *pipe_; }
+  Pipeline& pipeline() { return pipe_->pipeline(); }
+
+ private:
+  // Runs `fn` without the GIL; a Python callback's exception is raised as itself.
+  template <typename Fn>
+  auto released(Fn&& fn) -> decltype(fn()) {
+    raised_->take();
+    try {
+      py::gil_scoped_release nogil;
+      return fn();
+    } catch (const std::exception& e) {
+      if (auto error = raised_->take()) {
+        if (const auto* p = dynamic_cast<const PipelineError*>(&e); p && py::hasattr(error->value(), "add_note")) {
+          error->value().attr("add_note")(c10::str("(raised in conveyor stage ", p->stage(), ", micro-batch ",
+                                                   p->microbatch(), ", action ", p->action(),
+                                                   "; the step was rolled back)"));
+        }
+        throw std::move(*error);
+      }
+      throw;
+    }
+  }
+
+  std::shared_ptr<RaisedInStep> raised_;
+  std::unique_ptr<ScriptPipeline> pipe_;
+  std::shared_ptr<const Plan> plan_;
+};
+
+py::dict plan_prediction(const Plan& plan) {
+  py::dict out;
+  out["step_seconds"] = plan.step_seconds();
+  out["bubble"] = plan.bubble_fraction();
+  py::list stages;
+  for (const auto& s : plan.predicted) {
+    py::dict d;
+    d["forward_seconds"] = s.forward_seconds;
+    d["backward_seconds"] = s.backward_seconds;
+    d["transfer_seconds"] = s.transfer_seconds;
+    d["peak_bytes"] = s.peak_bytes();
+    stages.append(d);
+  }
+  out["stages"] = stages;
+  out["text"] = plan.str();
+  return out;
+}
+
+void raise_conveyor_error(const char* name, const PipelineError& e) {
+  const py::object cls = py::module_::import("conveyor._errors").attr(name);
+  const py::object error = cls(message_of(e), e.stage(), e.microbatch(), e.action());
+  PyErr_SetObject(cls.ptr(), error.ptr());
+}
+
+void translate_errors(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const DivergenceError& e) {
+    raise_conveyor_error("DivergenceError", e);
+  } catch (const PipelineError& e) {
+    raise_conveyor_error(e.timed_out() ? "PipelineTimeoutError" : "PipelineError", e);
+  } catch (const TimeoutError& e) {
+    PyErr_SetString(PyExc_TimeoutError, message_of(e).c_str());
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, message_of(e).c_str());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+}  // namespace conveyor
+
+PYBIND11_MODULE(_C, m) {
+  using namespace conveyor;
+  m.doc() = "Conveyor's extension module; use the conveyor package's Pipeline.";
+  m.attr("__version__") = CONVEYOR_VERSION;
+  m.attr("torch_version") = CONVEYOR_TORCH_VERSION;
+  py::register_exception_translator(translate_errors);
+  m.def("options", [] {
+    return std::vector<std::string>(script_pipeline_options().begin(), script_pipeline_options().end());
+  });
+
+  py::class_<StepReport>(m, "StepResult")
+      .def_readonly("loss", &StepResult::loss)
+      .def_readonly("microbatch_losses", &StepResult::microbatch_losses)
+      .def_readonly("wall_seconds", &StepResult::wall_seconds)
+      .def_readonly("busy_seconds", &StepResult::busy_seconds)
+      .def_readonly("bubble", &StepResult::bubble_fraction)
+      .def_readonly("peak_inflight", &StepResult::peak_inflight)
+      .def_readonly("peak_stash_bytes", &StepResult::peak_stash_bytes)
+      .def_readonly("peak_weight_versions", &StepResult::peak_weight_versions)
+      .def_readonly("updates", &StepResult::updates)
+      .def_readonly("stepped", &StepResult::stepped)
+      .def_readonly("skipped_updates", &StepResult::skipped_updates)
+      .def_readonly("loss_scale", &StepResult::loss_scale)
+      .def_readonly("grad_norm", &StepResult::grad_norm)
+      .def_readonly("activation_bytes_sent", &StepResult::activation_bytes_sent)
+      .def_readonly("gradient_bytes_sent", &StepResult::gradient_bytes_sent)
+      .def_property_readonly("trace",
+                             [](const StepReport& r) {
+                               py::list stages;
+                               for (const auto& row : r.trace) {
+                                 py::list events;
+                                 for (const auto& e : row) {
+                                   events.append(py::make_tuple(e.action.str(), e.start_us * 1e-6, e.end_us * 1e-6));
+                                 }
+                                 stages.append(events);
+                               }
+                               return stages;
+                             })
+      .def("chrome_trace_json", &StepResult::chrome_trace_json)
+      .def("write_chrome_trace", &StepResult::write_chrome_trace, py::arg("path"))
+      .def_property_readonly("prediction",
+                             [](const StepReport& r) -> py::object {
+                               return r.plan ? py::object(plan_prediction(*r.plan)) : py::none();
+                             })
+      .def("timeline_svg", [](const StepReport& r) { return timeline_svg(r.timeline()); })
+      .def(
+          "write_timeline", [](const StepReport& r, const std::string& path) { write_timeline(path, r.timeline()); },
+          py::arg("path"));
+
+  py::class_<PyPipeline>(m, "Pipeline")
+      .def(py::init<py::object, py::dict, py::object, py::object>(), py::arg("model"), py::arg("options"),
+           py::arg("loss_fn"), py::arg("lr_schedule"))
+      .def("train_step", &PyPipeline::train_step)
+      .def("forward", &PyPipeline::forward)
+      .def("clip_grad_norm",
+           [](PyPipeline& p, double max_norm, double norm_type) {
+             py::gil_scoped_release nogil;
+             return p.pipeline().clip_grad_norm(max_norm, norm_type);
+           })
+      .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
+      .def("named_parameters", [](PyPipeline& p) { return p.script().named_parameters(); })
+      .def("named_buffers", [](PyPipeline& p) { return p.script().named_buffers(); })
+      .def("load_state_dict", [](PyPipeline& p, const std::vector<std::pair<std::string, at::Tensor>>& state) {
+        p.script().load_state_dict(state);
+      })
+      .def("train", [](PyPipeline& p, bool on) { p.pipeline().train(on); })
+      .def("num_stages", [](PyPipeline& p) { return p.pipeline().num_stages(); })
+      .def("num_workers", [](PyPipeline& p) { return p.pipeline().num_workers(); })
+      .def("schedule", [](PyPipeline& p) { return p.pipeline().schedule().str(); })
+      .def("plan", [](PyPipeline& p) { return p.script().plan_text(); })
+      .def("prediction",
+           [](PyPipeline& p) -> py::object { return p.plan() ? py::object(plan_prediction(*p.plan())) : py::none(); })
+      .def("fused_ops_report", [](PyPipeline& p) { return p.script().fused_ops_report(); })
+      .def("completed_steps", [](PyPipeline& p) { return p.pipeline().completed_steps(); })
+      .def("save_checkpoint",
+           [](PyPipeline& p, const std::string& path, int64_t step) {
+             save_checkpoint(path, p.pipeline(), TrainingState{step, {}});
+           })
+      .def("load_checkpoint",
+           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.pipeline()); });
+}

@@ -1,0 +1,280 @@
+"""The installed `conveyor` package (pip install .): an nn.Module and a Python
+loss function in, exact gradients and a StepResult out, errors as the Python
+exceptions they should be. Runs against the installed package, not build/."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import conveyor
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
+
+
+def test_the_package_is_the_installed_one():
+    source_tree = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert "site-packages" in conveyor.__file__ or "dist-packages" in conveyor.__file__, conveyor.__file__
+    assert not conveyor.__file__.startswith(source_tree + os.sep + "python"), conveyor.__file__
+    assert conveyor.torch_version == torch.__version__
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(h))
+
+
+class TwoInputs(nn.Module):
+    """Two inputs (features and a per-sample gate), a residual across a cut."""
+
+    def __init__(self, width=16, classes=5):
+        super().__init__()
+        self.embed = nn.Linear(6, width)
+        self.block0 = Block(width)
+        self.block1 = Block(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x, gate):
+        h = torch.tanh(self.embed(x)) * torch.sigmoid(gate)
+        skip = h
+        h = self.block1(self.block0(h))
+        return self.head(h + skip)
+
+
+def batch(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    gate = torch.randn(n, 16, generator=g, dtype=torch.float64)
+    y = torch.randint(5, (n,), generator=g)
+    return x, gate, y
+
+
+def loss_fn(out, target):
+    return F.cross_entropy(out, target)
+
+
+def models(seed=0):
+    torch.manual_seed(seed)
+    eager = TwoInputs().double()
+    return eager, copy.deepcopy(eager)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gradients_equal_eager_pytorch(schedule):
+    eager, model = models()
+    pipe = conveyor.Pipeline(model, split_points=["block1", "head"], microbatches=4, schedule=schedule,
+                             loss_fn=lambda out, target: F.cross_entropy(out, target))
+    assert pipe.num_stages == 3
+    x, gate, y = batch()
+    result = pipe.train_step((x, gate), y)
+    expected = loss_fn(eager(x, gate), y)
+    expected.backward()
+    assert abs(result.loss - expected.item()) <= 1e-10
+    got = dict(pipe.named_parameters())
+    assert list(got) == [n for n, _ in eager.named_parameters()]
+    for name, p in eager.named_parameters():
+        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+    # Each micro-batch's own loss; equal micro-batches weigh alike in the mean.
+    assert len(result.microbatch_losses) == 4
+    assert abs(sum(result.microbatch_losses) / 4 - result.loss) <= 1e-10
+
+
+def test_torch_optim_over_parameters_trains_as_eager_does():
+    eager, model = models(1)
+    pipe = conveyor.Pipeline(model, split_points=["block0", "head"], microbatches=3, schedule="1f1b", loss_fn=loss_fn)
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    losses = []
+    for step in range(5):
+        x, gate, y = batch(seed=10)  # one batch, seen again: its loss must fall
+        opt.zero_grad()
+        losses.append(pipe.train_step((x, gate), y).loss)
+        opt.step()
+        ref.zero_grad()
+        loss_fn(eager(x, gate), y).backward()
+        ref.step()
+    for (name, p), (_, q) in zip(pipe.named_parameters(), eager.named_parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-10), name
+    assert losses[-1] < losses[0]
+
+
+class LossBroke(Exception):
+    pass
+
+
+def test_a_loss_that_raises_reaches_the_caller_as_itself_and_the_step_rolls_back():
+    _, model = models()
+    calls = {"n": 0}
+
+    def flaky(out, target):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise LossBroke("no loss today")
+        return loss_fn(out, target)
+
+    pipe = conveyor.Pipeline(model, split_points=["block1"], microbatches=3, schedule="1f1b", loss_fn=flaky,
+                             optimizer="sgd", lr=0.1)
+    before = {n: p.detach().clone() for n, p in pipe.named_parameters()}
+    x, gate, y = batch()
+    with pytest.raises(LossBroke, match="no loss today") as raised:
+        pipe.train_step((x, gate), y)
+    assert any("conveyor stage 1, micro-batch 1" in note for note in getattr(raised.value, "__notes__", []))
+    for n, p in pipe.named_parameters():
+        assert torch.equal(p, before[n]), n  # the pipeline's optimizer did not step
+    assert pipe.train_step((x, gate), y).stepped  # and the next step runs
+
+
+def test_a_loss_that_returns_no_tensor_is_a_type_error():
+    _, model = models()
+    pipe = conveyor.Pipeline(model, split_points=["block1"], loss_fn=lambda out, target: 3.0)
+    with pytest.raises(TypeError, match="loss_fn must return a scalar tensor, got float"):
+        pipe.train_step(batch()[:2], batch()[2])
+
+
+def test_state_dict_round_trips_through_torch_save(tmp_path):
+    _, model = models(2)
+    pipe = conveyor.Pipeline(model, split_points=["block1"], microbatches=2, loss_fn=loss_fn)
+    path = tmp_path / "state.pt"
+    torch.save(pipe.state_dict(), path)
+    _, other = models(3)
+    other_pipe = conveyor.Pipeline(other, split_points=["block1"], microbatches=2, loss_fn=loss_fn)
+    x, gate, _ = batch()
+    assert not torch.equal(pipe(x, gate), other_pipe(x, gate))
+    assert other_pipe.load_state_dict(torch.load(path)) == ([], [])
+    assert torch.equal(pipe(x, gate), other_pipe(x, gate))
+    state = pipe.state_dict()
+    state["extra"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="unexpected 'extra'"):
+        other_pipe.load_state_dict(state)
+    assert other_pipe.load_state_dict(state, strict=False).unexpected_keys == ["extra"]
+
+
+def test_step_result_shows_where_the_time_went(tmp_path):
+    _, model = models()
+    x, gate, y = batch(24)
+    pipe = conveyor.Pipeline(model, split_points=["block1"], microbatches=4, schedule="1f1b", loss_fn=loss_fn,
+                             balance="time", sample=((x, gate), y))
+    result = pipe.train_step((x, gate), y)
+    assert isinstance(result, conveyor.StepResult)
+    assert 0 <= result.bubble < 1
+    assert len(result.busy_seconds) == pipe.num_stages == 2
+    assert [len(events) for events in result.trace] == [8, 8]  # 4 forwards and 4 backwards per stage
+    path = tmp_path / "step.json"
+    result.write_chrome_trace(str(path))
+    events = json.loads(path.read_text())
+    assert len([e for e in events["traceEvents"] if e.get("ph") == "X"]) == 16
+    svg = result.timeline_svg()
+    assert svg.startswith("<svg") and ">predicted</text>" in svg and ">measured</text>" in svg
+    assert result.prediction is not None and result.prediction["step_seconds"] > 0
+    assert len(result.prediction["stages"]) == 2
+    with pytest.raises(ValueError, match="must end in .svg"):
+        result.write_timeline(str(tmp_path / "step.png"))
+
+
+def test_help_documents_every_argument():
+    import inspect
+    doc = conveyor.Pipeline.__doc__
+    for name in inspect.signature(conveyor.Pipeline.__init__).parameters:
+        if name not in ("self", "unknown"):
+            assert name in doc, name
+
+
+@pytest.mark.parametrize("keyword, message", [
+    ({"stages": 2}, "unknown keyword argument 'stages'; did you mean workers"),
+    ({"micro_batches": 2}, "unknown keyword argument 'micro_batches'; did you mean microbatches"),
+    ({"frobnicate": True}, "unknown keyword argument 'frobnicate'"),
+])
+def test_unknown_keywords_are_refused_by_name(keyword, message):
+    with pytest.raises(TypeError, match=message):
+        conveyor.Pipeline(TwoInputs(), loss_fn=loss_fn, **keyword)
+
+
+@pytest.mark.parametrize("keyword, error, message", [
+    ({"microbatches": "4"}, TypeError, "microbatches must be an int, got str"),
+    ({"microbatches": 0}, ValueError, "microbatches must be at least 1"),
+    ({"schedule": "zigzag"}, ValueError, "zigzag"),
+    ({"balance": "weight"}, ValueError, "balance must be one of"),
+    ({"timeout": -1}, ValueError, "timeout must be a positive number of seconds"),
+    ({"autocast": "fp8"}, ValueError, "autocast must be one of"),
+    ({"optimizer": "lamb"}, ValueError, "optimizer must be one of"),
+    ({"loss_fn": 3}, TypeError, "loss_fn must be a callable"),
+    ({"split_points": ["nowhere"]}, ValueError, "nowhere"),
+    ({"lr": 0.1}, ValueError, "give 'optimizer' too"),
+])
+def test_bad_options_are_refused_naming_them(keyword, error, message):
+    kwargs = {"split_points": ["block1"], "loss_fn": loss_fn}
+    kwargs.update(keyword)
+    with pytest.raises(error, match=message):
+        conveyor.Pipeline(TwoInputs(), **kwargs)
+
+
+class Unscriptable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4), Odd())
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Odd(nn.Module):
+    def forward(self, x):
+        return x * len({"a": x}.items().__iter__.__name__)  # not TorchScript
+
+
+def test_a_model_that_does_not_script_names_the_submodule_and_offers_tracing():
+    with pytest.raises(ValueError, match=r"submodule 'inner.1' \(Odd\)(.|\n)*example_inputs"):
+        conveyor.Pipeline(Unscriptable(), loss_fn=loss_fn)
+
+
+def test_a_stalled_stage_is_a_timeout_error():
+    import time
+    _, model = models()
+
+    def slow(out, target):
+        time.sleep(1.0)
+        return loss_fn(out, target)
+
+    pipe = conveyor.Pipeline(model, split_points=["block1"], microbatches=2, loss_fn=slow, timeout=0.2)
+    x, gate, y = batch()
+    with pytest.raises(TimeoutError) as raised:
+        pipe.train_step((x, gate), y)
+    assert isinstance(raised.value, conveyor.PipelineTimeoutError)
+    assert raised.value.stage == 0 and "timed out" in str(raised.value)
+
+
+def test_the_pipelines_own_optimizer_with_a_python_learning_rate_schedule():
+    _, model = models(4)
+    seen = []
+
+    def schedule(update):
+        seen.append(update)
+        return 0.05 / (1 + update)
+
+    pipe = conveyor.Pipeline(model, split_points=["block1"], microbatches=4, schedule="pipedream", loss_fn=loss_fn,
+                             optimizer="sgd", lr=0.05, lr_schedule=schedule)
+    x, gate, y = batch(32)
+    first = pipe.train_step((x, gate), y)
+    for _ in range(10):
+        last = pipe.train_step((x, gate), y)
+    assert last.loss < first.loss
+    assert first.updates == [4, 4]  # an update per micro-batch on every stage
+    assert 0 in seen and max(seen) == 43  # 11 steps x 4 micro-batches, counted from 0 on each stage
+
+
+def test_a_torch_version_mismatch_is_refused_at_import():
+    code = "import torch; torch.__version__ = '0.0.1'; import conveyor"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert run.returncode != 0
+    assert "ImportError" in run.stderr
+    assert f"built against torch {torch.__version__}, but this environment has torch 0.0.1" in run.stderr
