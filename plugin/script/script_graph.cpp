@@ -132,7 +132,8 @@ void inline_call(ForwardGraph& f, const Module& model, const std::string& path, 
                                          "loop"));
   }
   Node* call = calls[0];
-  const auto callee = submodule_of(model, path).get_method("forward").graph();
+  // The overload called (forward__0, ...) where the forward has several.
+  const auto callee = submodule_of(model, path).get_method(call->s(c10::attr::name)).graph();
   torch::jit::WithInsertPoint guard(call);
   const auto outputs = torch::jit::insertGraph(*f.graph, *callee, call->inputs());
   call->output()->replaceAllUsesWith(outputs.at(0));

@@ -1,6 +1,8 @@
 #include "plugin/script/script_nodes.h"
 
+#include <algorithm>
 #include <sstream>
+#include <string_view>
 
 namespace conveyor {
 
@@ -50,8 +52,17 @@ bool movable(const Node* n, const Value* self) {
          (n->kind() == c10::prim::GetAttr && path_of(n->output(), self).has_value());
 }
 
+// TorchScript compiles each @overload of a forward (nn.LSTM's, nn.GRU's) as
+// forward__0, forward__1, ... and calls the one that fits the arguments.
+bool is_forward(const std::string& method) {
+  constexpr std::string_view kOverload = "forward__";
+  if (method == "forward") return true;
+  if (method.size() <= kOverload.size() || method.compare(0, kOverload.size(), kOverload) != 0) return false;
+  return std::all_of(method.begin() + kOverload.size(), method.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::optional<std::string> called_path(const Node* n, const Value* self) {
-  if (n->kind() != c10::prim::CallMethod || n->s(c10::attr::name) != "forward") return std::nullopt;
+  if (n->kind() != c10::prim::CallMethod || !is_forward(n->s(c10::attr::name))) return std::nullopt;
   return path_of(n->input(0), self);
 }
 

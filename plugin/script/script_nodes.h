@@ -25,7 +25,12 @@ std::optional<std::string> path_of(const torch::jit::Value* v, const torch::jit:
 // them, so they never count as values crossing a cut.
 bool movable(const torch::jit::Node* n, const torch::jit::Value* self);
 
-// The submodule whose forward `n` calls, if it is such a call.
+// Whether `method` is a forward: "forward", or one of its overloads
+// ("forward__0", as a scripted nn.LSTM is called).
+bool is_forward(const std::string& method);
+
+// The submodule whose forward (or one of its overloads) `n` calls, if it is
+// such a call; the method called is n->s(c10::attr::name).
 std::optional<std::string> called_path(const torch::jit::Node* n, const torch::jit::Value* self);
 
 bool is_tensor(const torch::jit::Value* v);
