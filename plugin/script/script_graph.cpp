@@ -42,6 +42,14 @@ struct ForwardGraph {
     while (n->owningBlock() != graph->block()) n = n->owningBlock()->owningNode();
     return n == graph->return_node() ? nodes.size() : index.at(n);
   }
+  // Positions of the top-level calls of the submodule at `path`.
+  std::vector<size_t> calls_of(const std::string& path) const {
+    std::vector<size_t> at;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (called_path(nodes[i], self) == path) at.push_back(i);
+    }
+    return at;
+  }
   size_t first_work() const {
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (!movable(nodes[i], self)) return i;
@@ -121,17 +129,14 @@ std::string possible_split_points(const ForwardGraph& f) {
 void inline_call(ForwardGraph& f, const Module& model, const std::string& path, const std::string& split_point) {
   if (f.inlined.count(path)) return;
   f.refresh();
-  std::vector<Node*> calls;
-  for (Node* n : f.nodes) {
-    if (called_path(n, f.self) == path) calls.push_back(n);
-  }
+  const std::vector<size_t> calls = f.calls_of(path);
   if (calls.size() != 1) {
     throw std::invalid_argument(c10::str("conveyor: split point '", split_point, "' lies inside '", path,
                                          "', which the forward calls ", calls.size(), " times at top level; a cut ",
                                          "inside a submodule needs it called exactly once, outside any branch or ",
                                          "loop"));
   }
-  Node* call = calls[0];
+  Node* call = f.nodes[calls[0]];
   // The overload called (forward__0, ...) where the forward has several.
   const auto callee = submodule_of(model, path).get_method(call->s(c10::attr::name)).graph();
   torch::jit::WithInsertPoint guard(call);
@@ -330,7 +335,9 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
     }
     const auto parts = split_path(sp);
     std::string parent;
-    for (size_t d = 0; d + 1 < parts.size(); ++d) {
+    // No parent to inline where the forward calls the split point itself, as a
+    // loop over a ModuleList or Sequential unrolls into calls of "layers.0", ...
+    for (size_t d = 0; d + 1 < parts.size() && f.calls_of(sp).empty(); ++d) {
       parent += (d ? "." : "") + parts[d];
       inline_call(f, model, parent, sp);
     }
@@ -341,10 +348,7 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
   std::vector<std::vector<Value*>> crossing;
   for (size_t i = 0; i < split_points.size(); ++i) {
     const std::string& sp = split_points[i];
-    std::vector<size_t> at;
-    for (size_t j = 0; j < f.nodes.size(); ++j) {
-      if (called_path(f.nodes[j], f.self) == sp) at.push_back(j);
-    }
+    const std::vector<size_t> at = f.calls_of(sp);
     if (at.size() != 1) {
       throw std::invalid_argument(c10::str("conveyor: split point '", sp, "' is called ", at.size(),
                                            " times at the top level of the forward being cut; a split point must be ",

@@ -22,7 +22,12 @@
 // encoder's output that a later decoder layer reads rides along through the
 // stages between), as long as it is a tensor. A
 // nested name ("encoder.layer2") cuts inside its parent's forward, which is
-// inlined for that; the parent must be called once. Each stage is then one
+// inlined for that; the parent must be called once. The items of a
+// ModuleList or Sequential that a forward loops over ("for layer in
+// self.layers") need no inlining: TorchScript unrolls the loop, so the
+// forward calls "layers.0", "layers.1", ... itself. A call of an overloaded
+// forward (a scripted nn.LSTM's or nn.GRU's forward__0) is a call of that
+// submodule like any other. Each stage is then one
 // layer running its segment of the forward graph, and the parameters keep
 // the model's names ("encoder.layer2.weight", under the layer "stage1").
 //
