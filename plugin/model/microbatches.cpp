@@ -16,6 +16,11 @@ int64_t split_microbatches(const Tensors& batch, const char* what, const std::ve
                            int num_microbatches, std::vector<Tensors>& out) {
   const bool several = batch.size() > 1;
   const auto name = [&](size_t i) { return several ? c10::str(what, " ", i) : std::string(what); };
+  // What makes tensor i go whole to every micro-batch, as the options name it.
+  const auto share = [&](size_t i) {
+    return c10::str("pass it whole to every micro-batch with shared_", what, "s({", i, "}) (the Python option ",
+                    "\"shared_", what, "s\": [", i, "])");
+  };
   for (int64_t i : shared) {
     check_argument(i >= 0 && i < static_cast<int64_t>(batch.size()), "conveyor: shared ", what, " ", i,
                    " is not one of the ", batch.size(), " given");
@@ -32,14 +37,17 @@ int64_t split_microbatches(const Tensors& batch, const char* what, const std::ve
       continue;
     }
     if (t.dim() <= dim) {
-      throw std::invalid_argument(c10::str("conveyor: the ", name(i), " has shape ", t.sizes(),
-                                           ", which has no batch dimension ", dim,
-                                           several ? " (declare it shared if every micro-batch needs it whole)" : ""));
+      // A lone tensor shared would leave nothing to split.
+      const std::string fix = several ? "; if every sample needs it whole (a [T, T] attention mask), " + share(i) : "";
+      throw std::invalid_argument(
+          c10::str("conveyor: the ", name(i), " has shape ", t.sizes(), ", which has no batch dimension ", dim, fix));
     }
     if (n >= 0 && t.size(dim) != n) {
       throw std::invalid_argument(c10::str("conveyor: the ", name(i), " has ", t.size(dim), " samples along dimension ",
                                            dim, " (shape ", t.sizes(), "), but the ", name(n_from), " has ", n,
-                                           "; every split tensor needs the same batch size"));
+                                           "; every split tensor needs the same batch size. If the ", name(i),
+                                           " holds no samples but is the same for all (a [T, T] attention mask), ",
+                                           share(i)));
     }
     n = t.size(dim);
     n_from = i;
