@@ -25,6 +25,10 @@ float64 so the tests can compare gradients to 1e-10.
   shared_call.pt  scripted; one Linear called before and after another
   tied_head_lm.pt scripted LSTM language model whose output is
                   F.linear(h, self.embed.weight): one attribute, two stages
+  looped_transformer.pt, direct_rnn.pt, overloaded_blocks.pt
+                  scripted models of cut_models.py: a ModuleList looped in
+                  forward(x, mask), nn.LSTM and nn.GRU called directly,
+                  overloaded forwards
   corrupt.pt      mlp.pt cut in half
   not_script.pt   torch.save of a dict of tensors
 """
@@ -34,6 +38,8 @@ import warnings
 
 import torch
 from torch import nn
+
+from cut_models import save_cut_fixtures
 
 
 class Encoder(nn.Module):
@@ -276,6 +282,7 @@ def main():
     torch.jit.save(torch.jit.script(TiedLm().double()), path("tied_lm.pt"))
     torch.jit.save(torch.jit.script(TiedHeadLm().double()), path("tied_head_lm.pt"))
     torch.jit.save(torch.jit.script(SharedCall().double()), path("shared_call.pt"))
+    save_cut_fixtures(path)
 
     with open(path("mlp.pt"), "rb") as f:
         data = f.read()
