@@ -3,6 +3,7 @@
 // the tests run (ctest passes their folder in CONVEYOR_FIXTURES).
 
 #include "plugin/script/torchscript.h"
+#include "test_models.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +18,13 @@ namespace conveyor::testing {
 inline std::string fixture(const std::string& name) {
   const char* dir = std::getenv("CONVEYOR_FIXTURES");
   return dir ? (std::filesystem::path(dir) / name).string() : std::string();
+}
+
+// The losses the fixtures' tests train with: mean squared error, and a
+// language model's cross-entropy, of the first output and target.
+inline at::Tensor mse_of(const Tensors& out, const Tensors& target) { return torch::mse_loss(out[0], target[0]); }
+inline at::Tensor cross_entropy_of(const Tensors& out, const Tensors& target) {
+  return lm_loss(out[0], target[0]);
 }
 
 // Every pipeline gradient equals the reference's, matched by the model's names.

@@ -233,6 +233,7 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
       if (t.defined() && !whole && t.dim() > opts.batch_dim()) batch = t.size(opts.batch_dim());
     }
     plan_ = predict(*profile, pipe_->plan(), pipe_->schedule(), batch, pipe_->options());
+    plan_->balance = split_points.empty() && opts.boundaries().empty() ? "time" : "given boundaries";
   }
 }
 

@@ -2,7 +2,6 @@
 between the items of a ModuleList looped in forward(x, mask), with the [T, T]
 mask shared by every micro-batch; at an nn.LSTM and an nn.GRU called
 directly; inside a module whose forward is overloaded."""
-import copy
 import os
 import sys
 import warnings
@@ -13,26 +12,11 @@ import torch
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_testing import assert_same_grads, plugin, scripted  # noqa: E402,F401  (plugin: a fixture)
 from cut_models import DirectRnn, LoopedTransformer, OverloadedBlocks, causal_mask  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugin():
-    torch.ops.load_library(os.environ["CONVEYOR_LIB"])
 
-
-def scripted(cls, seed=0):
-    torch.manual_seed(seed)
-    eager = cls().double()
-    return eager, torch.jit.script(copy.deepcopy(eager))
-
-
-def assert_same_grads(pipe, eager, tol=1e-10):
-    got = pipe.named_parameters()
-    expected = dict(eager.named_parameters())
-    assert sorted(got) == sorted(expected)
-    for name, p in expected.items():
-        assert (got[name].grad - p.grad).abs().max().item() <= tol, name
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

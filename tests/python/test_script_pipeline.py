@@ -18,12 +18,9 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's depreca
 
 # The models the C++ tests load as fixtures, here scripted in-process.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_testing import assert_same_grads, plugin  # noqa: E402,F401  (plugin: a fixture)
 from make_fixtures import LstmOutput, Mlp, NonChain  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def plugin():
-    torch.ops.load_library(os.environ["CONVEYOR_LIB"])
 
 
 class LstmLm(nn.Module):
@@ -51,14 +48,6 @@ def eager_and_scripted(cls, seed=0):
 def batch(n=12):
     return torch.randn(n, 8, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)
 
-
-def assert_same_grads(pipe, eager, tol=1e-10):
-    got = pipe.named_parameters()
-    expected = dict(eager.named_parameters())
-    assert list(got) == list(expected)
-    for name, p in expected.items():
-        assert got[name].grad is not None, name
-        assert (got[name].grad - p.grad).abs().max().item() <= tol, name
 
 
 def assert_step_equals_eager(pipe, eager, x, y):

@@ -1,7 +1,6 @@
 """torch.classes.conveyor.Pipeline with several tensors: a model of two
 inputs takes a tuple, an encoder-decoder's memory crosses cuts, and a model
 that ties its projection to its embedding trains with identical copies."""
-import copy
 import os
 import sys
 import warnings
@@ -12,24 +11,11 @@ import torch
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit's deprecation notices
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_testing import assert_same_grads, plugin, scripted  # noqa: E402,F401  (plugin: a fixture)
 from make_fixtures import Seq2Seq, TiedHeadLm, TiedLm, TwoInput  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def plugin():
-    torch.ops.load_library(os.environ["CONVEYOR_LIB"])
 
-
-def scripted(cls, seed=0):
-    torch.manual_seed(seed)
-    eager = cls().double()
-    return eager, torch.jit.script(copy.deepcopy(eager))
-
-
-def assert_same_grads(pipe, eager, tol=1e-10):
-    got = pipe.named_parameters()
-    for name, p in eager.named_parameters():
-        assert (got[name].grad - p.grad).abs().max().item() <= tol, name
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

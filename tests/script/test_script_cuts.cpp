@@ -19,11 +19,10 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::error_of;
+using testing::cross_entropy_of;
 using testing::fixture;
+using testing::mse_of;
 
-at::Tensor mse_of(const Tensors& out, const Tensors& target) { return torch::mse_loss(out[0], target[0]); }
-
-at::Tensor cross_entropy_of(const Tensors& out, const Tensors& target) { return testing::lm_loss(out[0], target[0]); }
 
 // One step of the pipeline against the unsplit model's own backward (a
 // second load of the file): every gradient, matched by the model's names,
