@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace conveyor::testing {
 
@@ -41,6 +42,23 @@ inline void expect_same_grads(const Pipeline& pipe, const torch::jit::Module& re
     ASSERT_TRUE(r.grad().defined()) << where << ": no reference gradient for " << name;
     EXPECT_LE((p.grad() - r.grad()).abs().max().item<double>(), tol) << where << ": gradient of " << name;
   }
+}
+
+// One step of the pipeline cut at `split_points` against the unsplit model's
+// own backward (a second load of fixture `file`): every gradient, matched by
+// the model's names, and the loss, to 1e-10.
+inline void check_exact(const std::string& file, const Tensors& inputs, const Tensors& targets,
+                        const TensorsLossFn& loss, const std::vector<std::string>& split_points,
+                        const PipelineOptions& options, const std::string& where) {
+  torch::jit::Module ref = load_script(fixture(file));
+  const at::Tensor ref_loss = loss({ref.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor()},
+                                   targets);
+  ref_loss.backward();
+  const auto pipe = make_script_pipeline(load_script(fixture(file)), options, split_points);
+  ASSERT_EQ(pipe->num_stages(), static_cast<int>(split_points.size()) + 1) << where;
+  const StepResult r = pipe->train_step(inputs, targets, loss);
+  expect_same_grads(*pipe, ref, 1e-10, where);
+  EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-10) << where;
 }
 
 }  // namespace conveyor::testing

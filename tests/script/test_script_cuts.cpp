@@ -19,27 +19,11 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::error_of;
+using testing::check_exact;
 using testing::cross_entropy_of;
 using testing::fixture;
 using testing::mse_of;
 
-
-// One step of the pipeline against the unsplit model's own backward (a
-// second load of the file): every gradient, matched by the model's names,
-// and the loss.
-void check_exact(const std::string& file, const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss,
-                 const std::vector<std::string>& split_points, const PipelineOptions& options,
-                 const std::string& where) {
-  torch::jit::Module ref = load_script(fixture(file));
-  const at::Tensor ref_loss = loss({ref.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor()},
-                                   targets);
-  ref_loss.backward();
-  const auto pipe = make_script_pipeline(load_script(fixture(file)), options, split_points);
-  ASSERT_EQ(pipe->num_stages(), static_cast<int>(split_points.size()) + 1) << where;
-  const StepResult r = pipe->train_step(inputs, targets, loss);
-  testing::expect_same_grads(*pipe, ref, 1e-10, where);
-  EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-10) << where;
-}
 
 std::string cut_name(const std::vector<std::string>& cut) {
   std::string name;
