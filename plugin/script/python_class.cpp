@@ -16,34 +16,11 @@
 // with torch.jit.save. parameters() returns the model's own tensors, so a
 // torch.optim optimizer over them updates the pipeline.
 //
-// Options (a dict; values may also be given as strings; ScriptPipeline,
-// plugin/script/script_pipeline.h, reads them):
-//   workers (threads that run the stages; "stages" is refused with a pointer
-//   to it), microbatches, schedule, schedule_text, devices (list or
-//   comma-separated), split_points (list or comma-separated), balance
-//   ("uniform" | "parameters" | "time"), batch_dim, channel_capacity, timeout_ms,
-//   optimize (let the TorchScript executor optimize), loss ("cross_entropy"
-//   over the last dimension | "mse" | a scripted module called as
-//   loss(output, target)), loss_reduction ("mean" | "sum", for a module),
-//   fused_ops (swap_fused_ops on the model first: its LSTMs run Conveyor's
-//   fused op; fused_ops_report() says which), stage_rng (each stage draws
-//   random numbers from its own streams: PipelineOptions::stage_rng),
-//   chunks, recompute, offload (PipelineOptions' of those names), sample (an
-//   (input, target) batch whose first micro-batch is profiled: needed by
-//   balance "time", which splits by measured time; plan() then predicts),
-//   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage,
-//   which train_step steps; the asynchronous schedules need it) with lr
-//   (required), momentum (sgd) and weight_decay, shared_inputs and
-//   shared_targets (indices of inputs or targets that go whole to every
-//   micro-batch), tied_parameters (a list of lists of parameter names, as
-//   named_parameters() gives them: PipelineOptions::tied_parameters; a
-//   tensor the model uses in several stages, as after
-//   `self.proj.weight = self.emb.weight`, is tied by itself). Training
-//   options (PipelineOptions' of those names; README, "Training options"):
-//   autocast ("bf16" | "fp16"), loss_scaling (True, or a dict of
-//   init_scale, growth_factor, backoff_factor, growth_interval),
-//   clip_grad_norm (a max norm) and clip_norm_type (a number, or "inf"),
-//   accumulate_steps; the first three need the pipeline's optimizer.
+// Options: a dict, its values of the documented types or strings of them;
+// plugin/script/script_pipeline.h lists and reads them (the conveyor Python
+// package reads the same, as typed keywords). Python users who do not write
+// TorchScript reach Conveyor through that package (README, "Using it from
+// Python"); this class stays for TorchScript code.
 //
 // last_step() returns what the last train_step did: {"loss", "grad_norm",
 // "loss_scale", "skipped_updates", "stepped"}; clip_grad_norm(max_norm,
