@@ -2,6 +2,7 @@
 // What a call throws, for the tests that check error messages.
 
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 namespace conveyor::testing {
@@ -17,6 +18,13 @@ std::string error_of(Fn&& fn) {
     return e.what();
   }
   return "(no exception thrown)";
+}
+
+// The message of the std::invalid_argument that fn() throws: what bad input
+// must raise.
+template <typename Fn>
+std::string invalid_argument_of(Fn&& fn) {
+  return error_of<std::invalid_argument>(fn);
 }
 
 }  // namespace conveyor::testing

@@ -39,6 +39,18 @@ inline Tensors forward_tensors(const torch::nn::Sequential& s, Tensors x) {
 
 enum class Method { kStashed, kStashedVerticalSync, kFeaturesReplay };
 
+// An asynchronous schedule and the reference method it must equal.
+struct MethodCase {
+  const char* schedule;
+  bool vertical_sync;
+  Method reference;
+};
+
+inline constexpr MethodCase kAsyncMethods[] = {{"pipedream", false, Method::kStashed},
+                                               {"pipedream", true, Method::kStashedVerticalSync},
+                                               {"ddg", false, Method::kStashed},
+                                               {"fr", false, Method::kFeaturesReplay}};
+
 class ReferenceTrainer {
  public:
   // `stages[k]` holds stage k's layers (modules of the reference model).

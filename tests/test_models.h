@@ -11,6 +11,9 @@
 
 namespace conveyor::testing {
 
+// The synchronous schedules every exact-gradient test runs.
+inline constexpr const char* kSyncSchedules[] = {"sequential", "gpipe", "1f1b"};
+
 // 7 layers: enough for K = 1..4 with several possible cuts.
 inline torch::nn::Sequential make_mlp(torch::Dtype dtype = torch::kFloat64) {
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::ReLU(),

@@ -12,7 +12,7 @@
 namespace conveyor {
 namespace {
 
-const char* kSyncSchedules[] = {"sequential", "gpipe", "1f1b"};
+using testing::kSyncSchedules;
 
 struct Batch {
   at::Tensor input, target;

@@ -16,7 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::error_of;
 
-const char* kSyncSchedules[] = {"sequential", "gpipe", "1f1b"};
+using testing::kSyncSchedules;
 constexpr int64_t kV = 20, kD = 6, kH = 10;
 using Lstm = FirstOutput<torch::nn::LSTM>;
 

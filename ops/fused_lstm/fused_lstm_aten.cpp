@@ -27,9 +27,10 @@ std::optional<std::string> aten_lstm_unsupported(bool bidirectional, int64_t num
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
-                                                    bool has_biases, int64_t num_layers, double dropout, bool train,
-                                                    bool bidirectional, bool batch_first) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> aten_lstm(const at::Tensor& input, at::TensorList hx,
+                                                         at::TensorList params, bool has_biases, int64_t num_layers,
+                                                         double dropout, bool train, bool bidirectional,
+                                                         bool batch_first) {
   const bool fused =
       !aten_lstm_unsupported(bidirectional, static_cast<int64_t>(params.size()), has_biases, num_layers) &&
       input.dim() == 3 && hx.size() == 2;
@@ -52,4 +53,4 @@ TORCH_LIBRARY_FRAGMENT(conveyor, m) {
 }
 
 // Composite: autograd comes from the ops it calls (fused_lstm's own backward).
-TORCH_LIBRARY_IMPL(conveyor, CompositeImplicitAutograd, m) { m.impl("lstm", &conveyor::lstm); }
+TORCH_LIBRARY_IMPL(conveyor, CompositeImplicitAutograd, m) { m.impl("lstm", &conveyor::aten_lstm); }

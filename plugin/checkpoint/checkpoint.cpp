@@ -2,6 +2,7 @@
 
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
+#include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model/stage.h"
 #include "plugin/model_names.h"
@@ -30,11 +31,8 @@ namespace conveyor {
 
 namespace {
 
-using Dict = c10::impl::GenericDict;
-using List = c10::impl::GenericList;
+using namespace checkpoint_values;
 
-Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
-List new_list() { return List(c10::AnyType::get()); }
 
 template <typename T>
 List list_of(const std::vector<T>& items) {
@@ -42,8 +40,6 @@ List list_of(const std::vector<T>& items) {
   for (const auto& item : items) list.push_back(item);
   return list;
 }
-
-at::Tensor to_cpu(const at::Tensor& t) { return t.detach().to(at::kCPU); }
 
 // Every tensor an optimizer may hold, by its model name: the layers'
 // parameters and, where weight stashing keeps them apart, the live weights.
@@ -61,8 +57,6 @@ std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
   return names;
 }
 
-std::string optimizer_label(size_t i) { return c10::str("optimizer ", i); }
-std::string stage_optimizer_label(int k) { return c10::str("stage ", k, "'s optimizer"); }
 
 // --- random number generators --------------------------------------------------
 

@@ -1,6 +1,7 @@
 #include "plugin/checkpoint/checkpoint_decode.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
+#include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/errors.h"
 
@@ -23,6 +24,8 @@
 namespace conveyor {
 
 namespace {
+
+using namespace checkpoint_values;
 
 using checked::Dict;
 using checked::List;
@@ -199,8 +202,6 @@ std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& 
   return values;
 }
 
-std::string optimizer_label(size_t i) { return c10::str("optimizer ", i); }
-std::string stage_optimizer_label(int k) { return c10::str("stage ", k, "'s optimizer"); }
 
 // Stage k's own random streams, checked on copies of generators like theirs.
 StageRandom::State stage_random_state(const Dict& r, const c10::Device& device, const std::string& what,

@@ -1,6 +1,7 @@
 #include "plugin/checkpoint/optimizer_state.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
+#include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/errors.h"
 
 #include <c10/util/StringUtil.h>
@@ -15,13 +16,8 @@ namespace conveyor {
 
 namespace {
 
-using Dict = c10::impl::GenericDict;
-using List = c10::impl::GenericList;
+using namespace checkpoint_values;
 
-Dict new_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
-List new_list() { return List(c10::AnyType::get()); }
-
-at::Tensor to_cpu(const at::Tensor& t) { return t.detach().to(at::kCPU); }
 
 std::string optimizer_type(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::SGD*>(&opt)) return "SGD";

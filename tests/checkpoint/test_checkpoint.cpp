@@ -110,10 +110,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
   check_resume(make_pipe, adam, "script adam");
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  return testing::error_of<std::invalid_argument>(fn);
-}
+using testing::invalid_argument_of;
 
 // Dropout in both stages: reproducible only with each stage's own streams.
 torch::nn::Sequential two_dropout_mlp() {
@@ -175,7 +172,7 @@ TEST(Checkpoint, StageRngMustBeOnBothSides) {
   Pipeline with(testing::make_mlp(), options(2).stage_rng(true));
   save_checkpoint(path, with);
   Pipeline without(testing::make_mlp(), options(2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, without); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, without); }),
               AllOf(HasSubstr("holds random streams of stage 0"), HasSubstr("without PipelineOptions::stage_rng")));
   std::filesystem::remove(path);
 }
@@ -240,10 +237,10 @@ TEST(Checkpoint, StageOptimizersMustBeOnBothSides) {
   train_own(owning, 1);
   save_checkpoint(path, owning);
   Pipeline plain(testing::make_mlp(), options(2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, plain); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, plain); }),
               AllOf(HasSubstr("holds state of stage 0's own optimizer"), HasSubstr("this pipeline has no such")));
   Pipeline other_type(testing::make_mlp(), options(2).schedule("pipedream").optimizer(adam));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, other_type); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, other_type); }),
               HasSubstr("stage 0's optimizer: the saved state is of SGD, this optimizer is Adam"));
   Pipeline same(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
   EXPECT_EQ(load_checkpoint(path, same), 0);
@@ -298,29 +295,29 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
                               torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   wider->to(torch::kFloat64);
   Pipeline other(wider, options(2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, other); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, other); }),
               AllOf(HasSubstr(path), HasSubstr("different model"),
                     HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here")));
   Pipeline shorter(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh()), options(2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, shorter); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, shorter); }),
               AllOf(HasSubstr("different model"), HasSubstr("no '")));
 
   Pipeline three(testing::make_mlp(), options(3));
   const at::Tensor before = three.parameters()[0].clone();
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, three); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, three); }),
               HasSubstr("is of a pipeline of 2 stages, this one has 3"));
 
   Pipeline same(testing::make_mlp(), options(2));
   auto adam_opt = adam(same.parameters());
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, same, {adam_opt.get()}); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, same, {adam_opt.get()}); }),
               HasSubstr("optimizer 0: the saved state is of SGD, this optimizer is Adam"));
-  EXPECT_THAT(error_of([&] { load_checkpoint(path, same); }), HasSubstr("holds 1 optimizer states, but 0"));
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, same); }), HasSubstr("holds 1 optimizer states, but 0"));
   EXPECT_TRUE(torch::equal(three.parameters()[0], before));
   EXPECT_FALSE(torch::equal(same.parameters()[0], saved.parameters()[0]));  // untouched by the refused loads
 
   const std::string junk = temp_path("junk.ckpt");
   std::ofstream(junk) << "not a checkpoint";
-  EXPECT_THAT(error_of([&] { load_checkpoint(junk, same); }), HasSubstr("is not a readable checkpoint"));
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(junk, same); }), HasSubstr("is not a readable checkpoint"));
   std::filesystem::remove(junk);
   std::filesystem::remove(path);
 }
@@ -351,7 +348,7 @@ TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
   auto opt = adam(pipe.parameters());
   const at::Tensor before = pipe.parameters()[0].clone();
   const auto refused = [&](const std::string& file) {
-    return error_of([&] { load_checkpoint(file, pipe, {opt.get()}); });
+    return invalid_argument_of([&] { load_checkpoint(file, pipe, {opt.get()}); });
   };
   EXPECT_THAT(refused(damaged([](auto& d) {
                 d.at("rng").toGenericDict().insert_or_assign("cpu", torch::zeros({3}, torch::kUInt8));

@@ -42,7 +42,7 @@ std::unique_ptr<Pipeline> pipedream(uint64_t seed) {
       }));
 }
 
-void train(Pipeline& pipe, int steps) {
+void train_steps(Pipeline& pipe, int steps) {
   for (int step = 0; step < steps; ++step) {
     torch::manual_seed(50 + step);
     pipe.train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 3}, torch::kFloat64), mse);
@@ -77,12 +77,12 @@ class CheckpointDurability : public ::testing::Test {
   void SetUp() override {
     // The previous checkpoint (after 2 steps) and the one being written (after 3).
     auto pipe = pipedream(0);
-    train(*pipe, 2);
+    train_steps(*pipe, 2);
     previous_ = dir_.str() + "/run.ckpt";
     save_checkpoint(previous_, *pipe, {2, {}});
     previous_bytes_ = read_bytes(previous_);
     previous_weights_ = weights_of(*pipe);
-    train(*pipe, 1);
+    train_steps(*pipe, 1);
     previous_next_ = weights_after_loading(previous_);
     writer_ = std::move(pipe);
     save_checkpoint(dir_.str() + "/next.ckpt", *writer_, {3, {}});
@@ -94,7 +94,7 @@ class CheckpointDurability : public ::testing::Test {
   std::vector<at::Tensor> weights_after_loading(const std::string& path) {
     auto fresh = pipedream(7);
     load_checkpoint(path, *fresh);
-    train(*fresh, 1);
+    train_steps(*fresh, 1);
     return weights_of(*fresh);
   }
 
@@ -103,7 +103,7 @@ class CheckpointDurability : public ::testing::Test {
   // previous checkpoint. Returns whether it was refused.
   bool refused_or_exact(const std::string& path, const std::string& where) {
     auto target = pipedream(9);
-    train(*target, 1);
+    train_steps(*target, 1);
     const std::vector<at::Tensor> before = weights_of(*target);
     const int64_t steps_before = target->completed_steps();
     try {

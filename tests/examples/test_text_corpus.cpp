@@ -2,6 +2,7 @@
 // windows, unigram baseline, file readers and progress line.
 
 #include "examples/common/progress.h"
+#include "error_of.h"
 #include "examples/common/text_corpus.h"
 #include "temp_dir.h"
 
@@ -23,17 +24,7 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// The error message of `fn`, or a failure when it does not throw.
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using conveyor::testing::error_of;
 
 TEST(Tokenize, LowerCasesAndSplitsPunctuation) {
   EXPECT_THAT(tokenize("Hello, World!  Don't PANIC...\n42 A-b\tend"),

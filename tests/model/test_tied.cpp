@@ -12,7 +12,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::error_of;
 
-const char* kSyncSchedules[] = {"sequential", "gpipe", "1f1b"};
+using testing::kSyncSchedules;
 constexpr int64_t kDim = 8;
 const std::vector<std::vector<std::string>> kTie = {{"0.weight", "3.weight"}};
 

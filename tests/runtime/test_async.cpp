@@ -11,18 +11,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::Method;
 
-struct MethodCase {
-  const char* schedule;
-  bool vertical_sync;
-  Method reference;
-};
-
-const MethodCase kMethods[] = {
-    {"pipedream", false, Method::kStashed},
-    {"pipedream", true, Method::kStashedVerticalSync},
-    {"ddg", false, Method::kStashed},
-    {"fr", false, Method::kFeaturesReplay},
-};
+using testing::MethodCase;
 
 OptimizerFactory sgd_momentum() {
   return [](std::vector<at::Tensor> p) {
@@ -79,20 +68,20 @@ void check_against_reference(const MethodCase& m, int k, const OptimizerFactory&
 }
 
 TEST(AsyncExactness, EveryMethodEqualsItsReferenceWithSgdMomentum) {
-  for (const auto& m : kMethods) {
+  for (const auto& m : testing::kAsyncMethods) {
     for (int k = 2; k <= 4; ++k) check_against_reference(m, k, sgd_momentum());
   }
 }
 
 TEST(AsyncExactness, EveryMethodEqualsItsReferenceWithAdam) {
-  for (const auto& m : kMethods) {
+  for (const auto& m : testing::kAsyncMethods) {
     for (int k = 2; k <= 4; ++k) check_against_reference(m, k, adam());
   }
 }
 
 TEST(AsyncExactness, PerUpdateLearningRateSchedule) {
   const LearningRateSchedule decay = [](int64_t n) { return 0.1 / (1.0 + 0.05 * static_cast<double>(n)); };
-  for (const auto& m : kMethods) check_against_reference(m, 3, sgd_momentum(), decay);
+  for (const auto& m : testing::kAsyncMethods) check_against_reference(m, 3, sgd_momentum(), decay);
 }
 
 // The seed's table for 1-based stage k: K-k+1 states (DDG, PipeDream) or

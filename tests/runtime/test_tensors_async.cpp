@@ -49,20 +49,11 @@ torch::nn::Sequential encoder_decoder() {
   return m;
 }
 
-struct MethodCase {
-  const char* schedule;
-  bool vertical_sync;
-  Method reference;
-};
+using testing::MethodCase;
 
-const MethodCase kMethods[] = {{"pipedream", false, Method::kStashed},
-                               {"pipedream", true, Method::kStashedVerticalSync},
-                               {"ddg", false, Method::kStashed},
-                               {"fr", false, Method::kFeaturesReplay}};
+using MakeBatch = std::function<std::pair<std::vector<Tensors>, std::vector<Tensors>>(int microbatches)>;
 
-using Batch = std::function<std::pair<std::vector<Tensors>, std::vector<Tensors>>(int microbatches)>;
-
-void check_against_reference(const std::function<torch::nn::Sequential()>& make, const Batch& batch,
+void check_against_reference(const std::function<torch::nn::Sequential()>& make, const MakeBatch& batch,
                              const TensorsLossFn& loss, const MethodCase& m, int k) {
   const std::string where = std::string(m.schedule) + (m.vertical_sync ? "+vertical-sync" : "") + " K=" +
                             std::to_string(k);
@@ -93,7 +84,7 @@ void check_against_reference(const std::function<torch::nn::Sequential()>& make,
 }
 
 TEST(TensorsAsync, ATwoInputModelEqualsTheReferenceBitForBit) {
-  const Batch batch = [](int microbatches) {
+  const MakeBatch batch = [](int microbatches) {
     std::vector<Tensors> inputs, targets;
     for (int i = 0; i < microbatches; ++i) {
       const at::Tensor x = torch::randn({3, 8}, torch::kFloat64);
@@ -103,14 +94,14 @@ TEST(TensorsAsync, ATwoInputModelEqualsTheReferenceBitForBit) {
     return std::make_pair(inputs, targets);
   };
   const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return testing::mse(out[0], t[0]); };
-  for (const auto& m : kMethods) {
+  for (const auto& m : testing::kAsyncMethods) {
     for (int k = 2; k <= 4; ++k) check_against_reference(masked_mlp, batch, loss, m, k);
   }
 }
 
 TEST(TensorsAsync, AnEncoderDecoderWithMicrobatchesOfTheirOwnLengths) {
   // Every mini-batch has its own source and target lengths (bucketing).
-  const Batch batch = [](int microbatches) {
+  const MakeBatch batch = [](int microbatches) {
     std::vector<Tensors> inputs, targets;
     for (int i = 0; i < microbatches; ++i) {
       const int64_t source = 3 + i % 3, target = 2 + (i * 2) % 5;
@@ -120,7 +111,7 @@ TEST(TensorsAsync, AnEncoderDecoderWithMicrobatchesOfTheirOwnLengths) {
     return std::make_pair(inputs, targets);
   };
   const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return testing::lm_loss(out[0], t[0]); };
-  for (const auto& m : kMethods) {
+  for (const auto& m : testing::kAsyncMethods) {
     for (int k = 2; k <= 4; ++k) check_against_reference(encoder_decoder, batch, loss, m, k);
   }
 }

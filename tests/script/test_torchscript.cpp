@@ -233,18 +233,15 @@ TEST(ScriptPipeline, AFailingLayerIsNamedWithItsStage) {
   }
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  return testing::error_of<std::invalid_argument>(fn);
-}
+using testing::invalid_argument_of;
 
 TEST(ScriptErrors, UnloadableFilesNameThePathAndTheProblem) {
   REQUIRE_FIXTURES();
   const std::string corrupt = fixture("corrupt.pt");
-  EXPECT_THAT(error_of([&] { load_script(corrupt); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_script(corrupt); }),
               AllOf(HasSubstr("'" + corrupt + "'"), HasSubstr("not a readable zip archive"), HasSubstr("truncated")));
   const std::string pickle = fixture("not_script.pt");
-  EXPECT_THAT(error_of([&] { load_script(pickle); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_script(pickle); }),
               AllOf(HasSubstr("'" + pickle + "'"), HasSubstr("torch.save"), HasSubstr("no TorchScript code")));
   const auto noise =
       std::filesystem::temp_directory_path() / ("conveyor_random_bytes_" + std::to_string(::getpid()) + ".pt");
@@ -252,16 +249,16 @@ TEST(ScriptErrors, UnloadableFilesNameThePathAndTheProblem) {
     std::ofstream out(noise, std::ios::binary);
     for (int i = 0; i < 4096; ++i) out.put(static_cast<char>((i * 7919) % 251));
   }
-  EXPECT_THAT(error_of([&] { load_script(noise.string()); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_script(noise.string()); }),
               AllOf(HasSubstr(noise.string()), HasSubstr("not a readable zip archive")));
   std::filesystem::remove(noise);
-  EXPECT_THAT(error_of([&] { load_script("/nonexistent/model.pt"); }),
+  EXPECT_THAT(invalid_argument_of([&] { load_script("/nonexistent/model.pt"); }),
               AllOf(HasSubstr("/nonexistent/model.pt"), HasSubstr("no such file")));
 }
 
 TEST(ScriptErrors, ANonChainForwardWithoutSplitPointsNamesTheNodeAndSuggestsSplitPoints) {
   REQUIRE_FIXTURES();
-  const std::string msg = error_of([&] { sequential_from_script(load_script(fixture("nonchain.pt"))); });
+  const std::string msg = invalid_argument_of([&] { sequential_from_script(load_script(fixture("nonchain.pt"))); });
   EXPECT_THAT(msg, AllOf(HasSubstr("not a plain chain"), HasSubstr("the output of 'a' is used again"),
                          HasSubstr("aten::add at "), HasSubstr("make_fixtures.py:"), HasSubstr("x + y"),
                          HasSubstr("Give split points"), HasSubstr("split points that work here: b, c")));
@@ -270,19 +267,19 @@ TEST(ScriptErrors, ANonChainForwardWithoutSplitPointsNamesTheNodeAndSuggestsSpli
 TEST(ScriptErrors, BadSplitPointsAreNamed) {
   REQUIRE_FIXTURES();
   const torch::jit::Module mlp = load_script(fixture("mlp.pt"));
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(invalid_argument_of([&] {
                 sequential_from_script(mlp, {"encoder", "encoder.layer9"});
               }),
               AllOf(HasSubstr("split point 1 ('encoder.layer9') names no submodule"),
                     HasSubstr("'encoder' has no submodule 'layer9' (its submodules: layer1, act, layer2)")));
-  EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"decoder"}); }),
+  EXPECT_THAT(invalid_argument_of([&] { sequential_from_script(mlp, {"decoder"}); }),
               AllOf(HasSubstr("split point 0 ('decoder') names no submodule"), HasSubstr("stem, encoder, act, head")));
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(invalid_argument_of([&] {
                 sequential_from_script(mlp, {"head", "encoder"});
               }),
               AllOf(HasSubstr("split points out of order"), HasSubstr("'encoder' is called before 'head'")));
-  EXPECT_THAT(error_of([&] { sequential_from_script(mlp, {"stem"}); }), HasSubstr("stage 0 would be empty"));
-  EXPECT_THAT(error_of([&] {
+  EXPECT_THAT(invalid_argument_of([&] { sequential_from_script(mlp, {"stem"}); }), HasSubstr("stage 0 would be empty"));
+  EXPECT_THAT(invalid_argument_of([&] {
                 make_script_pipeline(mlp, PipelineOptions().workers(2), {"encoder", "head"});
               }),
               HasSubstr("2 split points make 3 stages, but the options ask for 2"));
