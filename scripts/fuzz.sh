@@ -38,24 +38,19 @@ cmake --build "$build" --parallel "$(nproc)" >/dev/null
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}"
 export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
-status=0
-for t in "${targets[@]}"; do
-  bin="$build/fuzz_$t"
-  corpus="$root/tests/fuzz/corpus/$t"
-  [ -x "$bin" ] || { echo "fuzz: no target '$t' (have: ${targets[*]})" >&2; exit 2; }
-  work="$build/corpus-$t"
-  seeding=()
+# fuzz_one TARGET: replays the committed corpus, then fuzzes; prints what it
+# did (and, on a failure, the log's tail) and returns non-zero on a failure.
+fuzz_one() {
+  local t="$1" bin="$build/fuzz_$1" corpus="$root/tests/fuzz/corpus/$1" work="$build/corpus-$1"
+  local artifacts="$build/artifacts-$1/" rss=2048 seeding=() runs drawn
   if [ -n "$seed" ]; then rm -rf "$work"; seeding=(-seed="$seed"); fi
-  artifacts="$build/artifacts-$t/"
   mkdir -p "$work" "$artifacts"
-  rss=2048
   echo "fuzz: $t: replaying $(find "$corpus" -type f | wc -l) committed inputs"
   if ! "$bin" -runs=0 -rss_limit_mb=$rss "$corpus" >"$build/replay-$t.log" 2>&1 ||
     ! "$bin" -rss_limit_mb=$rss $(find "$corpus" -type f) >>"$build/replay-$t.log" 2>&1; then
-    tail -n 40 "$build/replay-$t.log" >&2
-    echo "fuzz: $t: a committed input fails (log: $build/replay-$t.log)" >&2
-    status=1
-    continue
+    tail -n 40 "$build/replay-$t.log"
+    echo "fuzz: $t: a committed input fails (log: $build/replay-$t.log)"
+    return 1
   fi
   echo "fuzz: $t: fuzzing for ${seconds} s${seed:+, seed $seed}"
   if "$bin" "$work" "$corpus" "${seeding[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$rss \
@@ -63,10 +58,36 @@ for t in "${targets[@]}"; do
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-$t.log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz: $t: PASS, $runs inputs run, corpus $(find "$work" -type f | wc -l) files"
   else
-    tail -n 40 "$build/fuzz-$t.log" >&2
+    tail -n 40 "$build/fuzz-$t.log"
     drawn=$(grep -o 'Seed: [0-9]*' "$build/fuzz-$t.log" | head -n 1 | grep -o '[0-9]*$' || echo "?")
-    echo "fuzz: $t: FAILED (seed $drawn); the input is in $artifacts (log: $build/fuzz-$t.log)" >&2
-    status=1
+    echo "fuzz: $t: FAILED (seed $drawn); the input is in $artifacts (log: $build/fuzz-$t.log)"
+    return 1
   fi
+}
+
+for t in "${targets[@]}"; do
+  [ -x "$build/fuzz_$t" ] || { echo "fuzz: no target '$t' (have: ${targets[*]})" >&2; exit 2; }
+done
+# The targets run side by side, one per core (each fuzzer is one process);
+# their reports are printed in order once all are done. A target's inputs do
+# not depend on what runs beside it: each has its own seed and corpus.
+jobs="$(nproc)"
+running=0
+for t in "${targets[@]}"; do
+  (
+    rc=0
+    fuzz_one "$t" >"$build/summary-$t.log" 2>&1 || rc=$?
+    echo "$rc" >"$build/summary-$t.rc"
+  ) &
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+status=0
+for t in "${targets[@]}"; do
+  if [ "$(cat "$build/summary-$t.rc")" = 0 ]; then cat "$build/summary-$t.log"; else cat "$build/summary-$t.log" >&2; status=1; fi
 done
 exit $status
