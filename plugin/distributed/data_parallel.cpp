@@ -22,7 +22,7 @@ AllReduceDataParallel::AllReduceDataParallel(torch::nn::Sequential model,
   check_argument(groups_ && optimizer_, "conveyor: AllReduceDataParallel needs groups and an optimizer");
   check_argument(groups_->layout().workers == 1, "conveyor: AllReduceDataParallel replicates the whole model: ",
                  "use a layout of one worker, not ", groups_->layout().workers);
-  broadcast(*groups_, *groups_->world(), weights_and_buffers(*model_), 0,
+  broadcast(*groups_, *groups_->replicas(), weights_and_buffers(*model_), 0,
             "broadcasting the initial weights from rank 0");
 }
 
@@ -39,7 +39,7 @@ double AllReduceDataParallel::train_step(const at::Tensor& input, const at::Tens
   }
   at::Tensor global_loss = loss.detach().reshape({1}).to(tensors.empty() ? at::kDouble : tensors[0].scalar_type());
   tensors.push_back(global_loss);
-  all_reduce(*groups_, *groups_->world(), tensors, true,
+  all_reduce(*groups_, *groups_->replicas(), tensors, true,
              c10::str("averaging the gradients across ", groups_->layout().world_size(), " ranks"));
   optimizer_->step();
   return global_loss.item<double>();

@@ -16,7 +16,8 @@
 namespace conveyor {
 
 // Data parallelism over c10d: every rank holds the whole model and trains it
-// on its shard; gradients are averaged over the world group before each step.
+// on its shard; gradients are averaged over all ranks (with one worker, the
+// replicas group is the world) before each step.
 // Use a layout with one stage (HybridLayout::for_world(world, 1)).
 class AllReduceDataParallel {
  public:

@@ -180,8 +180,7 @@ StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& s
   // The global loss: each replica's comes from its last stage.
   const bool last = pipeline_->is_local(pipeline_->num_stages() - 1);  // not the last worker in a V shape
   at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);
-  all_reduce(*groups_, *groups_->world(), {loss}, false,
-             c10::str("reducing the loss of step ", pipeline_->completed_steps()));
+  all_reduce_everywhere(*groups_, {loss}, c10::str("reducing the loss of step ", pipeline_->completed_steps()));
   result.loss = loss.item<double>() / (average_ ? layout.replicas : 1);
   return result;
 }

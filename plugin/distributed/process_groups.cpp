@@ -228,6 +228,41 @@ ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, Hy
   }
 }
 
+namespace {
+
+// The replicas group of a pipeline that is not replicated: one rank, for
+// which every collective is a no-op (all_reduce and broadcast return before
+// calling it), so that no code path needs a null check.
+class SoloGroup final : public c10d::Backend {
+ public:
+  SoloGroup() : Backend(0, 1) {}
+  const std::string getBackendName() const override { return "conveyor-solo"; }
+};
+
+}  // namespace
+
+ProcessGroups::ProcessGroups(c10::intrusive_ptr<c10d::Backend> pipeline, c10::intrusive_ptr<c10d::Backend> replicas,
+                             Options options, c10::intrusive_ptr<c10d::Backend> pipeline_device,
+                             c10::intrusive_ptr<c10d::Backend> replicas_device)
+    : rank_(0),
+      options_(std::move(options)),
+      pipeline_(std::move(pipeline)),
+      replicas_(std::move(replicas)),
+      pipeline_device_(std::move(pipeline_device)),
+      replicas_device_(std::move(replicas_device)) {
+  check_argument(static_cast<bool>(pipeline_), "conveyor: ProcessGroups needs a pipeline group");
+  TORCH_CHECK(options_.timeout.count() > 0, "conveyor: the process-group timeout must be positive");
+  if (!replicas_) replicas_ = c10::make_intrusive<SoloGroup>();
+  layout_ = HybridLayout{replicas_->getSize(), pipeline_->getSize()};
+  rank_ = layout_.rank_of(replicas_->getRank(), pipeline_->getRank());
+  const auto same_shape = [](const c10::intrusive_ptr<c10d::Backend>& device, const c10d::Backend& host) {
+    return !device || (device->getSize() == host.getSize() && device->getRank() == host.getRank());
+  };
+  check_argument(same_shape(pipeline_device_, *pipeline_) && same_shape(replicas_device_, *replicas_),
+                 "conveyor: a device group must hold the same ranks as its group");
+  ignore_broken_pipes();
+}
+
 ProcessGroups::~ProcessGroups() {
   if (!failed_) return;
   // A group whose peer died may wait for it in its destructor: abandon it.
@@ -244,7 +279,22 @@ void ProcessGroups::barrier() {
   TORCH_CHECK(!failed_, "conveyor: ", describe(rank_), ": the process groups failed earlier");
   c10d::BarrierOptions options;
   options.timeout = options_.timeout;
-  wait(*this, world_->barrier(options), c10::str("at the barrier of all ", layout_.world_size(), " ranks"));
+  const std::string what = c10::str("at the barrier of all ", layout_.world_size(), " ranks");
+  if (world_) {
+    wait(*this, world_->barrier(options), what);
+    return;
+  }
+  wait(*this, pipeline_->barrier(options), what);
+  if (replicas_->getSize() > 1) wait(*this, replicas_->barrier(options), what);
+}
+
+void all_reduce_everywhere(ProcessGroups& groups, const std::vector<at::Tensor>& tensors, const std::string& what) {
+  if (groups.world()) {
+    all_reduce(groups, *groups.world(), tensors, false, what);
+    return;
+  }
+  all_reduce(groups, *groups.pipeline(), tensors, false, what);
+  all_reduce(groups, *groups.replicas(), tensors, false, what);
 }
 
 void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,

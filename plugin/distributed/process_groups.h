@@ -100,6 +100,17 @@ class ProcessGroups {
   // Collective over every rank of the layout: each makes the three groups it
   // belongs to. Throws (naming the group) if a peer does not connect in time.
   ProcessGroups(c10::intrusive_ptr<c10d::Store> store, int rank, HybridLayout layout, Options options);
+  // Groups the caller made, e.g. torch.distributed's from Python (the
+  // conveyor package hands them over): `pipeline` holds the K processes of
+  // this rank's replica, its group rank being the worker; `replicas` the D
+  // processes that run the same worker, its group rank being the replica
+  // (null for D = 1). The device groups, when given, carry CUDA tensors.
+  // There is no world group: what needs every rank (the loss, the barrier)
+  // goes over the pipeline group, then the replicas group. Options::name,
+  // connect_timeout and accelerator_groups do not apply.
+  ProcessGroups(c10::intrusive_ptr<c10d::Backend> pipeline, c10::intrusive_ptr<c10d::Backend> replicas,
+                Options options, c10::intrusive_ptr<c10d::Backend> pipeline_device = {},
+                c10::intrusive_ptr<c10d::Backend> replicas_device = {});
   // After a failure the groups are not destroyed (their destructors may wait
   // on a peer that is gone): the process is expected to exit.
   ~ProcessGroups();
@@ -114,6 +125,7 @@ class ProcessGroups {
   // "rank 3 (replica 1, worker 1)"
   std::string describe(int rank) const;
 
+  // Null for groups the caller made (the second constructor).
   const c10::intrusive_ptr<c10d::Backend>& world() const { return world_; }
   const c10::intrusive_ptr<c10d::Backend>& pipeline() const { return pipeline_; }
   const c10::intrusive_ptr<c10d::Backend>& replicas() const { return replicas_; }
@@ -154,6 +166,11 @@ void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, con
 // and device travel as one flat buffer.
 void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,
                 const std::string& what);
+
+// Sums `tensors` in place across every rank of the layout: over the world
+// group, or, where there is none, over the pipeline group and then the
+// replicas group.
+void all_reduce_everywhere(ProcessGroups& groups, const std::vector<at::Tensor>& tensors, const std::string& what);
 
 // Overwrites `tensors` with group rank `root`'s values.
 void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, int root,

@@ -169,11 +169,13 @@ const std::set<std::string>& script_pipeline_options() {
   return known;
 }
 
-ScriptPipeline::ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize) {
-  build(model, options, customize);
+ScriptPipeline::ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
+                               std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed) {
+  build(model, options, customize, std::move(groups), std::move(distributed));
 }
 
-void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize) {
+void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
+                           std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed) {
   if (model.isString()) {
     model_ = load_script(model.toStringRef());
   } else if (model.isObject() && model.toObjectRef().type()->is_module()) {
@@ -222,8 +224,23 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   if (customize) customize(opts, loss_);
   if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
   if (sample) sample->loss = loss_;
-  pipe_ = make_script_pipeline(model_, opts, split_points, layer_options, tied_by_model_name,
-                               sample ? &*sample : nullptr);
+  if (groups && opts.balance() == Balance::kTime && split_points.empty() && opts.boundaries().empty()) {
+    throw std::invalid_argument("conveyor.Pipeline: balance \"time\" across processes would let each process "
+                                "measure its own times and perhaps cut the model elsewhere: give split_points, "
+                                "or balance \"uniform\" or \"parameters\"");
+  }
+  // One worker per process: the pipeline group's size is the number of workers.
+  if (groups && opts.workers() == 0) opts.workers(groups->layout().workers);
+  ScriptStages stages =
+      script_stages(model_, opts, split_points, layer_options, tied_by_model_name, sample ? &*sample : nullptr);
+  if (groups) {
+    distributed_ = std::make_unique<DistributedPipeline>(stages.layers, std::move(stages.options), std::move(groups),
+                                                         std::move(distributed));
+    pipe_ = &distributed_->pipeline();
+  } else {
+    local_ = std::make_unique<Pipeline>(stages.layers, std::move(stages.options));
+    pipe_ = local_.get();
+  }
   if (const auto& profile = pipe_->options().profile(); profile && sample) {
     int64_t batch = 0;  // the sample's size along batch_dim, as its first split input has it
     const auto& shared = opts.shared_inputs();
@@ -238,8 +255,16 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
 }
 
 const StepResult& ScriptPipeline::train_step(const Tensors& inputs, const Tensors& targets) {
-  last_ = pipe_->train_step(inputs, targets, loss_);
+  last_ = distributed_ ? distributed_->train_step(inputs, targets, loss_) : pipe_->train_step(inputs, targets, loss_);
   return last_;
+}
+
+Tensors ScriptPipeline::forward(const Tensors& inputs) {
+  return distributed_ ? distributed_->forward(inputs) : pipe_->forward(inputs);
+}
+
+double ScriptPipeline::clip_grad_norm(double max_norm, double norm_type) {
+  return distributed_ ? distributed_->clip_grad_norm(max_norm, norm_type) : pipe_->clip_grad_norm(max_norm, norm_type);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ScriptPipeline::named_parameters() const {

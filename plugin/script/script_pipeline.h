@@ -25,7 +25,14 @@
 //   backoff_factor, growth_interval), clip_grad_norm, clip_norm_type (a
 //   number or "inf"), accumulate_steps. PipelineOptions documents each.
 // Every error in the options is a std::invalid_argument naming the option.
+//
+// Across processes: given ProcessGroups (torch.distributed's groups, handed
+// over by the conveyor package), each process builds the same pipeline and
+// runs its worker's stages over a DistributedPipeline (one worker per
+// process, D data-parallel replicas); parameters and state are then this
+// process's stages'.
 
+#include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/options.h"
 #include "plugin/pipeline.h"
 #include "plugin/planner/planner.h"
@@ -57,13 +64,18 @@ class ScriptPipeline {
   // and before the pipeline is built: it may set what a dict cannot carry
   // (a loss function, a learning-rate schedule).
   using Customize = std::function<void(PipelineOptions&, TensorsLossFn& loss)>;
-  ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize = nullptr);
+  ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize = nullptr,
+                 std::shared_ptr<ProcessGroups> groups = nullptr, DistributedOptions distributed = {});
 
   // One step; gradients accumulate into parameters()' .grad (or the
   // pipeline's optimizer steps). The result is also kept as last_step().
   const StepResult& train_step(const Tensors& inputs, const Tensors& targets);
   const StepResult& last_step() const { return last_; }
-  Tensors forward(const Tensors& inputs) { return pipe_->forward(inputs); }
+  // Inference; across processes the output is on the last stage's process,
+  // an empty list elsewhere.
+  Tensors forward(const Tensors& inputs);
+  // Clips the gradients' global norm (across processes too); returns it.
+  double clip_grad_norm(double max_norm, double norm_type);
 
   // Model names, in the model's order.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
@@ -72,8 +84,11 @@ class ScriptPipeline {
   // shapes; nothing missing, nothing unexpected) into the pipeline.
   void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
+  // This process's runtime (across processes, its worker's stages).
   Pipeline& pipeline() { return *pipe_; }
   const Pipeline& pipeline() const { return *pipe_; }
+  // Null unless built with process groups.
+  DistributedPipeline* distributed() { return distributed_.get(); }
   // The plan's text; with balance "time", its predicted times and memory.
   std::string plan_text() const { return plan_ ? plan_->str() : pipe_->plan().str(); }
   // The plan's prediction, made with balance "time" (a profile).
@@ -81,12 +96,15 @@ class ScriptPipeline {
   const std::string& fused_ops_report() const { return fused_ops_report_; }
 
  private:
-  void build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize);
+  void build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
+             std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed);
 
   torch::jit::Module model_;
   std::string fused_ops_report_ = "fused_ops is off\n";
   std::optional<Plan> plan_;
-  std::unique_ptr<Pipeline> pipe_;
+  std::unique_ptr<Pipeline> local_;                   // in one process
+  std::unique_ptr<DistributedPipeline> distributed_;  // across processes
+  Pipeline* pipe_ = nullptr;                          // the one of them
   StepResult last_;
   TensorsLossFn loss_;
 };

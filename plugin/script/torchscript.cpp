@@ -103,11 +103,10 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
   return boundaries;
 }
 
-std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
-                                               const std::vector<std::string>& split_points,
-                                               ScriptLayerOptions layer_options,
-                                               const std::vector<std::vector<std::string>>& tied_parameters,
-                                               const ProfileBatch* profile_batch, std::string* plan_text) {
+ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
+                           const std::vector<std::string>& split_points, ScriptLayerOptions layer_options,
+                           const std::vector<std::vector<std::string>>& tied_parameters,
+                           const ProfileBatch* profile_batch, std::string* plan_text) {
   if (!split_points.empty()) {
     const int stages = static_cast<int>(split_points.size()) + 1;
     if (!options.boundaries().empty()) {
@@ -155,7 +154,17 @@ std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, Pipelin
       *plan_text = make_plan(layers, options, batch).str();
     }
   }
-  return std::make_unique<Pipeline>(layers, std::move(options));
+  return ScriptStages{layers, std::move(options)};
+}
+
+std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
+                                               const std::vector<std::string>& split_points,
+                                               ScriptLayerOptions layer_options,
+                                               const std::vector<std::vector<std::string>>& tied_parameters,
+                                               const ProfileBatch* profile_batch, std::string* plan_text) {
+  ScriptStages stages = script_stages(std::move(model), std::move(options), split_points, std::move(layer_options),
+                                      tied_parameters, profile_batch, plan_text);
+  return std::make_unique<Pipeline>(stages.layers, std::move(stages.options));
 }
 
 }  // namespace conveyor

@@ -84,6 +84,17 @@ struct ProfileBatch {
   Tensors inputs, targets;
   TensorsLossFn loss;
 };
+// The layers and options make_script_pipeline builds its Pipeline from, for
+// a caller that builds another runtime over them (a DistributedPipeline).
+struct ScriptStages {
+  torch::nn::Sequential layers;
+  PipelineOptions options;
+};
+ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
+                           const std::vector<std::string>& split_points = {}, ScriptLayerOptions layer_options = {},
+                           const std::vector<std::vector<std::string>>& tied_parameters = {},
+                           const ProfileBatch* profile_batch = nullptr, std::string* plan_text = nullptr);
+
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
                                                const std::vector<std::string>& split_points = {},
                                                ScriptLayerOptions layer_options = {},

@@ -26,10 +26,11 @@ if _torch.__version__ != _build.torch_version:
 
 from . import _C  # noqa: E402  (after the version check: another torch's ABI would fail to load, or crash)
 from ._errors import DivergenceError, PipelineError, PipelineTimeoutError  # noqa: E402
+from ._distributed import process_groups  # noqa: E402
 from ._pipeline import Pipeline  # noqa: E402
 
 StepResult = _C.StepResult
 torch_version = _build.torch_version
 
-__all__ = ["Pipeline", "StepResult", "PipelineError", "PipelineTimeoutError", "DivergenceError", "__version__",
+__all__ = ["Pipeline", "StepResult", "process_groups", "PipelineError", "PipelineTimeoutError", "DivergenceError", "__version__",
            "torch_version"]

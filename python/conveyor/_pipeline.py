@@ -11,6 +11,7 @@ from torch import nn
 
 from . import _C
 from ._arguments import _bool, _fail, _float, _int, _ints, _script, _str, _strs, _tensors
+from ._distributed import _check_groups, _shard
 
 __all__ = ["Pipeline"]
 
@@ -91,6 +92,19 @@ class Pipeline:
         fused_ops: swap Conveyor's fused LSTM into the model.
         optimize: let the TorchScript executor optimize the stages.
         example_inputs: trace ``model`` with these instead of scripting it.
+        process_group: run across processes (under ``torchrun``, after
+            ``torch.distributed.init_process_group``): the group of this
+            replica's processes, each running one worker's stages (its rank
+            in the group is the worker; ``workers`` is its size). Every
+            process builds the pipeline from the same model and options and
+            calls ``train_step`` with the same batch (its replica's shard);
+            ``parameters()`` and ``state_dict()`` are then its own stages',
+            ``StepResult.loss`` the whole batch's on every process.
+        replica_group: with ``process_group``, data parallelism across D
+            replicas of the pipeline: the processes running this worker in
+            every replica. Gradients are averaged across it; replica 0's
+            initial weights are broadcast. ``conveyor.process_groups(workers)``
+            makes both groups.
 
     Unknown keywords are refused by name (``TypeError``), values of the wrong
     type with ``TypeError``, bad values with ``ValueError``.
@@ -111,7 +125,8 @@ class Pipeline:
                  lr_schedule_unit: Optional[str] = None, autocast: Union[str, torch.dtype, None] = None,
                  loss_scaling: Union[bool, Dict[str, float], None] = None, clip_grad_norm: Optional[float] = None,
                  clip_norm_type: Union[float, str] = 2.0, accumulate_steps: int = 1, fused_ops: bool = False,
-                 optimize: bool = False, example_inputs: Optional[Tensors] = None, **unknown: Any):
+                 optimize: bool = False, example_inputs: Optional[Tensors] = None,
+                 process_group: Optional[Any] = None, replica_group: Optional[Any] = None, **unknown: Any):
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "model", "unknown")]
             name = sorted(unknown)[0]
@@ -190,10 +205,12 @@ class Pipeline:
                 _fail(TypeError, "loss_fn", "a callable (output, target) -> loss, a name or a scripted module",
                       loss_fn)
             python_loss = loss_fn
+        local_rank = _check_groups(process_group, replica_group, workers)
         self._has_loss = loss_fn is not None
         self._model = _script(model, example_inputs)
         self._c = _C.Pipeline(self._model if isinstance(self._model, str) else self._model._c, options,
-                              python_loss, lr_schedule)
+                              python_loss, lr_schedule, process_group, replica_group, local_rank)
+        self._worker, self._replicas, self._replica = self._c.placement()
         self.training = True
 
     # --- training and inference -------------------------------------------------------------------------------
@@ -211,8 +228,10 @@ class Pipeline:
 
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
         """Inference: the model's output (a tuple when it returns several),
-        micro-batches flowing through the stages, no autograd graph."""
-        return self._c.forward(inputs[0] if len(inputs) == 1 else tuple(inputs))
+        micro-batches flowing through the stages, no autograd graph. Across
+        processes, the output is on the last stage's process; None elsewhere."""
+        out = self._c.forward(inputs[0] if len(inputs) == 1 else tuple(inputs))
+        return None if isinstance(out, tuple) and not out else out
 
     __call__ = forward
 
@@ -279,6 +298,28 @@ class Pipeline:
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> int:
         """Restores what ``save_checkpoint`` saved; returns its step."""
         return self._c.load_checkpoint(os.fspath(path))
+
+    # --- across processes ----------------------------------------------------------------------------------------
+    @property
+    def worker(self) -> int:
+        """The worker this process runs (0 in one process)."""
+        return self._worker
+
+    @property
+    def replica(self) -> int:
+        """This process's replica of the pipeline (0 without a replica_group)."""
+        return self._replica
+
+    @property
+    def replicas(self) -> int:
+        return self._replicas
+
+    def shard(self, batch: Tensors, dim: int = 0) -> Tensors:
+        """This replica's equal, contiguous slice of a global batch (a tensor
+        or a tuple of them) along ``dim``; the batch itself for one replica.
+        Averaging the replicas' gradients equals the global batch's only for
+        equal slices: a batch that does not divide is refused."""
+        return _shard(batch, self._replica, self._replicas, _int("dim", dim, 0))
 
     # --- what it is -----------------------------------------------------------------------------------------------
     @property

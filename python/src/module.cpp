@@ -11,6 +11,7 @@
 #include "plugin/script/script_pipeline.h"
 #include "plugin/trace/timeline.h"
 #include "plugin/version.h"
+#include "python/src/process_groups.h"
 
 #include <torch/extension.h>
 #include <pybind11/stl.h>
@@ -150,8 +151,11 @@ class PyPipeline {
  public:
   // `options`: a dict of ScriptPipeline's options, typed (the package checks
   // types and names first); `loss_fn` and `lr_schedule`: Python callables or None.
+  // `process_group` (None for one process) and `replica_group`: torch.distributed's
+  // groups, see process_groups(); `local_rank` picks this process's GPU.
   PyPipeline(const py::object& script_module, const py::dict& options, const py::object& loss_fn,
-             const py::object& lr_schedule)
+             const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group,
+             int local_rank)
       : raised_(std::make_shared<RaisedInStep>()) {
     c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
     for (const auto& [key, value] : options) {
@@ -170,7 +174,15 @@ class PyPipeline {
     };
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
-    released([&] { pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize); });
+    std::shared_ptr<ProcessGroups> groups;
+    if (!process_group.is_none()) {
+      const double timeout = dict.contains("timeout_ms") ? dict.at("timeout_ms").toInt() / 1000.0 : 300.0;
+      groups = process_groups(process_group, replica_group, timeout);
+    }
+    released([&] {
+      pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups,
+                                               DistributedOptions().local_rank(local_rank));
+    });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
 
@@ -317,14 +329,22 @@ PYBIND11_MODULE(_C, m) {
           py::arg("path"));
 
   py::class_<PyPipeline>(m, "Pipeline")
-      .def(py::init<py::object, py::dict, py::object, py::object>(), py::arg("model"), py::arg("options"),
-           py::arg("loss_fn"), py::arg("lr_schedule"))
+      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object, int>(), py::arg("model"),
+           py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
+           py::arg("replica_group"), py::arg("local_rank"))
       .def("train_step", &PyPipeline::train_step)
       .def("forward", &PyPipeline::forward)
       .def("clip_grad_norm",
            [](PyPipeline& p, double max_norm, double norm_type) {
              py::gil_scoped_release nogil;
-             return p.pipeline().clip_grad_norm(max_norm, norm_type);
+             return p.script().clip_grad_norm(max_norm, norm_type);
+           })
+      .def("placement",
+           [](PyPipeline& p) -> py::tuple {  // (worker, replicas, replica)
+             DistributedPipeline* d = p.script().distributed();
+             if (!d) return py::make_tuple(0, 1, 0);
+             const ProcessGroups& g = d->groups();
+             return py::make_tuple(g.worker(), g.layout().replicas, g.replica());
            })
       .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.script().named_parameters(); })
