@@ -10,6 +10,7 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/step_result.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
+  plugin/planner/search.h
   plugin/trace/timeline.h plugin/support/atomic_file.h plugin/support/tensors.h
   plugin/transport/transport.h plugin/transport/c10d.h
   plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h

@@ -11,6 +11,7 @@
 #include "plugin/planner/partition.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
+#include "plugin/planner/search.h"
 #include "plugin/profile_model.h"
 #include "plugin/step_result.h"
 #include "plugin/support/atomic_file.h"

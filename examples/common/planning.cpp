@@ -36,6 +36,21 @@ void apply_balance(const std::string& balance, const std::vector<double>& estima
   }
 }
 
+PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequential& model, int64_t batch,
+                             int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out) {
+  if (plan == "given") return options;
+  if (plan != "auto") throw std::invalid_argument("--plan expects given or auto, got '" + plan + "'");
+  if (options.optimizer()) {
+    throw std::invalid_argument("--plan auto searches the synchronous schedules: leave out the asynchronous --schedule");
+  }
+  PlanSpace space;
+  space.max_workers = max_workers;
+  space.memory_budget = memory_budget_mib << 20;
+  const PlanSearch search = search_plans(model, options, batch, space);
+  out << "--plan auto: " << search.str();
+  return search.best().options(std::move(options));
+}
+
 void report_step(std::ostream& out, const Plan& plan, const StepResult& step, const std::string& timeline) {
   out << "  " << plan.versus(step);
   if (!timeline.empty()) {

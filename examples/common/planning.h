@@ -26,6 +26,17 @@ const std::vector<std::string>& balance_names();
 void apply_balance(const std::string& balance, const std::vector<double>& estimate, int stages,
                    PipelineOptions& options);
 
+// The names --plan takes: "given" (the other flags decide) and "auto".
+// --plan auto searches the whole plan (plugin/planner/search.h) for `model`
+// and a batch of `batch` samples, within `max_workers` workers and
+// `memory_budget_mib` MiB per worker (0: any), prints the search to `out` and
+// returns `options` with the fastest plan's choices; "given" returns
+// `options` as they are. Throws std::invalid_argument for another name, or
+// for auto with an asynchronous schedule's optimizer in `options` (the
+// search takes synchronous schedules only).
+PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequential& model, int64_t batch,
+                             int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out);
+
 // "predicted vs measured" for the step, and the timeline (predicted above
 // measured) written to `timeline` when not empty.
 void report_step(std::ostream& out, const Plan& plan, const StepResult& step, const std::string& timeline);

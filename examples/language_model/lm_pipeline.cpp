@@ -82,6 +82,10 @@ Flags (--flag VALUE or --flag=VALUE):
   --steps N         training steps, one window each (default 400)
   --balance B       how to cut: time (default; profiled) | uniform (layer
                     counts) | flops (an estimate of each layer's arithmetic)
+  --plan P          given (default): the flags decide | auto: search workers
+                    (up to --workers), synchronous schedule, chunks, micro-
+                    batches, recomputation and split for the fastest step
+  --memory-budget N with --plan auto: MiB each worker may hold (default: any)
   --device D        auto (default): cuda when available, else cpu | cpu |
                     cuda: worker k on cuda:(k mod GPU count)
   --threads N       intra-op CPU threads of each worker (default cores / workers)
@@ -112,7 +116,8 @@ using ex::UsageError;
 struct Config {
   int64_t workers = 2, microbatches = 4, steps = 400, threads = 0, chunks = 0;
   bool recompute = false, offload = false;
-  std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline;
+  std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline, plan = "given";
+  int64_t memory_budget = 0;  // MiB
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
@@ -132,7 +137,8 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.real("--clip", &c.clip, 0.0, 1e9, false);
   flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
   flags.text("--balance", &c.balance).text("--timeline", &c.timeline).integer("--chunks", &c.chunks, 1, 16);
-  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload);
+  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload).text("--plan", &c.plan);
+  flags.integer("--memory-budget", &c.memory_budget, 1, kBig);
   if (!flags.parse(argc, argv)) return false;
   const auto& balances = ex::balance_names();
   if (std::find(balances.begin(), balances.end(), c.balance) == balances.end()) {
@@ -257,8 +263,8 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
   for (const auto& p : pipe.parameters()) num_params += p.numel();
   std::cout << "model: " << ex::format_count(num_params) << " parameters in " << model.names.size() << " layers, "
             << pipe.num_stages() << " stages on " << pipe.num_workers() << " workers"
-            << ", " << c.microbatches << " micro-batches of " << c.batch / c.microbatches
-            << (c.batch % c.microbatches ? "+" : "") << " streams, " << c.threads << " intra-op thread(s) per worker\n";
+            << ", " << pipe.schedule().num_microbatches << " micro-batches of "
+            << c.batch / pipe.schedule().num_microbatches << (c.batch % pipe.schedule().num_microbatches ? "+" : "") << " streams, " << c.threads << " intra-op thread(s) per worker\n";
   for (const auto& s : pipe.plan().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
@@ -286,7 +292,9 @@ int run(const Config& c) {
       ex::make_language_model(static_cast<int64_t>(data.corpus.vocab.size()), c.embed, c.hidden, c.dropout);
   ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
-  const conveyor::PipelineOptions options = pipeline_options(c, model, data, devices, synchronous);
+  const conveyor::PipelineOptions options =
+      ex::plan_options(c.plan, model.layers, c.batch, static_cast<int>(c.workers), c.memory_budget,
+                       pipeline_options(c, model, data, devices, synchronous), std::cout);
   const conveyor::Plan plan = conveyor::make_plan(model.layers, options, c.batch);
   conveyor::Pipeline pipe(model.layers, options);
   const int64_t windows = data.train.num_windows(c.bptt);

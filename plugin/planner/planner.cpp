@@ -1,6 +1,7 @@
 #include "plugin/planner/planner.h"
 
 #include "plugin/errors.h"
+#include "plugin/planner/units.h"
 #include "plugin/trace/timeline.h"
 #include "schedules/stash_memory.h"
 
@@ -17,25 +18,6 @@ namespace conveyor {
 namespace {
 
 using schedules::Schedule;
-
-std::string ms(double seconds) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(seconds < 0.01 ? 2 : 1) << seconds * 1e3 << " ms";
-  return os.str();
-}
-
-std::string mib(int64_t bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(bytes < (10 << 20) ? 2 : 1) << static_cast<double>(bytes) / (1 << 20)
-     << " MiB";
-  return os.str();
-}
-
-std::string percent(double fraction) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1) << 100 * fraction << "%";
-  return os.str();
-}
 
 // Bytes at n samples of what measured `bytes` at the profile's batch size.
 int64_t at_size(const ModelProfile& p, int64_t bytes, int64_t n) { return bytes * n / p.batch_size; }

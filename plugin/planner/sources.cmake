@@ -5,4 +5,5 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/balance_time.cpp
   ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/profile.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/profile.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/search.cpp)

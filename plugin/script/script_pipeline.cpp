@@ -4,6 +4,7 @@
 #include "plugin/errors.h"
 #include "plugin/model_names.h"
 #include "plugin/script/python_options.h"
+#include "plugin/planner/search.h"
 #include "plugin/script/torchscript.h"
 
 #include <c10/util/StringUtil.h>
@@ -165,7 +166,8 @@ const std::set<std::string>& script_pipeline_options() {
       "loss_reduction", "fused_ops",      "stage_rng",     "optimizer",        "lr",             "momentum",
       "weight_decay",   "shared_inputs",  "shared_targets", "tied_parameters", "chunks",         "recompute",
       "offload",        "vertical_sync",  "trace",         "divergence_guard", "sample",         "autocast",
-      "loss_scaling",   "clip_grad_norm", "clip_norm_type", "accumulate_steps", "lr_schedule_unit"};
+      "loss_scaling",   "clip_grad_norm", "clip_norm_type", "accumulate_steps", "lr_schedule_unit", "plan",
+      "max_workers",    "memory_budget"};
   return known;
 }
 
@@ -191,6 +193,8 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   bool fused_ops = false;
   std::vector<std::vector<std::string>> tied_by_model_name;
   std::optional<ProfileBatch> sample;
+  bool auto_plan = false;
+  PlanSpace space;
   loss_ = mse;
   for (const auto& entry : options) {
     const std::string& key = entry.key();
@@ -208,6 +212,12 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
     if (key == "optimize") layer_options.optimize = as_bool(key, v);
     if (key == "loss") loss_ = loss_from(v);
     if (key == "fused_ops") fused_ops = as_bool(key, v);
+    if (key == "plan") {
+      if (as_string(key, v) != "auto") throw bad_option(key, "\"auto\"", v);
+      auto_plan = true;
+    }
+    if (key == "max_workers") space.max_workers = static_cast<int>(as_int(key, v));
+    if (key == "memory_budget") space.memory_budget = as_int(key, v);
     if (key == "sample") {
       if (!v.isTuple() || v.toTupleRef().elements().size() != 2) {
         throw bad_option(key, "an (input, target) tuple, each a tensor or a tuple of tensors", v);
@@ -229,10 +239,36 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
                                 "measure its own times and perhaps cut the model elsewhere: give split_points, "
                                 "or balance \"uniform\" or \"parameters\"");
   }
+  // The sample's size along batch_dim, as its first split input has it.
+  int64_t batch = 0;
+  for (size_t i = 0; sample && i < sample->inputs.size() && batch == 0; ++i) {
+    const at::Tensor& t = sample->inputs[i];
+    const auto& shared = opts.shared_inputs();
+    const bool whole = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
+    if (t.defined() && !whole && t.dim() > opts.batch_dim()) batch = t.size(opts.batch_dim());
+  }
+  if (auto_plan) {
+    check_argument(split_points.empty() && opts.boundaries().empty(),
+                   "conveyor.Pipeline: plan \"auto\" chooses where to cut: give no split_points");
+    check_argument(sample.has_value(), "conveyor.Pipeline: plan \"auto\" profiles the model: give sample=(inputs, ",
+                   "target), a batch of the size each step trains on");
+    check_argument(!groups, "conveyor.Pipeline: plan \"auto\" searches in one process (each process would measure ",
+                   "its own times and might choose another plan): search in one, then pass its choices to all");
+    opts.balance(Balance::kTime);
+    if (space.max_workers == 0) space.max_workers = opts.workers() > 0 ? opts.workers() : 4;
+  } else {
+    check_argument(space.max_workers == 0 && space.memory_budget == 0,
+                   "conveyor.Pipeline: max_workers and memory_budget bound the search of plan=\"auto\"");
+  }
   // One worker per process: the pipeline group's size is the number of workers.
   if (groups && opts.workers() == 0) opts.workers(groups->layout().workers);
   ScriptStages stages =
       script_stages(model_, opts, split_points, layer_options, tied_by_model_name, sample ? &*sample : nullptr);
+  if (auto_plan) {
+    const PlanSearch search = search_plans(stages.layers, stages.options, batch, space);
+    stages.options = search.best().options(std::move(stages.options));
+    search_text_ = search.str();
+  }
   if (groups) {
     distributed_ = std::make_unique<DistributedPipeline>(stages.layers, std::move(stages.options), std::move(groups),
                                                          std::move(distributed));
@@ -242,15 +278,9 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
     pipe_ = local_.get();
   }
   if (const auto& profile = pipe_->options().profile(); profile && sample) {
-    int64_t batch = 0;  // the sample's size along batch_dim, as its first split input has it
-    const auto& shared = opts.shared_inputs();
-    for (size_t i = 0; i < sample->inputs.size() && batch == 0; ++i) {
-      const at::Tensor& t = sample->inputs[i];
-      const bool whole = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
-      if (t.defined() && !whole && t.dim() > opts.batch_dim()) batch = t.size(opts.batch_dim());
-    }
     plan_ = predict(*profile, pipe_->plan(), pipe_->schedule(), batch, pipe_->options());
-    plan_->balance = split_points.empty() && opts.boundaries().empty() ? "time" : "given boundaries";
+    plan_->balance = auto_plan ? "searched" : split_points.empty() && opts.boundaries().empty() ? "time"
+                                                                                               : "given boundaries";
   }
 }
 

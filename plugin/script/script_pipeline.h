@@ -24,6 +24,11 @@
 //   loss_scaling (True, or a dict of init_scale, growth_factor,
 //   backoff_factor, growth_interval), clip_grad_norm, clip_norm_type (a
 //   number or "inf"), accumulate_steps. PipelineOptions documents each.
+//   plan: "auto" searches the whole plan (plugin/planner/search.h: workers,
+//   schedule, chunks, micro-batches, recomputation and the split) on the
+//   profile of `sample`, within max_workers (default: workers, else 4) and
+//   memory_budget (bytes per worker; default none); the other options
+//   stand.
 // Every error in the options is a std::invalid_argument naming the option.
 //
 // Across processes: given ProcessGroups (torch.distributed's groups, handed
@@ -90,7 +95,10 @@ class ScriptPipeline {
   // Null unless built with process groups.
   DistributedPipeline* distributed() { return distributed_.get(); }
   // The plan's text; with balance "time", its predicted times and memory.
-  std::string plan_text() const { return plan_ ? plan_->str() : pipe_->plan().str(); }
+  // With plan "auto", the search: the chosen plan and the runners-up.
+  std::string plan_text() const {
+    return !search_text_.empty() ? search_text_ : plan_ ? plan_->str() : pipe_->plan().str();
+  }
   // The plan's prediction, made with balance "time" (a profile).
   const std::optional<Plan>& prediction() const { return plan_; }
   const std::string& fused_ops_report() const { return fused_ops_report_; }
@@ -102,6 +110,7 @@ class ScriptPipeline {
   torch::jit::Module model_;
   std::string fused_ops_report_ = "fused_ops is off\n";
   std::optional<Plan> plan_;
+  std::string search_text_;
   std::unique_ptr<Pipeline> local_;                   // in one process
   std::unique_ptr<DistributedPipeline> distributed_;  // across processes
   Pipeline* pipe_ = nullptr;                          // the one of them

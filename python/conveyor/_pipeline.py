@@ -58,7 +58,14 @@ class Pipeline:
         chunks: stages per worker for the interleaved schedules.
         balance: ``"uniform"`` (layers), ``"parameters"`` or ``"time"``
             (measured on ``sample``; the plan then predicts the step).
-        sample: an ``(inputs, target)`` batch for ``balance="time"``.
+        sample: an ``(inputs, target)`` batch for ``balance="time"`` and
+            ``plan="auto"``.
+        plan: ``"auto"``: search the whole plan on the profile of ``sample``
+            (workers, schedule, chunks, micro-batches, recomputation and the
+            split by time) for the fastest predicted step within
+            ``max_workers`` (default ``workers``, else 4) and
+            ``memory_budget`` (bytes per worker); ``pipe.plan`` prints the
+            choice and the runners-up. Synchronous schedules only.
         batch_dim: the dimension batches are split along.
         shared_inputs, shared_targets: indices of inputs or targets passed
             whole to every micro-batch (a ``[T, T]`` mask).
@@ -126,7 +133,9 @@ class Pipeline:
                  loss_scaling: Union[bool, Dict[str, float], None] = None, clip_grad_norm: Optional[float] = None,
                  clip_norm_type: Union[float, str] = 2.0, accumulate_steps: int = 1, fused_ops: bool = False,
                  optimize: bool = False, example_inputs: Optional[Tensors] = None,
-                 process_group: Optional[Any] = None, replica_group: Optional[Any] = None, **unknown: Any):
+                 plan: Optional[str] = None, max_workers: Optional[int] = None,
+                 memory_budget: Optional[int] = None, process_group: Optional[Any] = None,
+                 replica_group: Optional[Any] = None, **unknown: Any):
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "model", "unknown")]
             name = sorted(unknown)[0]
@@ -173,6 +182,12 @@ class Pipeline:
             if not isinstance(sample, tuple) or len(sample) != 2:
                 _fail(TypeError, "sample", "an (inputs, target) tuple", sample)
             options["sample"] = (_tensors("sample", sample[0]), _tensors("sample", sample[1]))
+        if plan is not None:
+            options["plan"] = _str("plan", plan, ("auto",))
+        if max_workers is not None:
+            options["max_workers"] = _int("max_workers", max_workers, 1)
+        if memory_budget is not None:
+            options["memory_budget"] = _int("memory_budget", memory_budget, 1)
         if optimizer is not None:
             options["optimizer"] = _str("optimizer", optimizer, ("sgd", "adam", "adamw"))
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):

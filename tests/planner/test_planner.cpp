@@ -1,6 +1,7 @@
 // Balance::kTime's split: optimal (brute force agrees), atomic groups kept
 // whole, memory budgets respected, and impossible budgets named.
 #include "error_of.h"
+#include "every_split.h"
 #include "test_models.h"
 
 #include "plugin/planner/balance_time.h"
@@ -38,17 +39,7 @@ struct Case {
   }
 };
 
-// Every split of n layers into k contiguous non-empty stages.
-void every_split(int64_t n, int k, std::vector<int64_t>& cuts,
-                 const std::function<void(const std::vector<int64_t>&)>& fn) {
-  if (static_cast<int>(cuts.size()) == k - 1) return fn(cuts);
-  const int64_t from = cuts.empty() ? 1 : cuts.back() + 1;
-  for (int64_t b = from; b < n; ++b) {
-    cuts.push_back(b);
-    every_split(n, k, cuts, fn);
-    cuts.pop_back();
-  }
-}
+using testing::every_split;
 
 bool allowed(const SplitCosts& c, const std::vector<int64_t>& cuts) {
   for (int64_t b : cuts) {

@@ -108,6 +108,32 @@ def test_torch_optim_over_parameters_trains_as_eager_does():
     assert losses[-1] < losses[0]
 
 
+def test_plan_auto_searches_the_whole_plan_and_trains_exactly():
+    torch.manual_seed(3)
+    eager = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5)).double()
+    model = copy.deepcopy(eager)
+    x, _, y = batch(16)
+    pipe = conveyor.Pipeline(model, plan="auto", sample=(x, y), max_workers=2, loss_fn=loss_fn)
+    assert "searched" in pipe.plan and "rank" in pipe.plan, pipe.plan
+    assert 1 <= pipe.num_workers <= 2
+    assert pipe.prediction is not None
+    result = pipe.train_step(x, y)
+    expected = loss_fn(eager(x), y)
+    expected.backward()
+    assert abs(result.loss - expected.item()) <= 1e-10
+    got = dict(pipe.named_parameters())
+    for name, p in eager.named_parameters():
+        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+    with pytest.raises(ValueError, match='plan "auto" chooses where to cut'):
+        conveyor.Pipeline(copy.deepcopy(eager), plan="auto", split_points=["2"], sample=(x, y), loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="give sample"):
+        conveyor.Pipeline(copy.deepcopy(eager), plan="auto", loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="bound the search"):
+        conveyor.Pipeline(copy.deepcopy(eager), max_workers=2, loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="no plan fits a memory budget"):
+        conveyor.Pipeline(copy.deepcopy(eager), plan="auto", sample=(x, y), memory_budget=100, loss_fn=loss_fn)
+
+
 class LossBroke(Exception):
     pass
 

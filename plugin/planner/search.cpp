@@ -1,0 +1,187 @@
+#include "plugin/planner/search.h"
+
+#include "plugin/errors.h"
+#include "plugin/planner/balance_time.h"
+#include "plugin/planner/units.h"
+#include "schedules/generators.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+// Whether `name` trains with exact gradients of the whole batch (what
+// recomputation applies to).
+bool synchronous(const std::string& name) {
+  try {
+    return schedules::make_schedule(name, 1, 1, false, 1).synchronous();
+  } catch (const std::exception&) {
+    return true;  // the candidate's own build names the problem
+  }
+}
+
+std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
+  if (!space.microbatches.empty()) return space.microbatches;
+  std::vector<int> counts;
+  for (int m = 1; m <= std::min<int64_t>(batch, 64); m *= 2) counts.push_back(m);
+  return counts;
+}
+
+// The candidate's options: `base` with the search's choices, split by time
+// within the budget's share of each stage.
+PipelineOptions candidate(const PipelineOptions& base, const PlanSpace& space, const std::string& schedule,
+                          int workers, int chunks, int microbatches, bool recompute) {
+  PipelineOptions c = base;
+  c.workers(workers)
+      .chunks(schedules::is_interleaved(schedule) ? chunks : 0)
+      .schedule(schedule)
+      .schedule_text("")
+      .microbatches(microbatches)
+      .recompute(recompute)
+      .offload(false)
+      .boundaries({})
+      .balance(Balance::kTime)
+      .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}
+                                              : std::vector<int64_t>{});
+  if (base.devices().size() > 1) {
+    c.devices(std::vector<std::string>(base.devices().begin(),
+                                       base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
+  }
+  return c;
+}
+
+}  // namespace
+
+int64_t PlanChoice::peak_bytes() const {
+  return worker_bytes.empty() ? 0 : *std::max_element(worker_bytes.begin(), worker_bytes.end());
+}
+
+std::string PlanChoice::describe() const {
+  std::ostringstream os;
+  os << plan.schedule.name << ", " << workers << (workers == 1 ? " worker" : " workers");
+  if (chunks > 1) os << " x " << chunks << " chunks";
+  os << ", " << plan.schedule.num_microbatches << (plan.schedule.num_microbatches == 1 ? " micro-batch" : " micro-batches");
+  if (recompute) os << ", recompute";
+  return os.str();
+}
+
+PipelineOptions PlanChoice::options(PipelineOptions base) const {
+  std::vector<int64_t> boundaries;
+  for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
+  base.workers(workers)
+      .chunks(schedules::is_interleaved(plan.schedule.name) ? chunks : 0)
+      .schedule(plan.schedule.name)
+      .schedule_text("")
+      .microbatches(plan.schedule.num_microbatches)
+      .recompute(recompute)
+      .offload(false)
+      .boundaries(std::move(boundaries));
+  if (base.devices().size() > 1) {
+    base.devices(std::vector<std::string>(base.devices().begin(),
+                                          base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
+  }
+  return base;
+}
+
+std::string PlanSearch::str(size_t rows) const {
+  std::ostringstream os;
+  os << "searched " << considered << " plans, " << over_budget << " over the memory budget; the fastest:\n";
+  if (ranked.empty()) return os.str();
+  os << best().describe() << "\n" << best().plan.str();
+  os << "  rank  step        bubble  peak/worker  plan\n";
+  for (size_t i = 0; i < ranked.size() && i < rows; ++i) {
+    const PlanChoice& c = ranked[i];
+    os << "  " << std::setw(4) << i + 1 << "  " << std::left << std::setw(10) << ms(c.plan.step_seconds()) << "  "
+       << std::setw(6) << percent(c.plan.bubble_fraction()) << "  " << std::setw(11) << mib(c.peak_bytes()) << "  "
+       << std::right << c.describe() << "\n";
+  }
+  return os.str();
+}
+
+PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch,
+                        const PlanSpace& space) {
+  if (!options.profile()) {
+    throw std::invalid_argument("conveyor: search_plans needs the model's profile (PipelineOptions::profile)");
+  }
+  check_argument(batch >= 1, "conveyor: search_plans needs a batch of at least one sample, got ", batch);
+  check_argument(space.max_workers >= 0 && space.memory_budget >= 0,
+                 "conveyor: PlanSpace needs a non-negative number of workers and memory budget");
+  const int64_t num_layers = static_cast<int64_t>(model->size());
+  const int max_workers =
+      space.max_workers > 0 ? space.max_workers : std::max<int>(1, static_cast<int>(options.devices().size()));
+  PlanSearch out;
+  std::string first_error, closest;
+  int64_t closest_excess = std::numeric_limits<int64_t>::max();
+  for (int workers = 1; workers <= max_workers; ++workers) {
+    for (const std::string& name : space.schedules) {
+      const std::vector<int> chunk_counts = schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1};
+      for (int chunks : chunk_counts) {
+        if (chunks < 1 || workers * chunks > num_layers) continue;  // a stage needs a layer
+        for (int m : microbatch_counts(space, batch)) {
+          if (m < 1 || m > batch) continue;
+          for (bool recompute : space.recompute) {
+            if (recompute && !synchronous(name)) continue;
+            ++out.considered;
+            PlanChoice choice;
+            choice.workers = workers;
+            choice.chunks = chunks;
+            choice.recompute = recompute;
+            try {
+              choice.plan = make_plan(model, candidate(options, space, name, workers, chunks, m, recompute), batch);
+            } catch (const std::invalid_argument& e) {
+              const std::string message = e.what();
+              if (message.find("budget") != std::string::npos) {
+                ++out.over_budget;  // the split by time found no stage fitting its share
+                if (closest.empty()) closest = choice.describe() + ": " + message;
+              } else if (first_error.empty()) {
+                first_error = c10::str(name, " on ", workers, " workers with ", m, " micro-batches: ", message);
+              }
+              continue;
+            }
+            choice.worker_bytes.assign(static_cast<size_t>(choice.plan.schedule.num_workers()), 0);
+            for (size_t k = 0; k < choice.plan.predicted.size(); ++k) {
+              choice.worker_bytes.at(static_cast<size_t>(choice.plan.schedule.worker_of(static_cast<int>(k)))) +=
+                  choice.plan.predicted[k].peak_bytes();
+            }
+            const int64_t excess = space.memory_budget > 0 ? choice.peak_bytes() - space.memory_budget : 0;
+            if (excess > 0) {
+              ++out.over_budget;
+              if (excess < closest_excess) {
+                const auto worst = std::max_element(choice.worker_bytes.begin(), choice.worker_bytes.end());
+                closest_excess = excess;
+                closest = c10::str(choice.describe(), ": worker ", worst - choice.worker_bytes.begin(), " needs ",
+                                   bytes_text(*worst), ", ", bytes_text(excess), " more than the budget");
+              }
+              continue;
+            }
+            out.ranked.push_back(std::move(choice));
+          }
+        }
+      }
+    }
+  }
+  // Fastest first; among equals, fewer workers, then less memory.
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const PlanChoice& a, const PlanChoice& b) {
+    if (a.plan.step_seconds() != b.plan.step_seconds()) return a.plan.step_seconds() < b.plan.step_seconds();
+    if (a.workers != b.workers) return a.workers < b.workers;
+    return a.peak_bytes() < b.peak_bytes();
+  });
+  if (out.ranked.empty()) {
+    if (!closest.empty()) {
+      throw std::invalid_argument(c10::str("conveyor: no plan fits a memory budget of ", bytes_text(space.memory_budget),
+                                           " per worker (", out.considered, " tried); the closest: ", closest));
+    }
+    throw std::invalid_argument("conveyor: no plan could be made: " +
+                                (first_error.empty() ? std::string("the search space is empty") : first_error));
+  }
+  return out;
+}
+
+}  // namespace conveyor

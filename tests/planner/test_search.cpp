@@ -1,0 +1,208 @@
+// The whole-plan search: its choice against brute force over every split,
+// memory budgets it keeps (or names the closest miss of), and the pipeline
+// built from its plan running that plan with exact gradients.
+#include "error_of.h"
+#include "every_split.h"
+#include "test_models.h"
+
+#include "plugin/planner/planner.h"
+#include "plugin/planner/search.h"
+#include "schedules/generators.h"
+
+#include <functional>
+
+namespace conveyor {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::error_of;
+
+// Six layers of uneven cost, with activations that dominate memory, measured
+// (as if) at 4 samples per micro-batch.
+std::shared_ptr<ModelProfile> six_layer_profile() {
+  auto p = std::make_shared<ModelProfile>();
+  p->device = "cpu";
+  p->batch_size = 4;
+  p->input_bytes = 4 * 64 * 4;
+  p->loss_forward_seconds = 0.0002;
+  p->loss_backward_seconds = 0.0002;
+  p->action_overhead_seconds = 0.00005;
+  p->link = LinkProfile{"in-process handoff (same device)", 0.00002, 0};
+  const double seconds[] = {0.004, 0.001, 0.003, 0.002, 0.005, 0.001};
+  for (int i = 0; i < 6; ++i) {
+    LayerProfile l;
+    l.name = std::to_string(i) + " torch::nn::Linear";
+    l.forward_seconds = seconds[i];
+    l.backward_seconds = 2 * seconds[i];
+    l.forward_fixed = 0.0001;
+    l.backward_fixed = 0.0001;
+    l.output_bytes = l.output_grad_bytes = 4 * 4096;
+    l.parameter_bytes = 64 * 64 * 4;
+    p->layers.push_back(l);
+  }
+  return p;
+}
+
+torch::nn::Sequential six_layers() {
+  torch::nn::Sequential m;
+  for (int i = 0; i < 6; ++i) m->push_back(torch::nn::Linear(64, 64));
+  return m;
+}
+
+using testing::every_split;
+
+// The fastest predicted step of `space` over every split (not only the
+// time-balanced ones) whose every worker fits the budget.
+double brute_force_best(const torch::nn::Sequential& model, const PipelineOptions& base, int64_t batch,
+                        const PlanSpace& space, int& priced) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int w = 1; w <= space.max_workers; ++w) {
+    for (const auto& name : space.schedules) {
+      for (int v : schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1}) {
+        if (w * v > static_cast<int>(model->size())) continue;
+        for (int m : space.microbatches) {
+          for (bool r : space.recompute) {
+            std::vector<int64_t> cuts;
+            every_split(static_cast<int64_t>(model->size()), w * v, cuts, [&](const std::vector<int64_t>& split) {
+              PlanChoice c;
+              c.workers = w;
+              c.chunks = v;
+              c.recompute = r;
+              const auto options = PipelineOptions(base)
+                                       .workers(w)
+                                       .chunks(schedules::is_interleaved(name) ? v : 0)
+                                       .schedule(name)
+                                       .microbatches(m)
+                                       .recompute(r)
+                                       .boundaries(split);
+              try {
+                c.plan = make_plan(model, options, batch);
+              } catch (const std::invalid_argument&) {
+                return;  // a schedule that cannot run this shape
+              }
+              std::vector<int64_t> bytes(static_cast<size_t>(w), 0);
+              for (size_t k = 0; k < c.plan.predicted.size(); ++k) {
+                bytes[static_cast<size_t>(c.plan.schedule.worker_of(static_cast<int>(k)))] +=
+                    c.plan.predicted[k].peak_bytes();
+              }
+              ++priced;
+              const int64_t peak = *std::max_element(bytes.begin(), bytes.end());
+              if (space.memory_budget > 0 && peak > space.memory_budget) return;
+              best = std::min(best, c.plan.step_seconds());
+            });
+          }
+        }
+      }
+    }
+  }
+  return best;
+}
+
+PlanSpace small_space() {
+  PlanSpace space;
+  space.max_workers = 3;
+  space.microbatches = {1, 2, 4, 8};
+  space.chunks = {2};
+  return space;
+}
+
+TEST(SearchPlans, TheChoiceIsWithinTwoPercentOfBruteForceOverEverySplit) {
+  const auto model = six_layers();
+  const auto base = PipelineOptions().profile(six_layer_profile());
+  for (int64_t budget : {int64_t{0}, int64_t{400000}, int64_t{250000}}) {
+    PlanSpace space = small_space();
+    space.memory_budget = budget;
+    const PlanSearch search = search_plans(model, base, 32, space);
+    int priced = 0;
+    const double brute = brute_force_best(model, base, 32, space, priced);
+    SCOPED_TRACE(search.str());
+    // 3 workers, 6 schedules (2 chunks for the interleaved), 4 micro-batch
+    // counts, with and without recomputation; every split of each.
+    EXPECT_EQ(search.considered, 3 * 6 * 4 * 2);
+    EXPECT_GT(priced, 600);  // of 768 (shapes a schedule cannot run are left out)
+    EXPECT_GE(search.best().plan.step_seconds(), brute * (1 - 1e-12)) << "budget " << budget;
+    EXPECT_LE(search.best().plan.step_seconds(), brute * 1.02) << "budget " << budget;
+    for (size_t i = 1; i < search.ranked.size(); ++i) {
+      EXPECT_LE(search.ranked[i - 1].plan.step_seconds(), search.ranked[i].plan.step_seconds());
+    }
+    for (const auto& c : search.ranked) {
+      if (budget > 0) EXPECT_LE(c.peak_bytes(), budget) << c.describe();
+    }
+  }
+}
+
+TEST(SearchPlans, ATighterBudgetTradesSpeedForMemoryAndSaysWhatMisses) {
+  const auto model = six_layers();
+  const auto base = PipelineOptions().profile(six_layer_profile());
+  PlanSpace space = small_space();
+  const PlanSearch free = search_plans(model, base, 32, space);
+  EXPECT_EQ(free.over_budget, 0);
+  // Half the fastest plan's memory: it no longer fits; what does is slower.
+  space.memory_budget = free.best().peak_bytes() / 2;
+  const PlanSearch tight = search_plans(model, base, 32, space);
+  EXPECT_GT(tight.over_budget, 0);
+  EXPECT_LE(tight.best().peak_bytes(), space.memory_budget);
+  EXPECT_GE(tight.best().plan.step_seconds(), free.best().plan.step_seconds());
+  // On one worker, below the least any plan without recomputation needs,
+  // only recomputation (which keeps a stage's inputs alone) fits.
+  PlanSpace one = small_space();
+  one.max_workers = 1;
+  one.recompute = {false};
+  const PlanSearch plain = search_plans(model, base, 32, one);
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (const auto& c : plain.ranked) least = std::min(least, c.peak_bytes());
+  one.recompute = {false, true};
+  one.memory_budget = least - 1;
+  const PlanSearch recomputing = search_plans(model, base, 32, one);
+  for (const auto& c : recomputing.ranked) EXPECT_TRUE(c.recompute) << c.describe();
+  EXPECT_GT(recomputing.over_budget, 0);
+
+  space.memory_budget = 1000;
+  EXPECT_THAT(error_of([&] { search_plans(model, base, 32, space); }),
+              AllOf(HasSubstr("no plan fits a memory budget of 0.00 MiB (1000 bytes) per worker"),
+                    HasSubstr("the closest: ")));
+  EXPECT_THAT(error_of([&] { search_plans(model, PipelineOptions(), 32, small_space()); }),
+              HasSubstr("needs the model's profile"));
+}
+
+TEST(SearchPlans, ThePipelineBuiltFromThePlanRunsItWithExactGradients) {
+  torch::manual_seed(0);
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);
+  auto profile = std::make_shared<ModelProfile>(
+      profile_model(mlp, x.narrow(0, 0, 4), y.narrow(0, 0, 4), testing::mse, ProfileOptions().warmup(0).repeats(1)));
+  PlanSpace space;
+  space.max_workers = 2;
+  space.microbatches = {2, 4};
+  const PlanSearch search = search_plans(mlp, PipelineOptions().profile(profile), 16, space);
+  EXPECT_THAT(search.str(), AllOf(HasSubstr("the fastest:"), HasSubstr("rank")));
+  // The best and a runner-up of another shape: each built, run and exact.
+  std::vector<const PlanChoice*> picks = {&search.best()};
+  for (const auto& c : search.ranked) {
+    if (c.workers != search.best().workers || c.plan.schedule.name != search.best().plan.schedule.name) {
+      picks.push_back(&c);
+      break;
+    }
+  }
+  for (const PlanChoice* choice : picks) {
+    SCOPED_TRACE(choice->describe());
+    auto reference = testing::clone_of(mlp);
+    testing::mse(reference->forward(x), y).backward();
+    auto model = testing::clone_of(mlp);
+    Pipeline pipe(model, choice->options(PipelineOptions().profile(profile)));
+    ASSERT_EQ(pipe.num_stages(), static_cast<int>(choice->plan.stages.stages.size()));
+    for (int k = 0; k < pipe.num_stages(); ++k) {
+      EXPECT_EQ(pipe.plan().stages[k].begin, choice->plan.stages.stages[k].begin);
+      EXPECT_EQ(pipe.plan().stages[k].end, choice->plan.stages.stages[k].end);
+    }
+    EXPECT_EQ(pipe.schedule().name, choice->plan.schedule.name);
+    EXPECT_EQ(pipe.schedule().num_microbatches, choice->plan.schedule.num_microbatches);
+    EXPECT_EQ(pipe.num_workers(), choice->workers);
+    pipe.train_step(x, y, testing::mse);
+    testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, choice->describe());
+  }
+}
+
+}  // namespace
+}  // namespace conveyor
