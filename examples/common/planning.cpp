@@ -41,7 +41,8 @@ PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequentia
   if (plan == "given") return options;
   if (plan != "auto") throw std::invalid_argument("--plan expects given or auto, got '" + plan + "'");
   if (options.optimizer()) {
-    throw std::invalid_argument("--plan auto searches the synchronous schedules: leave out the asynchronous --schedule");
+    throw std::invalid_argument(
+        "--plan auto searches the synchronous schedules: leave out the asynchronous --schedule");
   }
   PlanSpace space;
   space.max_workers = max_workers;

@@ -259,12 +259,13 @@ conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageMo
 
 void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::LanguageModel& model, int64_t windows,
                 bool synchronous, const conveyor::Plan& plan) {
+  const int64_t m = pipe.schedule().num_microbatches;
   int64_t num_params = 0;
   for (const auto& p : pipe.parameters()) num_params += p.numel();
   std::cout << "model: " << ex::format_count(num_params) << " parameters in " << model.names.size() << " layers, "
             << pipe.num_stages() << " stages on " << pipe.num_workers() << " workers"
-            << ", " << pipe.schedule().num_microbatches << " micro-batches of "
-            << c.batch / pipe.schedule().num_microbatches << (c.batch % pipe.schedule().num_microbatches ? "+" : "") << " streams, " << c.threads << " intra-op thread(s) per worker\n";
+            << ", " << m << " micro-batches of " << c.batch / m << (c.batch % m ? "+" : "") << " streams, "
+            << c.threads << " intra-op thread(s) per worker\n";
   for (const auto& s : pipe.plan().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];

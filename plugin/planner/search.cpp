@@ -34,27 +34,22 @@ std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
   return counts;
 }
 
-// The candidate's options: `base` with the search's choices, split by time
-// within the budget's share of each stage.
-PipelineOptions candidate(const PipelineOptions& base, const PlanSpace& space, const std::string& schedule,
-                          int workers, int chunks, int microbatches, bool recompute) {
-  PipelineOptions c = base;
-  c.workers(workers)
+// `base` with a plan's choices (its first `workers` devices, when it names
+// several); the split is left to the caller.
+PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, int workers, int chunks,
+                             int microbatches, bool recompute) {
+  base.workers(workers)
       .chunks(schedules::is_interleaved(schedule) ? chunks : 0)
       .schedule(schedule)
       .schedule_text("")
       .microbatches(microbatches)
       .recompute(recompute)
-      .offload(false)
-      .boundaries({})
-      .balance(Balance::kTime)
-      .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}
-                                              : std::vector<int64_t>{});
+      .offload(false);
   if (base.devices().size() > 1) {
-    c.devices(std::vector<std::string>(base.devices().begin(),
-                                       base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
+    base.devices(std::vector<std::string>(base.devices().begin(),
+                                          base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
   }
-  return c;
+  return base;
 }
 
 }  // namespace
@@ -67,7 +62,8 @@ std::string PlanChoice::describe() const {
   std::ostringstream os;
   os << plan.schedule.name << ", " << workers << (workers == 1 ? " worker" : " workers");
   if (chunks > 1) os << " x " << chunks << " chunks";
-  os << ", " << plan.schedule.num_microbatches << (plan.schedule.num_microbatches == 1 ? " micro-batch" : " micro-batches");
+  const int m = plan.schedule.num_microbatches;
+  os << ", " << m << (m == 1 ? " micro-batch" : " micro-batches");
   if (recompute) os << ", recompute";
   return os.str();
 }
@@ -75,19 +71,8 @@ std::string PlanChoice::describe() const {
 PipelineOptions PlanChoice::options(PipelineOptions base) const {
   std::vector<int64_t> boundaries;
   for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
-  base.workers(workers)
-      .chunks(schedules::is_interleaved(plan.schedule.name) ? chunks : 0)
-      .schedule(plan.schedule.name)
-      .schedule_text("")
-      .microbatches(plan.schedule.num_microbatches)
-      .recompute(recompute)
-      .offload(false)
+  return with_choices(std::move(base), plan.schedule.name, workers, chunks, plan.schedule.num_microbatches, recompute)
       .boundaries(std::move(boundaries));
-  if (base.devices().size() > 1) {
-    base.devices(std::vector<std::string>(base.devices().begin(),
-                                          base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
-  }
-  return base;
 }
 
 std::string PlanSearch::str(size_t rows) const {
@@ -121,20 +106,28 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   int64_t closest_excess = std::numeric_limits<int64_t>::max();
   for (int workers = 1; workers <= max_workers; ++workers) {
     for (const std::string& name : space.schedules) {
+      const bool exact = synchronous(name);
       const std::vector<int> chunk_counts = schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1};
       for (int chunks : chunk_counts) {
         if (chunks < 1 || workers * chunks > num_layers) continue;  // a stage needs a layer
         for (int m : microbatch_counts(space, batch)) {
           if (m < 1 || m > batch) continue;
           for (bool recompute : space.recompute) {
-            if (recompute && !synchronous(name)) continue;
+            if (recompute && !exact) continue;
             ++out.considered;
             PlanChoice choice;
             choice.workers = workers;
             choice.chunks = chunks;
             choice.recompute = recompute;
             try {
-              choice.plan = make_plan(model, candidate(options, space, name, workers, chunks, m, recompute), batch);
+              // Split by time within the budget's share of each stage.
+              const PipelineOptions candidate =
+                  with_choices(options, name, workers, chunks, m, recompute)
+                      .boundaries({})
+                      .balance(Balance::kTime)
+                      .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}
+                                                              : std::vector<int64_t>{});
+              choice.plan = make_plan(model, candidate, batch);
             } catch (const std::invalid_argument& e) {
               const std::string message = e.what();
               if (message.find("budget") != std::string::npos) {
@@ -175,8 +168,9 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   });
   if (out.ranked.empty()) {
     if (!closest.empty()) {
-      throw std::invalid_argument(c10::str("conveyor: no plan fits a memory budget of ", bytes_text(space.memory_budget),
-                                           " per worker (", out.considered, " tried); the closest: ", closest));
+      throw std::invalid_argument(c10::str("conveyor: no plan fits a memory budget of ",
+                                           bytes_text(space.memory_budget), " per worker (", out.considered,
+                                           " tried); the closest: ", closest));
     }
     throw std::invalid_argument("conveyor: no plan could be made: " +
                                 (first_error.empty() ? std::string("the search space is empty") : first_error));
