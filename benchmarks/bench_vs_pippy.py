@@ -17,7 +17,9 @@ same weights and see the same data, K = 2 stages cut as Conveyor cuts them
 Three contestants, one intra-op thread per stage, CPU:
 
   pippy     torch.distributed.pipelining (ScheduleGPipe / Schedule1F1B), one
-            process per stage, Gloo (spawned here);
+            process per stage, Gloo (spawned here); against Conveyor's
+            eager-1f1b (1F1B with forwards run ahead, "eager-1f1b+N" for a
+            lookahead of N) it runs Schedule1F1B, the schedule it replaces;
   c10d      Conveyor, one process per stage over c10d/Gloo
             (torchrun ... distributed_train --parallel=pipeline);
   threads   Conveyor in one process, a thread per stage
@@ -148,7 +150,7 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
         cut = spec["cut"]
         part = nn.Sequential(*list(model)[:cut]) if rank == 0 else nn.Sequential(*list(model)[cut:])
         stage = pipelining.PipelineStage(part, rank, 2, torch.device("cpu"))
-        cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[schedule]
+        cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[pippy_schedule(schedule)]
         sched = cls(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
         params = list(part.parameters())
     opt = torch.optim.SGD(params, lr=spec["lr"])
@@ -175,11 +177,22 @@ def run_pippy(args, kind, schedule, microbatches):
     return run_ranks(pippy_rank, 2, args, kind, schedule, microbatches)
 
 
+def pippy_schedule(schedule):
+    """What torch.distributed.pipelining runs against a schedule of Conveyor's (it has no eager 1F1B: Schedule1F1B)."""
+    return "1f1b" if schedule.startswith("eager-1f1b") else schedule
+
+
+def conveyor_schedule_flags(schedule):
+    """["--schedule=eager-1f1b", "--lookahead=2"] for "eager-1f1b+2"."""
+    name, _, lookahead = schedule.partition("+")
+    return [f"--schedule={name}"] + ([f"--lookahead={lookahead}"] if lookahead else [])
+
+
 def run_conveyor(args, kind, mode, schedule, microbatches):
     spec = MODELS[kind]
-    flags = [f"--parallel={mode}", "--workers=2", f"--schedule={schedule}", f"--microbatches={microbatches}",
-             f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
-             f"--log-every={args.steps - 1}"] + spec["flags"]
+    flags = [f"--parallel={mode}", "--workers=2", f"--microbatches={microbatches}"] + conveyor_schedule_flags(schedule)
+    flags += [f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
+              f"--log-every={args.steps - 1}"] + spec["flags"]
     if mode == "pipeline":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
         cmd = [torchrun, "--standalone", "--nproc-per-node=2", "--no-python", args.binary] + flags

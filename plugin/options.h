@@ -81,12 +81,16 @@ struct PipelineOptions {
   TORCH_ARG(int, chunks) = 0;
   // Number of micro-batches M a batch is split into along batch_dim().
   TORCH_ARG(int, microbatches) = 1;
-  // Schedule name: "sequential", "gpipe", "1f1b", "interleaved",
+  // Schedule name: "sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved",
   // "zb-h1", "zb-interleaved" (synchronous: exact gradients of the whole
   // batch) or "pipedream", "ddg", "fr" (asynchronous: every micro-batch is a
   // mini-batch with its own update on every stage; the pipeline fills and
   // drains within each train_step). See schedules/generators.h.
   TORCH_ARG(std::string, schedule) = "1f1b";
+  // "eager-1f1b" only: forwards each stage runs ahead of 1F1B's warm-up per
+  // later stage, to hide a slow link's latency (schedules/generators.h). 0:
+  // the schedule's default, 1.
+  TORCH_ARG(int, lookahead) = 0;
   // Activation recomputation: each stage keeps only its inputs between a
   // forward and its backward, which replays the forward first (synchronous
   // schedules; exact gradients, random layers replayed with stage_rng()).

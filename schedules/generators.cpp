@@ -46,10 +46,14 @@ Schedule make_gpipe(int num_stages, int num_microbatches) {
   return s;
 }
 
-Schedule make_1f1b(int num_stages, int num_microbatches) {
-  Schedule s = empty("1f1b", num_stages, num_microbatches);
+namespace {
+
+// Stage k runs min(M, lead * (K-1-k)) warm-up forwards, then one forward and
+// one backward at a time, then the remaining backwards.
+Schedule one_forward_one_backward(const char* name, int num_stages, int num_microbatches, int lead) {
+  Schedule s = empty(name, num_stages, num_microbatches);
   for (int k = 0; k < num_stages; ++k) {
-    const int warmup = std::min(num_microbatches, num_stages - k - 1);
+    const int warmup = std::min(num_microbatches, lead * (num_stages - k - 1));
     int next_f = 0, next_b = 0;
     while (next_f < warmup) s.workers[k].push_back(F(k, next_f++));
     while (next_f < num_microbatches) {
@@ -59,6 +63,20 @@ Schedule make_1f1b(int num_stages, int num_microbatches) {
     while (next_b < num_microbatches) s.workers[k].push_back(B(k, next_b++));
   }
   return s;
+}
+
+}  // namespace
+
+Schedule make_1f1b(int num_stages, int num_microbatches) {
+  return one_forward_one_backward("1f1b", num_stages, num_microbatches, 1);
+}
+
+Schedule make_eager_1f1b(int num_stages, int num_microbatches, int lookahead) {
+  if (lookahead < 1) {
+    throw std::invalid_argument("eager 1F1B runs at least 1 forward ahead per later stage, got " +
+                                std::to_string(lookahead) + " (with 0 it is 1f1b)");
+  }
+  return one_forward_one_backward("eager-1f1b", num_stages, num_microbatches, 1 + lookahead);
 }
 
 namespace {
@@ -215,8 +233,8 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"sequential", "gpipe",      "1f1b", "interleaved", "zb-h1",
-                                                 "zb-interleaved", "pipedream", "ddg",  "fr"};
+  static const std::vector<std::string> names = {"sequential",     "gpipe",     "1f1b", "eager-1f1b", "interleaved",
+                                                 "zb-h1",          "zb-interleaved", "pipedream", "ddg",        "fr"};
   return names;
 }
 
@@ -235,8 +253,17 @@ bool is_interleaved(const std::string& name) {
 }
 
 Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync,
-                       int chunks) {
+                       int chunks, int lookahead) {
   const std::string lower = lowercase(name);
+  if (lower == "eager-1f1b") {
+    if (chunks > 1) throw std::invalid_argument("schedule 'eager-1f1b' runs one stage per worker, not " +
+                                                std::to_string(chunks) + " chunks");
+    return make_eager_1f1b(num_stages, num_microbatches, lookahead == 0 ? 1 : lookahead);
+  }
+  if (lookahead != 0) {
+    throw std::invalid_argument("only eager-1f1b runs forwards ahead (lookahead " + std::to_string(lookahead) +
+                                " asked of '" + lower + "')");
+  }
   if (chunks == 0) chunks = is_interleaved(lower) ? 2 : 1;
   if (lower == "interleaved") return make_interleaved_1f1b(num_stages, chunks, num_microbatches);
   if (lower == "zb-interleaved") return make_interleaved_zb(num_stages, chunks, num_microbatches);

@@ -23,6 +23,16 @@ Schedule make_gpipe(int num_stages, int num_microbatches);
 // at most min(M, K-k) micro-batches in flight on stage k.
 Schedule make_1f1b(int num_stages, int num_microbatches);
 
+// Eager 1F1B: 1F1B with `lookahead` more warm-up forwards per later stage,
+// min(M, (1 + lookahead) * (K-1-k)) on stage k, so that a forward's message
+// and its gradient's reply travel while the stage computes the forwards ahead
+// of them. 1F1B's order with a slow link makes each micro-batch wait for a
+// round trip (2 latencies per boundary); eager 1F1B keeps the steady state
+// compute-bound while 2 * latency <= lookahead * (F + B). Its price: stage k
+// holds min(M, (1 + lookahead) * (K-1-k) + 1) micro-batches at the peak
+// (1F1B: K-k). Synchronous, exact gradients. Throws for lookahead < 1.
+Schedule make_eager_1f1b(int num_stages, int num_microbatches, int lookahead = 1);
+
 // --- Asynchronous methods: every micro-batch is a mini-batch with its own
 // optimizer step on each stage, right after that stage's backward of it.
 // Stage k's backward of micro-batch t runs d_k = K-1-k micro-batches after its
@@ -81,9 +91,10 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
 // the schedule's default, 2 for interleaved ones, else 1).
 // Throws std::invalid_argument for an unknown name, K < 1, M < 1, chunks that
 // the schedule does not take, and vertical sync asked of a method without it
-// (only "pipedream" has it).
+// (only "pipedream" has it). `lookahead`: eager-1f1b's (0: its default, 1);
+// other schedules take only 0.
 Schedule make_schedule(const std::string& name, int num_workers, int num_microbatches, bool vertical_sync = false,
-                       int chunks = 0);
+                       int chunks = 0, int lookahead = 0);
 
 // Whether the named schedule runs several chunks per worker (interleaved ones).
 bool is_interleaved(const std::string& name);

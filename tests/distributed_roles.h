@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -130,7 +131,8 @@ struct Worker {
 // The synchronous schedules the multi-process tests compare with the
 // in-process runtime; "+recompute" asks for activation recomputation.
 inline const std::vector<std::string>& synchronous_cases() {
-  static const std::vector<std::string> cases = {"gpipe", "1f1b", "zb-h1", "zb-h1+recompute", "1f1b+offload"};
+  static const std::vector<std::string> cases = {"gpipe",        "1f1b",         "zb-h1",       "zb-h1+recompute",
+                                                 "1f1b+offload", "eager-1f1b+2", "eager-1f1b+1"};
   return cases;
 }
 
@@ -149,9 +151,11 @@ inline PipelineOptions synchronous_case(const std::string& name) {
   }
   const size_t plus = name.find('+');
   const std::string extra = plus == std::string::npos ? "" : name.substr(plus + 1);
+  const bool ahead = !extra.empty() && std::isdigit(static_cast<unsigned char>(extra[0]));  // eager-1f1b's lookahead
   return PipelineOptions()
       .microbatches(kMicrobatches)
       .schedule(name.substr(0, plus))
+      .lookahead(ahead ? std::stoi(extra) : 0)
       .recompute(extra == "recompute")
       .offload(extra == "offload");
 }

@@ -67,9 +67,11 @@ Flags (--flag=VALUE or --flag VALUE):
   --workers N         pipeline workers (default: WORLD_SIZE / --replicas)
   --replicas N        data-parallel replicas of the pipeline (default 1)
   --microbatches N    micro-batches per replica batch (default 4)
-  --schedule NAME     gpipe | 1f1b | zb-h1 | interleaved | zb-interleaved |
-                      sequential | pipedream | ddg | fr (default 1f1b; the
-                      interleaved ones run two chunks of the model per process)
+  --schedule NAME     gpipe | 1f1b | eager-1f1b | zb-h1 | interleaved |
+                      zb-interleaved | sequential | pipedream | ddg | fr
+                      (default 1f1b; the interleaved ones run two chunks of the
+                      model per process)
+  --lookahead N       eager-1f1b's forwards ahead per later stage (default 1)
   --steps N           training steps (default 50)
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              SGD learning rate (default 0.05)
@@ -94,7 +96,7 @@ using conveyor::examples::cross_entropy;
 
 struct Args {
   std::string parallel = "pipeline", schedule = "1f1b", checkpoint;
-  int workers = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10;
+  int workers = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10, lookahead = 0;
   int64_t timeout_ms = 60000;
   double lr = 0.05;
   bool scale_lr = false;
@@ -142,10 +144,10 @@ Args parse(int argc, char** argv) {
         {"steps", &a.steps},            {"batch", &a.model.batch},     {"hidden", &a.model.hidden},
         {"layers", &a.model.layers},    {"inputs", &a.model.inputs},   {"classes", &a.model.classes},
         {"vocab", &a.model.vocab},      {"embed", &a.model.embed},     {"length", &a.model.length},
-        {"threads", &a.threads},        {"log-every", &a.log_every}};
+        {"threads", &a.threads},        {"log-every", &a.log_every},   {"lookahead", &a.lookahead}};
     if (const auto it = ints.find(flag); it != ints.end()) {
       *it->second = number<int>(flag, value);
-      if (*it->second < (flag == "workers" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
+      if (*it->second < (flag == "workers" || flag == "lookahead" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
     } else if (flag == "stages") {
       throw std::invalid_argument("--stages is now --workers: a stage is a piece of the model, a worker the process "
                                   "that runs one or more stages");
@@ -228,6 +230,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                      .workers(workers)
                      .microbatches(a.microbatches)
                      .schedule(a.schedule)
+                     .lookahead(a.lookahead)
                      .timeout(timeout)
                      .trace(false)
                      .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
@@ -265,6 +268,7 @@ int run_threads(const Args& a, const conveyor::LaunchEnvironment& env) {
                                              .workers(a.workers > 0 ? a.workers : 2)
                                              .microbatches(a.microbatches)
                                              .schedule(a.schedule)
+                                             .lookahead(a.lookahead)
                                              .trace(false)
                                              .optimizer([lr](std::vector<at::Tensor> p) {
                                                return std::make_unique<torch::optim::SGD>(p, lr);

@@ -189,7 +189,7 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
                    " chunks each");
     try {
       schedule = schedules::make_schedule(options.schedule(), num_stages / v, options.microbatches(),
-                                          options.vertical_sync(), v);
+                                          options.vertical_sync(), v, options.lookahead());
     } catch (const std::exception& e) {
       throw std::invalid_argument(std::string("conveyor: ") + e.what());
     }

@@ -8,10 +8,14 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace conveyor {
 
@@ -27,6 +31,21 @@ bool synchronous(const std::string& name) {
   }
 }
 
+std::vector<std::pair<int, int>> pairs(const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<std::pair<int, int>> out;
+  for (int x : a) {
+    for (int y : b) out.emplace_back(x, y);
+  }
+  return out;
+}
+
+// Whether a smaller lookahead than `lookahead` already runs every forward
+// ahead on stage 0 (its warm-up, min(M, (1 + a)(K - 1)), reaches M).
+bool saturated(const std::vector<int>& lookaheads, int lookahead, int workers, int m) {
+  return std::any_of(lookaheads.begin(), lookaheads.end(),
+                     [&](int a) { return a >= 1 && a < lookahead && (1 + a) * (workers - 1) >= m; });
+}
+
 std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
   if (!space.microbatches.empty()) return space.microbatches;
   std::vector<int> counts;
@@ -37,9 +56,12 @@ std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
 // `base` with a plan's choices (its first `workers` devices, when it names
 // several); the split is left to the caller.
 PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, int workers, int chunks,
-                             int microbatches, bool recompute) {
+                             int lookahead, int microbatches, bool recompute) {
+  // Channels that hold the forwards a stage runs ahead, so none waits on a send.
+  if (lookahead > 0) base.channel_capacity(std::max(base.channel_capacity(), lookahead + 1));
   base.workers(workers)
       .chunks(schedules::is_interleaved(schedule) ? chunks : 0)
+      .lookahead(lookahead)
       .schedule(schedule)
       .schedule_text("")
       .microbatches(microbatches)
@@ -60,7 +82,9 @@ int64_t PlanChoice::peak_bytes() const {
 
 std::string PlanChoice::describe() const {
   std::ostringstream os;
-  os << plan.schedule.name << ", " << workers << (workers == 1 ? " worker" : " workers");
+  os << plan.schedule.name;
+  if (lookahead > 0) os << " +" << lookahead;
+  os << ", " << workers << (workers == 1 ? " worker" : " workers");
   if (chunks > 1) os << " x " << chunks << " chunks";
   const int m = plan.schedule.num_microbatches;
   os << ", " << m << (m == 1 ? " micro-batch" : " micro-batches");
@@ -71,7 +95,8 @@ std::string PlanChoice::describe() const {
 PipelineOptions PlanChoice::options(PipelineOptions base) const {
   std::vector<int64_t> boundaries;
   for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
-  return with_choices(std::move(base), plan.schedule.name, workers, chunks, plan.schedule.num_microbatches, recompute)
+  return with_choices(std::move(base), plan.schedule.name, workers, chunks, lookahead, plan.schedule.num_microbatches,
+                      recompute)
       .boundaries(std::move(boundaries));
 }
 
@@ -108,21 +133,27 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
     for (const std::string& name : space.schedules) {
       const bool exact = synchronous(name);
       const std::vector<int> chunk_counts = schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1};
-      for (int chunks : chunk_counts) {
+      // eager-1f1b with each lookahead; on one worker it is 1f1b.
+      const bool eager = name == "eager-1f1b";
+      const std::vector<int> lookaheads = eager ? space.lookaheads : std::vector<int>{0};
+      for (const auto& [chunks, lookahead] : pairs(chunk_counts, lookaheads)) {
         if (chunks < 1 || workers * chunks > num_layers) continue;  // a stage needs a layer
+        if (eager && (workers < 2 || lookahead < 1)) continue;
         for (int m : microbatch_counts(space, batch)) {
           if (m < 1 || m > batch) continue;
+          if (eager && saturated(lookaheads, lookahead, workers, m)) continue;  // a smaller one's schedule
           for (bool recompute : space.recompute) {
             if (recompute && !exact) continue;
             ++out.considered;
             PlanChoice choice;
             choice.workers = workers;
             choice.chunks = chunks;
+            choice.lookahead = lookahead;
             choice.recompute = recompute;
             try {
               // Split by time within the budget's share of each stage.
               const PipelineOptions candidate =
-                  with_choices(options, name, workers, chunks, m, recompute)
+                  with_choices(options, name, workers, chunks, lookahead, m, recompute)
                       .boundaries({})
                       .balance(Balance::kTime)
                       .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}
@@ -160,11 +191,17 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
       }
     }
   }
-  // Fastest first; among equals, fewer workers, then less memory.
-  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const PlanChoice& a, const PlanChoice& b) {
-    if (a.plan.step_seconds() != b.plan.step_seconds()) return a.plan.step_seconds() < b.plan.step_seconds();
+  // Fastest first; among equals (to rounding), fewer workers, then less
+  // memory on the fullest worker, then on all of them.
+  const auto total = [](const PlanChoice& c) {
+    return std::accumulate(c.worker_bytes.begin(), c.worker_bytes.end(), int64_t{0});
+  };
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [&](const PlanChoice& a, const PlanChoice& b) {
+    const double ta = a.plan.step_seconds(), tb = b.plan.step_seconds();
+    if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
     if (a.workers != b.workers) return a.workers < b.workers;
-    return a.peak_bytes() < b.peak_bytes();
+    if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
+    return total(a) < total(b);
   });
   if (out.ranked.empty()) {
     if (!closest.empty()) {

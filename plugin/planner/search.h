@@ -1,7 +1,7 @@
 #pragma once
 // The plan for a whole run: of every number of workers (up to the devices or
 // processes available), schedule, interleaved chunk count, number of
-// micro-batches and recomputation, each split by time (Balance::kTime) and
+// micro-batches, eager-1f1b's lookahead and recomputation, each split by time (Balance::kTime) and
 // priced by the planner (plugin/planner/planner.h), the fastest predicted step
 // whose every worker fits a memory budget, with the runners-up.
 //
@@ -34,9 +34,13 @@ struct PlanSpace {
   // Workers available (devices, or processes): plans use 1 to this many. 0:
   // as many as PipelineOptions::devices names when it names several, else 1.
   int max_workers = 0;
-  std::vector<std::string> schedules = {"sequential", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"};
+  std::vector<std::string> schedules = {"sequential", "gpipe",          "1f1b", "eager-1f1b",
+                                        "interleaved", "zb-h1", "zb-interleaved"};
   // Chunks per worker (v) the interleaved schedules are tried with.
   std::vector<int> chunks = {2, 4};
+  // Forwards ahead (PipelineOptions::lookahead) eager-1f1b is tried with: it
+  // wins where the link's latency bounds 1F1B (a c10d link in the profile).
+  std::vector<int> lookaheads = {1, 2, 4};
   // Micro-batch counts; empty: 1, 2, 4, ... up to the batch size or 64.
   std::vector<int> microbatches = {};
   // With and without activation recomputation (synchronous schedules).
@@ -48,14 +52,16 @@ struct PlanSpace {
 struct PlanChoice {
   Plan plan;  // split, schedule and prediction
   int workers = 1;
-  int chunks = 1;  // stages per worker
+  int chunks = 1;     // stages per worker
+  int lookahead = 0;  // eager-1f1b's forwards ahead; 0 for the other schedules
   bool recompute = false;
   std::vector<int64_t> worker_bytes;  // per worker: its stages' predicted peaks, summed
 
   int64_t peak_bytes() const;  // the largest worker's
-  // "1f1b, 2 workers, 8 micro-batches, recompute"
+  // "1f1b, 2 workers, 8 micro-batches, recompute"; "eager-1f1b +2, ..."
   std::string describe() const;
-  // `base` with this plan's choices: workers, chunks, schedule, micro-batches,
+  // `base` with this plan's choices: workers, chunks, schedule (and its
+  // lookahead, with channels that hold the forwards ahead), micro-batches,
   // recomputation and the split (as boundaries). The pipeline built from it
   // runs the plan that was priced.
   PipelineOptions options(PipelineOptions base) const;

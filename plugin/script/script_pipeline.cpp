@@ -101,6 +101,8 @@ bool set_pipeline_option(const std::string& key, const c10::IValue& v, PipelineO
     opts.stage_rng(as_bool(key, v));
   } else if (key == "chunks") {
     opts.chunks(as_count());
+  } else if (key == "lookahead") {
+    opts.lookahead(as_count());
   } else if (key == "recompute") {
     opts.recompute(as_bool(key, v));
   } else if (key == "offload") {
@@ -167,7 +169,7 @@ const std::set<std::string>& script_pipeline_options() {
       "weight_decay",   "shared_inputs",  "shared_targets", "tied_parameters", "chunks",         "recompute",
       "offload",        "vertical_sync",  "trace",         "divergence_guard", "sample",         "autocast",
       "loss_scaling",   "clip_grad_norm", "clip_norm_type", "accumulate_steps", "lr_schedule_unit", "plan",
-      "max_workers",    "memory_budget"};
+      "max_workers",    "memory_budget",  "lookahead"};
   return known;
 }
 

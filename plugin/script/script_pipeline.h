@@ -14,6 +14,7 @@
 //   ("cross_entropy" over the last dimension | "mse" | a scripted module
 //   called as loss(*outputs, *targets)), loss_reduction ("mean" | "sum"),
 //   fused_ops (swap_fused_ops on the model first), stage_rng, chunks,
+//   lookahead (eager-1f1b's forwards ahead per later stage),
 //   recompute, offload, vertical_sync, trace, divergence_guard, sample (an
 //   (input, target) batch whose first micro-batch is profiled: needed by
 //   balance "time", which splits by measured time and predicts the step),

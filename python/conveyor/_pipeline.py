@@ -27,7 +27,7 @@ class Pipeline:
     """A model cut into stages that run under a pipeline schedule, each step
     split into micro-batches flowing through the stages on worker threads.
 
-    Synchronous schedules (``sequential``, ``gpipe``, ``1f1b``,
+    Synchronous schedules (``sequential``, ``gpipe``, ``1f1b``, ``eager-1f1b``,
     ``interleaved``, ``zb-h1``, ``zb-interleaved``) give the gradients of the
     whole batch exactly, accumulated into ``parameters()``' ``.grad`` as
     ``loss.backward()`` would; step any ``torch.optim`` optimizer over them.
@@ -56,6 +56,9 @@ class Pipeline:
         devices: each worker's device (``"cpu"``, ``"cuda:1"``); one entry
             for all.
         chunks: stages per worker for the interleaved schedules.
+        lookahead: for ``"eager-1f1b"``, the forwards each stage runs ahead
+            of 1F1B's warm-up per later stage (default 1): it hides a slow
+            link's latency for that many more stashed micro-batches.
         balance: ``"uniform"`` (layers), ``"parameters"`` or ``"time"``
             (measured on ``sample``; the plan then predicts the step).
         sample: an ``(inputs, target)`` batch for ``balance="time"`` and
@@ -121,6 +124,7 @@ class Pipeline:
                  split_points: Optional[Sequence[str]] = None, workers: Optional[int] = None,
                  microbatches: int = 1, schedule: str = "1f1b", loss_fn: Union[LossFn, str, None] = None,
                  devices: Union[str, Sequence[str], None] = None, chunks: Optional[int] = None,
+                 lookahead: Optional[int] = None,
                  balance: str = "uniform", sample: Optional[Tuple[Tensors, Tensors]] = None, batch_dim: int = 0,
                  shared_inputs: Sequence[int] = (), shared_targets: Sequence[int] = (),
                  tied_parameters: Sequence[Sequence[str]] = (), schedule_text: Optional[str] = None,
@@ -166,6 +170,8 @@ class Pipeline:
             options["workers"] = _int("workers", workers, 1)
         if chunks is not None:
             options["chunks"] = _int("chunks", chunks, 1)
+        if lookahead is not None:
+            options["lookahead"] = _int("lookahead", lookahead, 1)
         if devices is not None:
             options["devices"] = _strs("devices", devices)
         if schedule_text is not None:

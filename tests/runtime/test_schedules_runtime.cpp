@@ -44,10 +44,10 @@ struct Case {
   std::string schedule;
   int stages, microbatches;
   bool recompute = false, offload = false;
-  int chunks = 0;
+  int chunks = 0, lookahead = 0;
   std::string name() const {
-    return schedule + " K=" + std::to_string(stages) + " M=" + std::to_string(microbatches) +
-           (recompute ? " recompute" : "") + (offload ? " offload" : "");
+    return schedule + (lookahead ? " +" + std::to_string(lookahead) : "") + " K=" + std::to_string(stages) +
+           " M=" + std::to_string(microbatches) + (recompute ? " recompute" : "") + (offload ? " offload" : "");
   }
   PipelineOptions options() const {
     return PipelineOptions()
@@ -55,6 +55,7 @@ struct Case {
         .microbatches(microbatches)
         .schedule(schedule)
         .chunks(chunks)
+        .lookahead(lookahead)
         .recompute(recompute)
         .offload(offload)
         .channel_capacity(4);
@@ -88,6 +89,7 @@ std::vector<Case> cases() {
     all.push_back({"gpipe", k, k + 1, true});
     all.push_back({"zb-h1", k, 2 * k, false, true});
     all.push_back({"interleaved", k, 2 * k, false, true});
+    for (int lookahead : {1, 2}) all.push_back({"eager-1f1b", k, 2 * k + 1, lookahead == 2, false, 0, lookahead});
   }
   return all;
 }
@@ -138,7 +140,8 @@ TEST(NewSchedules, MoreChunksAndSharedWeightsStayExact) {
 
 TEST(NewSchedules, CountsFollowTheSchedule) {
   for (const Case& c : {Case{"interleaved", 2, 4}, Case{"zb-h1", 3, 6}, Case{"zb-interleaved", 2, 4},
-                        Case{"interleaved", 2, 4, true}, Case{"zb-h1", 3, 6, true}}) {
+                        Case{"interleaved", 2, 4, true}, Case{"zb-h1", 3, 6, true},
+                        Case{"eager-1f1b", 3, 8, false, false, 0, 2}}) {
     torch::manual_seed(1);
     Pipeline pipe(make_deep_mlp(), c.options());
     const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);

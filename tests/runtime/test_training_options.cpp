@@ -21,7 +21,7 @@ using ::testing::HasSubstr;
 using testing::error_of;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-const char* kSynchronous[] = {"sequential", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"};
+const char* kSynchronous[] = {"sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1", "zb-interleaved"};
 
 // 16 layers: K = 4 with 2 chunks per worker still gets 2 layers a stage.
 torch::nn::Sequential deep_mlp(torch::Dtype dtype = torch::kFloat64) {

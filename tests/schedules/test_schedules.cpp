@@ -83,8 +83,8 @@ TEST(Generators, KnownShapes) {
             "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3\n");
   EXPECT_EQ(make_schedule("GPipe", 2, 2), make_gpipe(2, 2));
   EXPECT_ERROR(make_schedule("zigzag", 2, 2),
-               "unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, interleaved, zb-h1, zb-interleaved, "
-               "pipedream, ddg, fr)");
+               "unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, "
+               "zb-interleaved, pipedream, ddg, fr)");
   EXPECT_ERROR(make_gpipe(0, 2), "at least 1 stage");
   EXPECT_ERROR(make_1f1b(2, 0), "at least 1 micro-batch");
 }

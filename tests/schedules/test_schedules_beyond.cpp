@@ -167,4 +167,60 @@ TEST(VirtualStages, ReadsTorchPipeliningCsv) {
 }
 
 }  // namespace
+// Eager 1F1B: (1 + lookahead)(K-1-k) warm-up forwards on stage k. With a
+// link as slow as a micro-batch's compute (2 L = F + B), 1F1B waits a round
+// trip per micro-batch; one forward ahead hides it, as GPipe's streaming
+// forwards do, for (K-1-k) more stashed micro-batches than 1F1B.
+TEST(EagerOneFOneB, RunsForwardsAheadAndHidesTheLinksLatency) {
+  EXPECT_EQ(make_eager_1f1b(3, 6, 1).str(),
+            "# schedule eager-1f1b stages=3 microbatches=6\n"
+            "0F0 0F1 0F2 0F3 0F4 0B0 0F5 0B1 0B2 0B3 0B4 0B5\n"
+            "1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1B4 1B5\n"
+            "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2F4 2B4 2F5 2B5\n");
+  EXPECT_EQ(make_schedule("Eager-1F1B", 2, 5), make_eager_1f1b(2, 5, 1));
+  EXPECT_EQ(make_schedule("eager-1f1b", 2, 5, false, 0, 3), make_eager_1f1b(2, 5, 3));
+  for (int k = 1; k <= 5; ++k) {
+    for (int m = 1; m <= 12; ++m) {
+      for (int ahead = 1; ahead <= 3; ++ahead) {
+        const Schedule s = make_eager_1f1b(k, m, ahead);
+        const std::string what = "K=" + std::to_string(k) + " M=" + std::to_string(m) + " +" + std::to_string(ahead);
+        EXPECT_NO_THROW(validate(s, {2, true})) << what;
+        const Simulation sim = simulate(s, StageCosts::uniform(k, 1, 2));
+        for (int st = 0; st < k; ++st) {
+          EXPECT_EQ(sim.peak_inflight[st], std::min(m, (1 + ahead) * (k - 1 - st) + 1)) << what << " stage " << st;
+        }
+        // No link cost: exactly 1F1B's step.
+        EXPECT_DOUBLE_EQ(sim.makespan, simulate(make_1f1b(k, m), StageCosts::uniform(k, 1, 2)).makespan) << what;
+      }
+    }
+  }
+  for (int k = 2; k <= 4; ++k) {
+    for (int m : {8, 16, 32}) {
+      for (double latency : {0.5, 1.5, 3.0}) {
+        const StageCosts costs = StageCosts::uniform(k, 1, 2, latency);
+        const double one = simulate(make_1f1b(k, m), costs).makespan;
+        const double gpipe = simulate(make_gpipe(k, m), costs).makespan;
+        EXPECT_GT(one, gpipe) << "K=" << k << " M=" << m;  // 1F1B waits for round trips
+        for (int ahead = 1; ahead <= 2; ++ahead) {
+          const double eager = simulate(make_eager_1f1b(k, m, ahead), costs).makespan;
+          const std::string what = "K=" + std::to_string(k) + " M=" + std::to_string(m) + " +" +
+                                   std::to_string(ahead) + " L=" + std::to_string(latency);
+          if (2 * latency <= ahead * 3.0) {
+            EXPECT_DOUBLE_EQ(eager, gpipe) << what;  // the latency is hidden
+          } else {
+            EXPECT_LT(eager, one) << what;
+            EXPECT_GT(eager, gpipe) << what;
+          }
+        }
+      }
+    }
+  }
+  // Two forwards ahead fill a one-message channel both ways.
+  EXPECT_THAT(error_of([] { validate(make_eager_1f1b(2, 4, 2), {1, true}); }), HasSubstr("deadlocks"));
+  EXPECT_THAT(error_of([] { make_eager_1f1b(2, 4, 0); }), HasSubstr("(with 0 it is 1f1b)"));
+  EXPECT_THAT(error_of([] { make_schedule("1f1b", 2, 4, false, 0, 2); }),
+              HasSubstr("only eager-1f1b runs forwards ahead (lookahead 2 asked of '1f1b')"));
+  EXPECT_THAT(error_of([] { make_schedule("eager-1f1b", 2, 4, false, 2); }), HasSubstr("not 2 chunks"));
+}
+
 }  // namespace conveyor::schedules

@@ -69,12 +69,16 @@ def models(seed=0):
     return eager, copy.deepcopy(eager)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b+2"])
 def test_gradients_equal_eager_pytorch(schedule):
     eager, model = models()
-    pipe = conveyor.Pipeline(model, split_points=["block1", "head"], microbatches=4, schedule=schedule,
+    name, _, ahead = schedule.partition("+")
+    pipe = conveyor.Pipeline(model, split_points=["block1", "head"], microbatches=4, schedule=name,
+                             lookahead=int(ahead) if ahead else None,
                              loss_fn=lambda out, target: F.cross_entropy(out, target))
     assert pipe.num_stages == 3
+    if ahead:  # stage 0 runs (1 + 2) forwards ahead per later stage: all 4
+        assert pipe.schedule.splitlines()[1].split()[:5] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
     x, gate, y = batch()
     result = pipe.train_step((x, gate), y)
     expected = loss_fn(eager(x, gate), y)
