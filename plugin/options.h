@@ -156,6 +156,7 @@ struct PipelineOptions {
   // Messages a stage-to-stage channel buffers before a send blocks. The
   // schedule is validated against this capacity, so a validated schedule
   // cannot deadlock; 0 (rendezvous) deadlocks 1F1B and is rejected for it.
+  // eager-1f1b raises it to its lookahead + 1 (the forwards it runs ahead).
   TORCH_ARG(int, channel_capacity) = 2;
   // Upper bound on every blocking wait (a receive, a send into a full
   // channel). Passing it is an error naming the stage and what it waited for.

@@ -180,7 +180,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
     ties.push_back(std::move(tie));
     tied_names_.push_back(std::move(group));
   }
-  if (!transport) transport = make_in_process_transport(devices, options_.channel_capacity(), options_.timeout());
+  if (!transport) transport = make_in_process_transport(devices, channel_capacity_for(options_), options_.timeout());
   std::vector<int> placement;
   for (int k = 0; k < num_stages; ++k) placement.push_back(schedule_.worker_of(k));
   transport->place(placement);

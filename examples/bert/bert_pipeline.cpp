@@ -49,7 +49,12 @@ fell by at least --require-drop nats.
 
 Flags (--flag VALUE or --flag=VALUE):
   --stages N          pipeline stages, 1..layers+2 (default 2)
-  --schedule NAME     sequential | gpipe | 1f1b (default) | pipedream | ddg | fr
+  --schedule NAME     sequential | gpipe | 1f1b (default) | eager-1f1b | pipedream | ddg | fr
+  --plan P            given (default): the flags decide | auto: profile a
+                      micro-batch and search stages (up to --stages), synchronous
+                      schedule, micro-batches, recomputation and split for the
+                      fastest predicted step
+  --memory-budget N   with --plan auto: MiB each stage may hold (default: any)
   --microbatches N    see above (default 4)
   --batch N           sequences per mini-batch, i.e. per update (default 32)
   --epochs N          passes over the train sequences (default 1)
@@ -90,7 +95,8 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.integer("--train-limit", &t.train_limit, 0, kBig).integer("--eval-limit", &t.eval_limit, 0, kBig);
   flags.real("--lr", &t.lr, 1e-12, 1e3).real("--warmup", &t.warmup, 0, 1);
   flags.real("--require-drop", &c.require_drop, 0, 1e3);
-  flags.real("--clip", &t.clip, 0, 1e9).text("--autocast", &t.autocast);
+  flags.real("--clip", &t.clip, 0, 1e9).text("--autocast", &t.autocast).text("--plan", &t.plan);
+  flags.integer("--memory-budget", &t.memory_budget, 1, kBig);
   flags.integer("--threads", &t.threads, 1, 1024).integer("--seed", &t.seed, 0, kBig).text("--schedule", &t.schedule);
   flags.on("--fused-ops", [&t](const std::string& flag, const std::string& value) {
     if (value != "on" && value != "off") throw ex::UsageError(flag + " expects on or off, got '" + value + "'");
@@ -99,8 +105,11 @@ bool parse_args(int argc, char** argv, Config& c) {
   if (!flags.parse(argc, argv)) return false;
   const auto& names = conveyor::schedules::schedule_names();
   if (std::find(names.begin(), names.end(), t.schedule) == names.end()) {
-    throw ex::UsageError("--schedule expects sequential, gpipe, 1f1b, pipedream, ddg or fr, got '" + t.schedule + "'");
+    throw ex::UsageError("--schedule expects sequential, gpipe, 1f1b, eager-1f1b, pipedream, ddg or fr, got '" +
+                         t.schedule + "'");
   }
+  if (t.plan != "given" && t.plan != "auto") throw ex::UsageError("--plan expects given or auto, got '" + t.plan + "'");
+  if (t.memory_budget > 0 && t.plan != "auto") throw ex::UsageError("--memory-budget is for --plan auto");
   if (t.stages > c.setup.model.layers + 2) {
     throw ex::UsageError("--stages " + std::to_string(t.stages) + ": the model has only " +
                          std::to_string(c.setup.model.layers + 2) + " layers (embeddings, encoders, head)");
@@ -122,9 +131,14 @@ int run(Config& c) {
                          std::to_string(t.batch) + ")");
   }
   const ex::BertConfig& m = c.setup.model;
-  std::cout << "model: " << ex::describe_model(m) << "\ntraining: " << t.schedule << ", " << t.stages << " stages, "
-            << t.microbatches
-            << (async ? " mini-batches per step" : " micro-batches per mini-batch") << " of " << t.batch
+  std::cout << "model: " << ex::describe_model(m) << "\ntraining: ";
+  if (t.plan == "auto") {
+    std::cout << "--plan auto (up to " << t.stages << " stages; the plan follows), mini-batches";
+  } else {
+    std::cout << t.schedule << ", " << t.stages << " stages, " << t.microbatches
+              << (async ? " mini-batches per step" : " micro-batches per mini-batch");
+  }
+  std::cout << " of " << t.batch
             << " sequences, " << t.epochs << " epoch(s), AdamW lr " << t.lr << "\n"
             << std::flush;
   std::unique_ptr<ex::ProgressBar> progress;

@@ -2,6 +2,7 @@
 
 #include "examples/common/digits_data.h"
 #include "examples/common/flags.h"
+#include "examples/common/planning.h"
 #include "examples/common/training_flags.h"
 #include "ops/swap.h"
 #include "plugin/conveyor.h"
@@ -11,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
+#include <sstream>
 #include <thread>
 
 namespace conveyor::examples {
@@ -117,6 +120,22 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
     note("note: " + t.schedule + " steps each stage's weights on their own, so the decoder is untied from the token "
          "embedding: it starts as a copy and is trained as a separate weight");
   }
+  const auto loss_fn = [](const Tensors& o, const Tensors& target) {
+    return mlm_loss(o[0], target[0].to(o[0].device()));
+  };
+  if (t.plan == "auto") {  // profiled on the first micro-batch's sequences
+    std::vector<int64_t> first(static_cast<size_t>(std::max<int64_t>(1, t.batch / t.microbatches)));
+    std::iota(first.begin(), first.end(), 0);
+    const MlmBatch b = make_mlm_batch(train, first, data.tokenizer, t.masking, 1);
+    options.profile(std::make_shared<ModelProfile>(profile_model(model.layers, {b.tokens, b.padding}, {b.labels},
+                                                                 loss_fn)))
+        .optimizer_state_per_weight(2);  // AdamW
+    std::ostringstream search;
+    options = plan_options(t.plan, model.layers, t.batch, stages, t.memory_budget, std::move(options), search);
+    std::string text = search.str();
+    while (text.ends_with('\n')) text.pop_back();
+    note(text);
+  }
   Pipeline pipe(model.layers, options);
   std::string plan = "stages:";
   for (const auto& s : pipe.plan().stages) {
@@ -131,9 +150,6 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
   out.initial_eval_loss = mean_loss(before);
   out.initial_eval_accuracy = accuracy(before);
   const double diverge_loss = t.diverge_loss > 0 ? t.diverge_loss : std::log(static_cast<double>(config.vocab));
-  const auto loss_fn = [](const Tensors& o, const Tensors& target) {
-    return mlm_loss(o[0], target[0].to(o[0].device()));
-  };
   int64_t done = 0;
   double pieces = 0, seconds = 0;
   for (int64_t epoch = 1; epoch <= t.epochs && !out.diverged(); ++epoch) {

@@ -33,6 +33,11 @@ struct BertTraining {
   bool fused = false;
   bool final_test = false;  // score the test split after the last epoch
   int64_t seed = 1, threads = 0;
+  // "auto": search stages (up to `stages`), synchronous schedule, micro-batches,
+  // recomputation and split on the profile of a micro-batch, within
+  // `memory_budget` MiB per stage (0: any); "given": the fields above decide.
+  std::string plan = "given";
+  int64_t memory_budget = 0;
 };
 
 struct EpochReport {

@@ -40,9 +40,9 @@ PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequentia
                              int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out) {
   if (plan == "given") return options;
   if (plan != "auto") throw std::invalid_argument("--plan expects given or auto, got '" + plan + "'");
-  if (options.optimizer()) {
-    throw std::invalid_argument(
-        "--plan auto searches the synchronous schedules: leave out the asynchronous --schedule");
+  if (!schedules::make_schedule(options.schedule(), 1, 1).synchronous()) {
+    throw std::invalid_argument("--plan auto searches the synchronous schedules: leave out --schedule " +
+                                options.schedule());
   }
   PlanSpace space;
   space.max_workers = max_workers;

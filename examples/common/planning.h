@@ -32,8 +32,8 @@ void apply_balance(const std::string& balance, const std::vector<double>& estima
 // `memory_budget_mib` MiB per worker (0: any), prints the search to `out` and
 // returns `options` with the fastest plan's choices; "given" returns
 // `options` as they are. Throws std::invalid_argument for another name, or
-// for auto with an asynchronous schedule's optimizer in `options` (the
-// search takes synchronous schedules only).
+// for auto with an asynchronous schedule in `options` (the search takes
+// synchronous schedules only; their optimizer, if any, is kept).
 PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequential& model, int64_t batch,
                              int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out);
 

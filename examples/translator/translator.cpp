@@ -66,8 +66,13 @@ is "samples/s: X" (pairs per second after the first step).
 Flags (--flag VALUE or --flag=VALUE):
   --stages N          pipeline stages, 1..10 (default 2; under torchrun WORLD_SIZE / --replicas)
   --microbatches N    micro-batches per batch (default 4)
-  --schedule NAME     sequential | gpipe | 1f1b (default) | pipedream | ddg | fr;
+  --schedule NAME     sequential | gpipe | 1f1b (default) | eager-1f1b | pipedream | ddg | fr;
                       asynchronous ones step an Adam per stage after every micro-batch
+  --plan P            given (default): the flags decide | auto: profile the first
+                      micro-batch and search stages (up to --stages), synchronous
+                      schedule, micro-batches, recomputation and split for the
+                      fastest predicted step (in one process)
+  --memory-budget N   with --plan auto: MiB each stage may hold (default: any)
   --steps N           training batches (default 600)
   --batch N           pairs per batch, the global batch under torchrun (default 64)
   --max-tokens N      longest side kept, in tokens (default 25)
@@ -128,7 +133,7 @@ bool parse_args(int argc, char** argv, ex::TranslatorConfig& c) {
   f.integer("--threads", &c.threads, 1, 1024).integer("--eval-every", &c.eval_every, 0, kBig);
   f.integer("--train-pairs", &c.train_pairs, 0, kBig).integer("--test-pairs", &c.test_pairs, 0, kBig);
   f.integer("--samples", &c.samples, 0, kBig).integer("--replicas", &c.replicas, 1, 1024);
-  f.integer("--seed", &c.seed, 0, INT64_MAX);
+  f.integer("--seed", &c.seed, 0, INT64_MAX).integer("--memory-budget", &c.memory_budget, 1, kBig);
   f.real("--dropout", &c.dropout, 0.0, 1.0, false).real("--lr", &c.lr, 1e-12, 1e3, false);
   f.real("--clip", &c.clip, 0.0, 1e9, false).real("--require-drop", &c.require_drop, 0.0, 1.0, false);
   f.on("--tie", [&](const std::string& flag, const std::string& v) { c.tie = on_off(flag, v); });
@@ -137,7 +142,7 @@ bool parse_args(int argc, char** argv, ex::TranslatorConfig& c) {
   f.on("--scale-lr", [&](const std::string& flag, const std::string& v) { c.scale_lr = on_off(flag, v); });
   f.text("--schedule", &c.schedule).text("--source-file", &c.source_file).text("--target-file", &c.target_file);
   f.text("--cache-dir", &c.cache_dir).text("--out-dir", &c.out_dir).text("--python", &c.python);
-  f.text("--checkpoint", &c.checkpoint).text("--autocast", &c.autocast);
+  f.text("--checkpoint", &c.checkpoint).text("--autocast", &c.autocast).text("--plan", &c.plan);
   if (!f.parse(argc, argv)) return false;
   const auto& names = conveyor::schedules::schedule_names();
   if (std::find(names.begin(), names.end(), c.schedule) == names.end()) {
@@ -145,6 +150,8 @@ bool parse_args(int argc, char** argv, ex::TranslatorConfig& c) {
     for (const auto& n : names) all += (all.empty() ? "" : " | ") + n;
     throw ex::UsageError("--schedule expects one of " + all + ", got '" + c.schedule + "'");
   }
+  if (c.plan != "given" && c.plan != "auto") throw ex::UsageError("--plan expects given or auto, got '" + c.plan + "'");
+  if (c.memory_budget > 0 && c.plan != "auto") throw ex::UsageError("--memory-budget is for --plan auto");
   if (c.microbatches > c.batch) {
     throw ex::UsageError("--microbatches (" + std::to_string(c.microbatches) + ") cannot exceed --batch (" +
                          std::to_string(c.batch) + "): every micro-batch needs a pair");
@@ -173,6 +180,10 @@ int main(int argc, char** argv) {
                              std::to_string(config.replicas));
       }
       config.stages = env.world_size / config.replicas;
+      if (config.plan == "auto") {
+        throw ex::UsageError(
+            "--plan auto plans a pipeline in one process; under torchrun the processes are the stages");
+      }
     }
     const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
     const int64_t per_machine = launched ? std::max(1, env.world_size) : config.stages;

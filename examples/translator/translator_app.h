@@ -19,6 +19,8 @@ struct TranslatorConfig {
   int64_t stages = 2, microbatches = 4, steps = 600, threads = 0, replicas = 1;
   std::string autocast = "none";  // --autocast none|bf16|fp16
   std::string schedule = "1f1b", source_file, target_file, cache_dir, out_dir, python, checkpoint;
+  std::string plan = "given";  // --plan given|auto
+  int64_t memory_budget = 0;   // --memory-budget MiB per stage's worker (with --plan auto), 0: any
   std::string source_module = "engKJV2006eb", target_module = "spaRV1909eb";
   int64_t batch = 64, max_tokens = 25, bucket_width = 5, embed = 128, hidden = 256, vocab = 6000;
   int64_t train_pairs = 0, test_pairs = 0, samples = 5, eval_every = 200, seed = 1;

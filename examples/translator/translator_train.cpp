@@ -2,6 +2,7 @@
 // on micro-batches of their own shapes (bucketing) under any schedule.
 
 #include "examples/common/flags.h"
+#include "examples/common/planning.h"
 #include "examples/common/progress.h"
 #include "examples/common/training_flags.h"
 #include "examples/translator/translator_app.h"
@@ -25,7 +26,8 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
   std::cout << "model: " << format_count(double(parameters)) << " parameters in " << model.names.size()
             << " layers (embed " << c.embed << ", hidden " << c.hidden << ", projection "
             << (c.tie ? "tied to the target embedding" : "untied") << "), " << pipe.num_stages() << " stages, "
-            << c.microbatches << " micro-batches per batch, " << c.threads << " intra-op thread(s) per stage\n";
+            << pipe.schedule().num_microbatches << " micro-batches per batch, " << c.threads
+            << " intra-op thread(s) per stage\n";
   for (const auto& s : pipe.plan().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
@@ -43,6 +45,19 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
             << std::flush;
 }
 
+// pipeline_options(), or with --plan auto the fastest plan the search finds
+// for the profile of the first batch's first micro-batch (printed).
+PipelineOptions planned_options(const TranslatorConfig& c, const LoadedCorpus& corpus, const Translator& model) {
+  PipelineOptions options = pipeline_options(c, model, /*own_optimizer=*/false);
+  if (c.plan != "auto") return options;
+  TrainBatches first(corpus, c.batch, c.microbatches, static_cast<uint64_t>(c.seed));
+  const TranslationBatch m = make_microbatches(corpus.data.encoded[0], first.next(), c.microbatches).front();
+  options.profile(std::make_shared<ModelProfile>(profile_model(model.layers, m.inputs, m.targets, translation_loss)))
+      .optimizer_state_per_weight(2);  // Adam
+  return plan_options(c.plan, model.layers, c.batch, static_cast<int>(c.stages), c.memory_budget,
+                      std::move(options), std::cout);
+}
+
 }  // namespace
 
 int run_translator(const TranslatorConfig& c) {
@@ -52,8 +67,9 @@ int run_translator(const TranslatorConfig& c) {
   Translator model = make_translator(translator_shape(c, corpus.data));
   const bool synchronous =
       schedules::make_schedule(c.schedule, static_cast<int>(c.stages), static_cast<int>(c.microbatches)).synchronous();
-  Pipeline pipe(model.layers, pipeline_options(c, model, /*own_optimizer=*/false));
-  TrainBatches batches(corpus, c.batch, c.microbatches, static_cast<uint64_t>(c.seed));
+  Pipeline pipe(model.layers, planned_options(c, corpus, model));
+  const int64_t microbatches = pipe.schedule().num_microbatches;  // --plan auto's, or --microbatches
+  TrainBatches batches(corpus, c.batch, microbatches, static_cast<uint64_t>(c.seed));
   print_plan(c, pipe, model, batches.per_epoch(), synchronous);
 
   const std::vector<at::Tensor> params = pipe.parameters();
@@ -67,7 +83,7 @@ int run_translator(const TranslatorConfig& c) {
   for (int64_t step = 1; step <= c.steps; ++step) {
     const auto t0 = Clock::now();
     std::vector<Tensors> inputs, targets;
-    for (auto& m : make_microbatches(corpus.data.encoded[0], batches.next(), c.microbatches)) {
+    for (auto& m : make_microbatches(corpus.data.encoded[0], batches.next(), microbatches)) {
       inputs.push_back(std::move(m.inputs));
       targets.push_back(std::move(m.targets));
       tokens += m.target_tokens;

@@ -10,6 +10,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -179,6 +180,13 @@ int capacity_needed(const schedules::Schedule& schedule) {
 
 }  // namespace
 
+int channel_capacity_for(const PipelineOptions& options) {
+  std::string name = options.schedule();
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!options.schedule_text().empty() || name != "eager-1f1b") return options.channel_capacity();
+  return std::max(options.channel_capacity(), std::max(1, options.lookahead()) + 1);
+}
+
 schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
   check_argument(options.microbatches() >= 1, "conveyor: microbatches must be at least 1, got ",
                  options.microbatches());
@@ -201,11 +209,11 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
                  " micro-batches, the pipeline has ", num_stages, " stages and ", options.microbatches());
   declare_stash(options, schedule);
   try {
-    schedules::validate(schedule, schedules::ValidateOptions{options.channel_capacity(), true});
+    schedules::validate(schedule, schedules::ValidateOptions{channel_capacity_for(options), true});
   } catch (const std::exception& e) {
     std::string hint;
     const int needed = std::string(e.what()).find("deadlocks") != std::string::npos ? capacity_needed(schedule) : 0;
-    if (needed > options.channel_capacity()) hint = c10::str(" (it runs with channel_capacity(", needed, "))");
+    if (needed > channel_capacity_for(options)) hint = c10::str(" (it runs with channel_capacity(", needed, "))");
     throw std::invalid_argument(
         c10::str("conveyor: schedule '", schedule.name, "' cannot run on this pipeline: ", e.what(), hint));
   }

@@ -37,6 +37,12 @@ std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, i
 StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options,
                       schedules::Schedule* schedule = nullptr);
 
+// The capacity the stage-to-stage channels get: PipelineOptions::
+// channel_capacity, raised for eager-1f1b to its lookahead + 1 so that the
+// forwards it runs ahead never wait on a full channel (their tensors are
+// stashed by the sender anyway: the deeper channel holds no extra memory).
+int channel_capacity_for(const PipelineOptions& options);
+
 // The validated schedule a pipeline with these options runs on num_stages
 // stages (schedule() or schedule_text()); throws std::invalid_argument.
 schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages);

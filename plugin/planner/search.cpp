@@ -57,8 +57,6 @@ std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
 // several); the split is left to the caller.
 PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, int workers, int chunks,
                              int lookahead, int microbatches, bool recompute) {
-  // Channels that hold the forwards a stage runs ahead, so none waits on a send.
-  if (lookahead > 0) base.channel_capacity(std::max(base.channel_capacity(), lookahead + 1));
   base.workers(workers)
       .chunks(schedules::is_interleaved(schedule) ? chunks : 0)
       .lookahead(lookahead)

@@ -61,7 +61,7 @@ struct PlanChoice {
   // "1f1b, 2 workers, 8 micro-batches, recompute"; "eager-1f1b +2, ..."
   std::string describe() const;
   // `base` with this plan's choices: workers, chunks, schedule (and its
-  // lookahead, with channels that hold the forwards ahead), micro-batches,
+  // lookahead), micro-batches,
   // recomputation and the split (as boundaries). The pipeline built from it
   // runs the plan that was priced.
   PipelineOptions options(PipelineOptions base) const;

@@ -5,6 +5,7 @@
 #include "every_split.h"
 #include "test_models.h"
 
+#include "plugin/planner/partition.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/search.h"
 #include "schedules/generators.h"
@@ -236,7 +237,7 @@ TEST(SearchPlans, ASlowLinkMakesItRunForwardsAheadExactly) {
   EXPECT_LT(best.plan.step_seconds(), 0.95 * plain);
   const PipelineOptions options = best.options(PipelineOptions().profile(profile));
   EXPECT_EQ(options.lookahead(), best.lookahead);
-  EXPECT_GE(options.channel_capacity(), best.lookahead + 1);
+  EXPECT_GE(channel_capacity_for(options), best.lookahead + 1);
   torch::manual_seed(0);
   auto mlp = six_layers();
   mlp->to(torch::kFloat64);

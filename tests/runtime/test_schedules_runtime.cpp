@@ -141,7 +141,7 @@ TEST(NewSchedules, MoreChunksAndSharedWeightsStayExact) {
 TEST(NewSchedules, CountsFollowTheSchedule) {
   for (const Case& c : {Case{"interleaved", 2, 4}, Case{"zb-h1", 3, 6}, Case{"zb-interleaved", 2, 4},
                         Case{"interleaved", 2, 4, true}, Case{"zb-h1", 3, 6, true},
-                        Case{"eager-1f1b", 3, 8, false, false, 0, 2}}) {
+                        Case{"eager-1f1b", 3, 8, false, false, 0, 2}, Case{"eager-1f1b", 2, 12, false, false, 0, 6}}) {
     torch::manual_seed(1);
     Pipeline pipe(make_deep_mlp(), c.options());
     const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);

@@ -215,8 +215,15 @@ TEST(EagerOneFOneB, RunsForwardsAheadAndHidesTheLinksLatency) {
       }
     }
   }
-  // Two forwards ahead fill a one-message channel both ways.
+  // Forwards ahead fill shallow channels both ways: lookahead a runs on
+  // channels of a + 1 messages (what the runtime gives it).
   EXPECT_THAT(error_of([] { validate(make_eager_1f1b(2, 4, 2), {1, true}); }), HasSubstr("deadlocks"));
+  EXPECT_THAT(error_of([] { validate(make_eager_1f1b(2, 8, 4), {2, true}); }), HasSubstr("deadlocks"));
+  for (int k = 2; k <= 5; ++k) {
+    for (int ahead = 1; ahead <= 8; ++ahead) {
+      EXPECT_NO_THROW(validate(make_eager_1f1b(k, 24, ahead), {ahead + 1, true}));
+    }
+  }
   EXPECT_THAT(error_of([] { make_eager_1f1b(2, 4, 0); }), HasSubstr("(with 0 it is 1f1b)"));
   EXPECT_THAT(error_of([] { make_schedule("1f1b", 2, 4, false, 0, 2); }),
               HasSubstr("only eager-1f1b runs forwards ahead (lookahead 2 asked of '1f1b')"));
