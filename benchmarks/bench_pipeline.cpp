@@ -21,9 +21,14 @@
 // at batch 16 and 256, the three taking turns (median of --steps steps).
 //
 //   bench_pipeline --plain [--model mlp|lstm] [--steps 30]
+//
+// With --growth, how the LSTM model's step grows with K and M (growth_table.h).
+//
+//   bench_pipeline --growth --batch 64 [--steps 3]
 
 #include "alternated_timing.h"
-#include "examples/common/resnet.h"
+#include "bench_models.h"
+#include "growth_table.h"
 #include "plugin/conveyor.h"
 #include "plugin/support/timing.h"
 
@@ -41,6 +46,7 @@
 
 namespace {
 
+using conveyor::bench::make_model;
 using conveyor::median;
 
 struct Args {
@@ -51,26 +57,9 @@ struct Args {
   bool stage_rng = false;
   bool predict = false;
   bool plain = false;
+  bool growth = false;
   int sharing = 1;  // --predict: stages sharing the CPU while profiling
 };
-
-torch::nn::Sequential make_model(const std::string& kind) {
-  if (kind == "resnet") return conveyor::examples::make_resnet({.depth = 20, .width = 16});
-  if (kind == "mlp") {
-    torch::nn::Sequential m;
-    for (int i = 0; i < 8; ++i) {
-      m->push_back(torch::nn::Linear(512, 512));
-      m->push_back(torch::nn::Tanh());
-    }
-    return m;
-  }
-  return torch::nn::Sequential(
-      torch::nn::Embedding(10000, 128),
-      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(128, 256).batch_first(true)),
-      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(256, 256).batch_first(true)),
-      conveyor::FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(256, 256).batch_first(true)),
-      torch::nn::Linear(256, 10000));
-}
 
 // Mean forward and backward time per stage over the trace's actions.
 conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
@@ -217,6 +206,8 @@ int main(int argc, char** argv) {
                    "  --predict          the planner's predicted step time and stash against measured ones\n"
                    "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n"
                    "  --plain            K = 1, M = 1 against a plain LibTorch loop at batch 16 and 256\n"
+                   "  --growth           the LSTM model under 1F1B, K = 1..4, M = 1..64 (up to --batch): predicted\n"
+                   "                     beside measured, and the simulator's projection to 8, 16, 64 stages\n"
                    "  --profile-shared   with --predict: profile each layer beside a thread running it too,\n"
                    "                     as if the other stage were always busy (ProfileOptions::sharing_stages)\n";
       return 0;
@@ -230,6 +221,8 @@ int main(int argc, char** argv) {
       args.predict = true;
     } else if (a == "--plain") {
       args.plain = true;
+    } else if (a == "--growth") {
+      args.growth = true;
     } else if (a == "--profile-shared") {
       args.sharing = 2;
     } else if (a == "--stage-rng") {
@@ -243,6 +236,7 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(args.threads);
   torch::manual_seed(0);
+  if (args.growth) return conveyor::bench::growth_table(args.steps, args.batch);
   const bool lstm = args.model == "lstm", resnet = args.model == "resnet";
   if (!lstm && !resnet && args.model != "mlp") {
     std::cerr << "--model expects lstm, mlp or resnet, got '" << args.model << "'\n";
