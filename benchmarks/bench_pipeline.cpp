@@ -96,9 +96,12 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
   };
   torch::manual_seed(0);
   auto reference = make_model(args.model);
-  const auto profile = std::make_shared<conveyor::ModelProfile>(
+  const conveyor::OptimizerFactory sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, 1e-3);
+  };
+  const auto profile = std::make_shared<conveyor::ModelProfile>(  // PipeDream's step after each backward priced too
       conveyor::profile_model(reference, x.tensor_split(4)[0], y.tensor_split(4)[0], loss,
-                              conveyor::ProfileOptions().sharing_stages(args.sharing)));
+                              conveyor::ProfileOptions().sharing_stages(args.sharing).optimizer(sgd)));
   std::vector<Config> configs;
   for (const char* schedule : {"gpipe", "1f1b", "pipedream"}) {
     for (int m : {2, 4, 8}) {
@@ -107,9 +110,7 @@ int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, co
       auto model = make_model(args.model);
       auto options = conveyor::PipelineOptions().workers(2).microbatches(m).schedule(schedule).profile(profile).balance(
           conveyor::Balance::kTime);
-      if (std::string(schedule) == "pipedream") {
-        options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-3); });
-      }
+      if (std::string(schedule) == "pipedream") options.optimizer(sgd);
       Config c{schedule, m, nullptr, conveyor::make_plan(model, options, args.batch), {}, {}};
       c.pipe = std::make_unique<conveyor::Pipeline>(model, options);
       c.pipe->train_step(x, y, loss);  // warm-up

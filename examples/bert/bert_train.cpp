@@ -127,8 +127,9 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
     std::vector<int64_t> first(static_cast<size_t>(std::max<int64_t>(1, t.batch / t.microbatches)));
     std::iota(first.begin(), first.end(), 0);
     const MlmBatch b = make_mlm_batch(train, first, data.tokenizer, t.masking, 1);
-    options.profile(std::make_shared<ModelProfile>(profile_model(model.layers, {b.tokens, b.padding}, {b.labels},
-                                                                 loss_fn)))
+    const ProfileOptions timing = ProfileOptions().optimizer(options.optimizer());  // AdamW's step priced too
+    options.profile(std::make_shared<ModelProfile>(
+        profile_model(model.layers, {b.tokens, b.padding}, {b.labels}, loss_fn, timing)))
         .optimizer_state_per_weight(2);  // AdamW
     std::ostringstream search;
     options = plan_options(t.plan, model.layers, t.batch, stages, t.memory_budget, std::move(options), search);

@@ -119,6 +119,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     for (int64_t i = spec.begin; i < spec.end; ++i) {
       sp.forward_seconds += p.forward_seconds(i, n);
       sp.backward_seconds += p.backward_seconds(i, n);
+      sp.update_seconds += o.optimizer() ? p.layers[i].update_seconds : 0.0;
     }
     if (k + 1 == num) {
       sp.forward_seconds += p.loss_forward_seconds * scale;
@@ -131,6 +132,11 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
     sp.forward_seconds += p.action_overhead_seconds;
     sp.backward_seconds += p.action_overhead_seconds;
+    if (s.step_per_microbatch) {
+      sp.backward_seconds += sp.update_seconds;  // each backward is followed by the stage's step
+    } else {
+      plan.update_seconds = std::max(plan.update_seconds, sp.update_seconds);
+    }
     costs.forward.push_back(sp.forward_seconds);
     costs.backward.push_back(sp.backward_seconds);
     plan.predicted.push_back(sp);
@@ -217,11 +223,17 @@ std::string Plan::str() const {
     os << "  stage " << k << " on " << stages.stages[k].device << ": layers [" << s.begin << ", " << s.end
        << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
     if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
+    if (s.update_seconds > 0) {
+      os << (schedule.step_per_microbatch ? " (with its optimizer step " : ", optimizer step ") << ms(s.update_seconds)
+         << (schedule.step_per_microbatch ? ")" : "");
+    }
     os << "; busy " << ms(simulation.stage_busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
        << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes)
        << ", activations ~" << mib(s.activation_bytes) << ")\n";
   }
-  os << "  predicted step " << ms(step_seconds()) << ", bubble " << percent(bubble_fraction()) << "\n";
+  os << "  predicted step " << ms(step_seconds());
+  if (update_seconds > 0) os << " (the slowest stage's optimizer step after the flush included)";
+  os << ", bubble " << percent(bubble_fraction()) << "\n";
   if (bound) {
     os << std::fixed << std::setprecision(2) << "  layer " << bound->layer << " alone bounds the speed: it takes "
        << ms(bound->seconds) << " of the slowest stage's per micro-batch; no split can beat that, so the best "

@@ -40,6 +40,10 @@ struct StagePrediction {
   double forward_seconds = 0, backward_seconds = 0;
   double transfer_seconds = 0;  // to the next stage (and the gradient back)
   int peak_inflight = 0;        // micro-batches held at once
+  // One step of the pipeline's optimizer over the stage's weights (profiled
+  // with ProfileOptions::optimizer, else 0): part of every backward under an
+  // asynchronous schedule, once after the flush under a synchronous one.
+  double update_seconds = 0;
   int64_t weight_bytes = 0;     // trainable weights and their gradients
   int64_t optimizer_bytes = 0;  // PipelineOptions::optimizer_state_per_weight of the weights
   int64_t weight_version_bytes = 0;  // stashed weight versions (schedules with weight stashing)
@@ -74,7 +78,11 @@ struct Plan {
   // Set when the slowest stage is (almost) one layer alone.
   std::optional<SpeedBound> bound;
 
-  double step_seconds() const { return simulation.makespan; }
+  // The pipeline's own optimizer step after the flush (synchronous schedules
+  // with PipelineOptions::optimizer): the slowest stage's update_seconds.
+  double update_seconds = 0;
+
+  double step_seconds() const { return simulation.makespan + update_seconds; }
   double bubble_fraction() const { return simulation.bubble_fraction; }
   // The plan: one line per stage, the predicted step, and the bound.
   std::string str() const;

@@ -83,6 +83,26 @@ struct Times {
   double forward = 0, backward = 0;
 };
 
+// Median time of one optimizer step over copies of `layer`'s trainable
+// weights, each with a gradient (of ones); 0 for a layer without weights.
+double update_seconds(const torch::nn::AnyModule& layer, const ProfileOptions& o, const c10::Device& device) {
+  std::vector<at::Tensor> copies;
+  for (const auto& p : layer.ptr()->parameters()) {
+    if (!p.requires_grad()) continue;
+    at::Tensor c = p.detach().clone().set_requires_grad(true);
+    c.mutable_grad() = at::ones_like(c);
+    copies.push_back(c);
+  }
+  if (copies.empty()) return 0;
+  auto optimizer = o.optimizer()(copies);
+  std::vector<double> runs;
+  for (int r = 0; r < o.warmup() + o.repeats(); ++r) {
+    const double t = seconds_of(device, [&] { optimizer->step(); });
+    if (r >= o.warmup()) runs.push_back(t);
+  }
+  return median(runs);
+}
+
 // Median forward and backward time of `forward` after warm-up.
 Times measure(const ProfileOptions& o, const c10::Device& device, const std::function<Tensors()>& forward) {
   std::vector<double> fwd, bwd;
@@ -245,6 +265,7 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
     LayerProfile l;
     l.name = layer_name(named.key(), layer);
     for (const auto& p : layer.ptr()->parameters()) l.parameter_bytes += p.requires_grad() ? tensor_bytes(p) : 0;
+    if (o.optimizer()) l.update_seconds = update_seconds(layer, o, device);
     profile.layers.push_back(std::move(l));
     ++index;
   }

@@ -12,6 +12,7 @@
 //   conveyor::PipelineOptions().balance(conveyor::Balance::kTime).profile(
 //       std::make_shared<conveyor::ModelProfile>(profile));
 
+#include "plugin/options.h"
 #include "plugin/types.h"
 
 #include <c10/core/Device.h>
@@ -33,6 +34,8 @@ struct LayerProfile {
   int64_t output_bytes = 0;       // every output tensor, at batch_size samples
   int64_t output_grad_bytes = 0;  // the floating outputs, which get a gradient back
   int64_t parameter_bytes = 0;    // trainable weights (a gradient and optimizer state each)
+  // One step of ProfileOptions::optimizer over the layer's weights (0: not measured).
+  double update_seconds = 0;
 };
 
 // The cost of moving a micro-batch's tensors from one stage to the next:
@@ -81,6 +84,11 @@ struct ProfileOptions {
   // Measure the link between these two devices too (empty: the same device,
   // the in-process handoff).
   TORCH_ARG(std::string, next_device) = "";
+  // Time one step of this optimizer (PipelineOptions::optimizer) over each
+  // layer's weights (LayerProfile::update_seconds), on copies: what an
+  // asynchronous schedule pays after every backward, and a pipeline that
+  // steps its own optimizer once a step (plugin/planner/planner.h).
+  TORCH_ARG(OptimizerFactory, optimizer) = nullptr;
 };
 
 // Runs each layer of `model` on one micro-batch, forward and backward, as a

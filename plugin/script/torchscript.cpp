@@ -142,7 +142,8 @@ ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
     };
     options.profile(std::make_shared<ModelProfile>(
         profile_model(layers, first(profile_batch->inputs, options.shared_inputs()),
-                      first(profile_batch->targets, options.shared_targets()), profile_batch->loss)));
+                      first(profile_batch->targets, options.shared_targets()), profile_batch->loss,
+                      ProfileOptions().batch_dim(options.batch_dim()).optimizer(options.optimizer()))));
     if (plan_text) {
       int64_t batch = 0;
       for (const auto& t : profile_batch->inputs) {

@@ -52,6 +52,45 @@ TEST(Profile, MeasuresEveryLayerAndLeavesTheModelAsItWas) {
   EXPECT_THAT(p.str(), HasSubstr("loss"));
 }
 
+// The optimizer's step is timed on copies of each layer's weights, and
+// priced where the schedule pays it: after every backward of an
+// asynchronous schedule, once after the flush of a synchronous one.
+TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
+  const auto before = testing::clone_of(mlp);
+  const OptimizerFactory adam = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p); };
+  ModelProfile p = profile_model(mlp, x.narrow(0, 0, 2), y.narrow(0, 0, 2), testing::mse, quick().optimizer(adam));
+  for (size_t i = 0; i < p.layers.size(); ++i) {
+    if (p.layers[i].parameter_bytes > 0) {
+      EXPECT_GT(p.layers[i].update_seconds, 0.0) << i;
+    } else {
+      EXPECT_EQ(p.layers[i].update_seconds, 0.0) << i;
+    }
+  }
+  for (size_t i = 0; i < mlp->parameters().size(); ++i) {  // the weights were not stepped
+    EXPECT_TRUE(torch::equal(mlp->parameters()[i], before->parameters()[i])) << i;
+  }
+  // Round numbers: every layer with weights takes 1 ms to step.
+  for (auto& l : p.layers) l.update_seconds = l.parameter_bytes > 0 ? 0.001 : 0.0;
+  const auto profile = std::make_shared<ModelProfile>(p);
+  const auto base = PipelineOptions().workers(2).microbatches(4).boundaries({4}).profile(profile);
+  const Plan plain = make_plan(mlp, PipelineOptions(base).schedule("1f1b"), 8);
+  const Plan stepped = make_plan(mlp, PipelineOptions(base).schedule("1f1b").optimizer(adam), 8);
+  EXPECT_DOUBLE_EQ(plain.update_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(stepped.predicted[0].update_seconds, 0.002);  // layers 0 and 2
+  EXPECT_DOUBLE_EQ(stepped.predicted[1].update_seconds, 0.002);  // layers 4 and 6
+  EXPECT_DOUBLE_EQ(stepped.update_seconds, 0.002);
+  EXPECT_DOUBLE_EQ(stepped.step_seconds(), plain.step_seconds() + 0.002);
+  EXPECT_THAT(stepped.str(), HasSubstr("optimizer step 2.00 ms"));
+  // PipeDream: each of a stage's 4 backwards carries its step.
+  const Plan async = make_plan(mlp, PipelineOptions(base).schedule("pipedream").optimizer(adam), 8);
+  EXPECT_DOUBLE_EQ(async.update_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(async.predicted[1].backward_seconds, plain.predicted[1].backward_seconds + 0.002);
+  EXPECT_GT(async.step_seconds(), plain.step_seconds() + 4 * 0.002 - 1e-12);
+  EXPECT_THAT(async.str(), HasSubstr("(with its optimizer step 2.00 ms)"));
+}
+
 TEST(Profile, RejectsWhatItCannotMeasure) {
   EXPECT_THAT(error_of([] {
                 profile_model(torch::nn::Sequential(), torch::ones({2, 2}), torch::ones({2, 2}), testing::mse);
