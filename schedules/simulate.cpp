@@ -79,9 +79,12 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
     return !s.barriers.empty() && barriers_passed[w] < s.barriers[w].size() &&
            s.barriers[w][barriers_passed[w]] == pc[w];
   };
+  // Actions run in the order they can start (their worker free and their
+  // input arrived), so that shared cores go to the earliest; without shared
+  // cores every start is the same in any order.
+  std::vector<double> core_free(static_cast<size_t>(std::max(0, costs.cores)), 0.0);
   size_t remaining = s.num_actions();
   while (remaining > 0 || (!s.barriers.empty() && barriers_passed[0] < s.barriers[0].size())) {
-    bool progressed = false;
     bool all_at_barrier = !s.barriers.empty();
     for (int w = 0; w < workers; ++w) all_at_barrier = all_at_barrier && at_barrier(w);
     if (all_at_barrier) {
@@ -90,46 +93,20 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
         free_at[w] = release;
         ++barriers_passed[w];
       }
-      progressed = true;
+      continue;
     }
+    int next = -1;
+    double earliest = 0;
     for (int w = 0; w < workers; ++w) {
-      while (pc[w] < s.workers[w].size() && !at_barrier(w)) {
-        const Action& a = s.workers[w][pc[w]];
-        const double input = ready(a);
-        if (input < 0) break;
-        const int k = a.stage;
-        const double start = std::max(free_at[w], input);
-        const double end = start + cost(a);
-        switch (a.kind) {
-          case ActionKind::kForward:
-            finished[{k, 'F', a.microbatch}] = end;
-            ++inflight[k];
-            break;
-          case ActionKind::kBackwardInput:
-            finished[{k, 'I', a.microbatch}] = end;
-            finished[{k, 'G', a.microbatch}] = end;
-            break;
-          case ActionKind::kBackward:
-            finished[{k, 'G', a.microbatch}] = end;
-            --inflight[k];
-            break;
-          case ActionKind::kWeight:
-            --inflight[k];
-            break;
-        }
-        free_at[w] = end;
-        sim.busy[w] += end - start;
-        sim.stage_busy[k] += end - start;
-        sim.timeline[w].push_back({a, start, end});
-        sim.peak_inflight[k] = std::max(sim.peak_inflight[k], inflight[k]);
-        ++pc[w];
-        --remaining;
-        progressed = true;
-      }
+      if (pc[w] >= s.workers[w].size() || at_barrier(w)) continue;
+      const double input = ready(s.workers[w][pc[w]]);
+      if (input < 0) continue;
+      const double can_start = std::max(free_at[w], input);
+      if (next < 0 || can_start < earliest) next = w, earliest = can_start;
     }
-    if (!progressed) {
+    if (next < 0) {
       for (int w = 0; w < workers; ++w) {
-        if (pc[w] < s.workers[w].size()) {
+        if (pc[w] < s.workers[w].size() && !at_barrier(w)) {
           throw ScheduleError("simulate: " + std::string(s.has_virtual_stages() ? "worker " : "stage ") +
                               std::to_string(w) + " waits forever at " + s.workers[w][pc[w]].str() +
                               ": the action it depends on never runs first");
@@ -137,6 +114,41 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
       }
       throw ScheduleError("simulate: the stages never all meet at a barrier");
     }
+    const int w = next;
+    const Action& a = s.workers[w][pc[w]];
+    const int k = a.stage;
+    double start = earliest;
+    auto core = core_free.end();
+    if (!core_free.empty()) {
+      core = std::min_element(core_free.begin(), core_free.end());
+      start = std::max(start, *core);
+    }
+    const double end = start + cost(a);
+    if (core != core_free.end()) *core = end;
+    switch (a.kind) {
+      case ActionKind::kForward:
+        finished[{k, 'F', a.microbatch}] = end;
+        ++inflight[k];
+        break;
+      case ActionKind::kBackwardInput:
+        finished[{k, 'I', a.microbatch}] = end;
+        finished[{k, 'G', a.microbatch}] = end;
+        break;
+      case ActionKind::kBackward:
+        finished[{k, 'G', a.microbatch}] = end;
+        --inflight[k];
+        break;
+      case ActionKind::kWeight:
+        --inflight[k];
+        break;
+    }
+    free_at[w] = end;
+    sim.busy[w] += end - start;
+    sim.stage_busy[k] += end - start;
+    sim.timeline[w].push_back({a, start, end});
+    sim.peak_inflight[k] = std::max(sim.peak_inflight[k], inflight[k]);
+    ++pc[w];
+    --remaining;
   }
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   double busy = 0;

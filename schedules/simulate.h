@@ -6,7 +6,9 @@
 // I), and takes its stage's cost. A backward of a schedule that stashes inputs
 // only first replays the forward, so it costs forward + backward. A split
 // backward costs backward - weight (I) and weight (W). At a lock-step barrier
-// every worker waits for the slowest. Channels are taken as unbounded:
+// every worker waits for the slowest. With StageCosts::cores, actions also
+// wait for a free core, taken in the order they become ready (the earliest
+// start first). Channels are taken as unbounded:
 // validate() is what checks blocking. Feed measured per-stage costs and link
 // times to predict multi-device runs.
 
@@ -27,6 +29,10 @@ struct StageCosts {
   // Per stage: the share of `backward` that computes the weight gradients (a
   // W's cost). Empty: half the backward.
   std::vector<double> weight;
+  // Cores the workers share (threads on one CPU): at most this many actions
+  // run at once, a ready action waiting for the first core free. 0: every
+  // worker has a device of its own.
+  int cores = 0;
 
   double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
   double weight_of(int k) const { return k < static_cast<int>(weight.size()) ? weight[k] : backward[k] / 2; }

@@ -141,6 +141,10 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     costs.backward.push_back(sp.backward_seconds);
     plan.predicted.push_back(sp);
   }
+  // Workers that share the profiled CPU wait for its cores.
+  bool shared_cpu = p.cores > 0;
+  for (const auto& spec : stages.stages) shared_cpu = shared_cpu && spec.device.is_cpu();
+  if (shared_cpu && s.num_workers() > p.cores) costs.cores = p.cores;
   plan.simulation = schedules::simulate(s, costs);
 
   double slowest_stage = 0, model = 0, slowest_layer = 0;

@@ -226,6 +226,7 @@ std::string ModelProfile::str() const {
   os << "profile on " << device << ", " << batch_size << " samples per micro-batch; link: " << link.kind << ", "
      << link.latency_seconds * 1e6 << " us";
   if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
+  if (cores > 0) os << "; " << cores << " workers compute at once";
   os << "\n  layer                                                          fwd ms   bwd ms   out KiB  weights KiB\n";
   for (const LayerProfile& l : layers) {
     os << "  " << std::left << std::setw(60) << l.name << std::right << std::setw(9) << l.forward_seconds * 1e3
@@ -298,6 +299,9 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
   }
   const c10::Device next = o.next_device().empty() ? device : c10::Device(o.next_device());
   profile.link = measure_link(device, next);
+  if (device.is_cpu() && o.count_cores()) {
+    profile.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
   return profile;
 }
 

@@ -57,6 +57,12 @@ struct ModelProfile {
   double action_overhead_seconds = 0;
   std::vector<LayerProfile> layers;
   LinkProfile link;
+  // On a CPU: how many workers can compute at once, its hardware threads
+  // (each worker on one intra-op thread, as the examples run them); set with
+  // ProfileOptions::count_cores. A plan whose workers all run on this CPU and
+  // outnumber them makes them wait for a core (StageCosts::cores). 0: not
+  // counted, or an accelerator (a device per worker).
+  int cores = 0;
 
   // Times and bytes scaled to a micro-batch of n samples.
   double forward_seconds(size_t layer, double n) const;
@@ -89,6 +95,11 @@ struct ProfileOptions {
   // asynchronous schedule pays after every backward, and a pipeline that
   // steps its own optimizer once a step (plugin/planner/planner.h).
   TORCH_ARG(OptimizerFactory, optimizer) = nullptr;
+  // Record the CPU's cores (ModelProfile::cores), so that plans with more
+  // workers than cores are priced as taking turns. Off by default: on a
+  // 2-core machine it over-priced 3 and 4 workers of the LSTM model, whose
+  // idle stages left the cores to the busy one (benchmarks/results/growth.md).
+  TORCH_ARG(bool, count_cores) = false;
 };
 
 // Runs each layer of `model` on one micro-batch, forward and backward, as a

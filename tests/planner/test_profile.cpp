@@ -91,6 +91,30 @@ TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
   EXPECT_THAT(async.str(), HasSubstr("(with its optimizer step 2.00 ms)"));
 }
 
+// A CPU profile knows how many workers compute at once; a plan with more
+// workers than that on the CPU makes them take turns.
+TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
+  ModelProfile p = profile_model(mlp, x.narrow(0, 0, 2), y.narrow(0, 0, 2), testing::mse, quick().count_cores(true));
+  EXPECT_GE(p.cores, 1);
+  EXPECT_EQ(profile_model(mlp, x.narrow(0, 0, 2), y.narrow(0, 0, 2), testing::mse, quick()).cores, 0);
+  EXPECT_THAT(p.str(), HasSubstr("workers compute at once"));
+  const auto options = [&](int cores) {
+    p.cores = cores;
+    return PipelineOptions().workers(2).microbatches(4).schedule("1f1b").boundaries({4}).profile(
+        std::make_shared<ModelProfile>(p));
+  };
+  const Plan own = make_plan(mlp, options(0), 8), shared = make_plan(mlp, options(1), 8);
+  double work = 0;
+  for (double b : own.simulation.busy) work += b;
+  EXPECT_LT(own.step_seconds(), work);  // the stages overlap
+  // One core: every action in turn (and a transfer's wait where nothing else is ready).
+  EXPECT_GE(shared.step_seconds(), work * (1 - 1e-12));
+  EXPECT_LE(shared.step_seconds(), work + 2 * 4 * own.predicted[0].transfer_seconds + 1e-12);
+  EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());  // a core each
+}
+
 TEST(Profile, RejectsWhatItCannotMeasure) {
   EXPECT_THAT(error_of([] {
                 profile_model(torch::nn::Sequential(), torch::ones({2, 2}), torch::ones({2, 2}), testing::mse);

@@ -11,7 +11,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace conveyor::schedules {
 namespace {
@@ -228,6 +231,44 @@ TEST(EagerOneFOneB, RunsForwardsAheadAndHidesTheLinksLatency) {
   EXPECT_THAT(error_of([] { make_schedule("1f1b", 2, 4, false, 0, 2); }),
               HasSubstr("only eager-1f1b runs forwards ahead (lookahead 2 asked of '1f1b')"));
   EXPECT_THAT(error_of([] { make_schedule("eager-1f1b", 2, 4, false, 2); }), HasSubstr("not 2 chunks"));
+}
+
+// Workers sharing fewer cores than they are wait for one: on one core a
+// pipeline is its work end to end; with as many cores as workers, nothing
+// changes; in between, in between.
+TEST(SharedCores, ActionsWaitForAFreeCore) {
+  for (const char* name : {"gpipe", "1f1b", "eager-1f1b", "zb-h1"}) {
+    for (int k = 2; k <= 4; ++k) {
+      for (int m : {1, 4, 8}) {
+        const Schedule s = make_schedule(name, k, m);
+        StageCosts costs = StageCosts::uniform(k, 1, 2);
+        const double free = simulate(s, costs).makespan;
+        costs.cores = k;
+        EXPECT_DOUBLE_EQ(simulate(s, costs).makespan, free) << name << " K=" << k << " M=" << m;
+        costs.cores = 1;
+        const Simulation one = simulate(s, costs);
+        EXPECT_DOUBLE_EQ(one.makespan, 3.0 * k * m) << name << " K=" << k << " M=" << m;  // all the work, in turn
+        EXPECT_NEAR(one.bubble_fraction, 1.0 - 1.0 / k, 1e-12);
+        if (k > 2) {
+          costs.cores = 2;
+          const double two = simulate(s, costs).makespan;
+          EXPECT_LE(two, one.makespan) << name << " K=" << k << " M=" << m;
+          EXPECT_GE(two, std::max(free, 3.0 * k * m / 2) - 1e-9) << name << " K=" << k << " M=" << m;
+        }
+      }
+    }
+  }
+  // Never two actions on one core at once.
+  StageCosts costs = StageCosts::uniform(4, 1, 2);
+  costs.cores = 2;
+  const Simulation sim = simulate(make_1f1b(4, 8), costs);
+  std::vector<std::pair<double, int>> events;
+  for (const auto& line : sim.timeline) {
+    for (const auto& t : line) events.push_back({t.start, 1}), events.push_back({t.end, -1});
+  }
+  std::sort(events.begin(), events.end());  // an end before a start at the same time
+  int running = 0;
+  for (const auto& [at, delta] : events) EXPECT_LE(running += delta, 2) << "at " << at;
 }
 
 }  // namespace conveyor::schedules
