@@ -25,9 +25,14 @@
 // With --growth, how the LSTM model's step grows with K and M (growth_table.h).
 //
 //   bench_pipeline --growth --batch 64 [--steps 3]
+//
+// With --choose, how well the planner chooses a plan (choice_table.h).
+//
+//   bench_pipeline --choose [--steps 3] [--model one of them] [--profile-shared]
 
 #include "alternated_timing.h"
 #include "bench_models.h"
+#include "choice_table.h"
 #include "growth_table.h"
 #include "plugin/conveyor.h"
 #include "plugin/support/timing.h"
@@ -58,6 +63,8 @@ struct Args {
   bool predict = false;
   bool plain = false;
   bool growth = false;
+  bool choose = false;
+  bool model_given = false;
   int sharing = 1;  // --predict: stages sharing the CPU while profiling
 };
 
@@ -153,15 +160,9 @@ int plain_table(const Args& args) {
               args.model.c_str(), args.threads, args.steps);
   std::printf("| batch | plain ms | pipeline ms (guard on) | ratio | pipeline ms (guard off) | ratio |\n"
               "|---|---|---|---|---|---|\n");
-  const bool lstm = args.model == "lstm";
   for (int64_t batch : {16, 256}) {
     torch::manual_seed(0);
-    const at::Tensor x = lstm ? torch::randint(10000, {batch, 35}) : torch::randn({batch, 512});
-    const at::Tensor y = lstm ? torch::randint(10000, {batch, 35}) : torch::randn({batch, 512});
-    const conveyor::LossFn loss = [lstm](const at::Tensor& out, const at::Tensor& t) {
-      return lstm ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
-                  : torch::mse_loss(out, t);
-    };
+    const auto [x, y, loss] = conveyor::bench::make_data(args.model, batch);
     auto plain_model = make_model(args.model);
     torch::optim::SGD plain_sgd(plain_model->parameters(), 1e-4);
     const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 1e-4); };
@@ -199,21 +200,25 @@ int main(int argc, char** argv) {
     };
     if (a == "--help" || a == "-h") {
       std::cout << "bench_pipeline: measured vs simulated pipeline steps for each schedule.\n"
-                   "  --model lstm|mlp   the LSTM language model of the demo (default) or an 8-layer MLP\n"
+                   "  --model lstm|mlp|resnet|transformer   the LSTM language model of the demo (default),\n"
+                   "                     an 8-layer MLP, ResNet-20 or a 4-layer transformer encoder\n"
                    "  --batch N          samples per step (default 32)\n"
                    "  --steps N          measured steps per configuration, after one warm-up (default 5)\n"
                    "  --threads N        intra-op threads (default 1: one core per stage)\n"
                    "  --stage-rng        each stage its own random streams (its forwards take turns)\n"
                    "  --predict          the planner's predicted step time and stash against measured ones\n"
-                   "                     (K = 2; --model resnet too: ResNet-20 on 32x32 images)\n"
+                   "                     (K = 2)\n"
                    "  --plain            K = 1, M = 1 against a plain LibTorch loop at batch 16 and 256\n"
                    "  --growth           the LSTM model under 1F1B, K = 1..4, M = 1..64 (up to --batch): predicted\n"
                    "                     beside measured, and the simulator's projection to 8, 16, 64 stages\n"
-                   "  --profile-shared   with --predict: profile each layer beside a thread running it too,\n"
+                   "  --choose           the planner's choice against every plan that fits, measured, on 4 models\n"
+                   "                     x 3 memory budgets x up to 2 and 4 workers\n"
+                   "  --profile-shared   with --predict, --choose: profile each layer beside a thread running it too,\n"
                    "                     as if the other stage were always busy (ProfileOptions::sharing_stages)\n";
       return 0;
     } else if (a == "--model") {
       args.model = value();
+      args.model_given = true;
     } else if (a == "--batch") {
       args.batch = std::stoll(value());
     } else if (a == "--steps") {
@@ -224,6 +229,8 @@ int main(int argc, char** argv) {
       args.plain = true;
     } else if (a == "--growth") {
       args.growth = true;
+    } else if (a == "--choose") {
+      args.choose = true;
     } else if (a == "--profile-shared") {
       args.sharing = 2;
     } else if (a == "--stage-rng") {
@@ -238,22 +245,12 @@ int main(int argc, char** argv) {
   torch::set_num_threads(args.threads);
   torch::manual_seed(0);
   if (args.growth) return conveyor::bench::growth_table(args.steps, args.batch);
-  const bool lstm = args.model == "lstm", resnet = args.model == "resnet";
-  if (!lstm && !resnet && args.model != "mlp") {
-    std::cerr << "--model expects lstm, mlp or resnet, got '" << args.model << "'\n";
+  if (args.choose) return conveyor::bench::choice_table(args.steps, args.model_given ? args.model : "", args.sharing);
+  if (args.model != "lstm" && args.model != "resnet" && args.model != "mlp" && args.model != "transformer") {
+    std::cerr << "--model expects lstm, mlp, resnet or transformer, got '" << args.model << "'\n";
     return 2;
   }
-  const at::Tensor x = lstm     ? torch::randint(10000, {args.batch, 35})
-                       : resnet ? torch::randn({args.batch, 3, 32, 32})
-                                : torch::randn({args.batch, 512});
-  const at::Tensor y = lstm     ? torch::randint(10000, {args.batch, 35})
-                       : resnet ? torch::randint(10, {args.batch})
-                                : torch::randn({args.batch, 512});
-  const conveyor::LossFn loss = [lstm, resnet](const at::Tensor& out, const at::Tensor& t) {
-    return lstm     ? torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}))
-           : resnet ? torch::nn::functional::cross_entropy(out, t)
-                    : torch::mse_loss(out, t);
-  };
+  const auto [x, y, loss] = conveyor::bench::make_data(args.model, args.batch);
   if (args.predict) return predict_table(args, x, y, loss);
   if (args.plain) return plain_table(args);
 

@@ -39,10 +39,7 @@ std::string per_stage(const std::vector<int64_t>& bytes) {
 }  // namespace
 
 int growth_table(int steps, int64_t batch) {
-  const at::Tensor x = torch::randint(10000, {batch, kWords}), y = torch::randint(10000, {batch, kWords});
-  const LossFn loss = [](const at::Tensor& out, const at::Tensor& t) {
-    return torch::nn::functional::cross_entropy(out.reshape({-1, out.size(-1)}), t.reshape({-1}));
-  };
+  const auto [x, y, loss] = make_data("lstm", batch);  // kWords words each
   torch::manual_seed(0);
   const auto profile = std::make_shared<ModelProfile>(
       profile_model(make_model("lstm"), x.tensor_split(8)[0], y.tensor_split(8)[0], loss));

@@ -67,7 +67,7 @@ Simulation simulate(const Schedule& s, const StageCosts& costs) {
       case ActionKind::kBackward:
         return costs.backward[k] + replay;
       case ActionKind::kBackwardInput:
-        return costs.backward[k] - costs.weight_of(k) + replay;
+        return costs.input_of(k) + replay;
       case ActionKind::kWeight:
         return costs.weight_of(k);
     }

@@ -5,7 +5,7 @@
 // transfer; backward: the next stage's backward plus a transfer; W: its own
 // I), and takes its stage's cost. A backward of a schedule that stashes inputs
 // only first replays the forward, so it costs forward + backward. A split
-// backward costs backward - weight (I) and weight (W). At a lock-step barrier
+// backward costs its I and W (by default backward - weight and weight). At a lock-step barrier
 // every worker waits for the slowest. With StageCosts::cores, actions also
 // wait for a free core, taken in the order they become ready (the earliest
 // start first). Channels are taken as unbounded:
@@ -29,6 +29,10 @@ struct StageCosts {
   // Per stage: the share of `backward` that computes the weight gradients (a
   // W's cost). Empty: half the backward.
   std::vector<double> weight;
+  // Per stage: a split backward's I (input gradients). Empty: backward -
+  // weight. A split may cost more than the whole backward it replaces: a
+  // layer's W walks its graph again from the layer's outputs.
+  std::vector<double> input;
   // Cores the workers share (threads on one CPU): at most this many actions
   // run at once, a ready action waiting for the first core free. 0: every
   // worker has a device of its own.
@@ -36,6 +40,7 @@ struct StageCosts {
 
   double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
   double weight_of(int k) const { return k < static_cast<int>(weight.size()) ? weight[k] : backward[k] / 2; }
+  double input_of(int k) const { return k < static_cast<int>(input.size()) ? input[k] : backward[k] - weight_of(k); }
 
   // The same forward and backward cost on every stage.
   static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);

@@ -1,6 +1,8 @@
 #include "examples/distributed/distributed_models.h"
 
 #include "examples/common/lm_model.h"
+#include "plugin/distributed/link_cost.h"
+#include "plugin/profile_model.h"
 
 #include <torch/torch.h>
 
@@ -57,6 +59,15 @@ void evaluate(const DistributedModel& m, torch::nn::Sequential model) {
   const at::Tensor out = model->forward(held_out.x);
   const double accuracy = out.argmax(-1).eq(held_out.y).to(at::kDouble).mean().item<double>();
   std::cout << "eval: loss " << cross_entropy(out, held_out.y).item<double>() << ", accuracy " << accuracy << "\n";
+}
+
+Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options) {
+  const Batch b = global_batch(m, 0);
+  const int parts = options.microbatches();
+  ModelProfile profile = profile_model(make_model(m), b.x.tensor_split(parts)[0], b.y.tensor_split(parts)[0],
+                                       cross_entropy, ProfileOptions().optimizer(options.optimizer()));
+  profile.link = measure_c10d_link();
+  return make_plan(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(profile)), m.batch);
 }
 
 }  // namespace conveyor::examples

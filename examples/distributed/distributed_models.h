@@ -7,6 +7,9 @@
 // benchmarks/bench_vs_pippy.py starts torch.distributed.pipelining from the
 // same weights and data.
 
+#include "plugin/options.h"
+#include "plugin/planner/planner.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -38,5 +41,11 @@ at::Tensor cross_entropy(const at::Tensor& out, const at::Tensor& target);
 
 // Loss and accuracy of the whole model on a batch no step trains on, printed.
 void evaluate(const DistributedModel& m, torch::nn::Sequential model);
+
+// The planner's prediction for a pipeline of `options` across processes on
+// this machine (--predict): the model profiled on its first micro-batch with
+// the options' optimizer, the link between processes measured over Gloo on
+// loopback (measure_c10d_link), the split the options give.
+Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options);
 
 }  // namespace conveyor::examples

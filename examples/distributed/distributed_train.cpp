@@ -7,6 +7,7 @@
 #include "examples/distributed/distributed_models.h"
 #include "plugin/conveyor.h"
 #include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/support/timing.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -18,6 +19,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -76,6 +78,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              SGD learning rate (default 0.05)
   --scale-lr          multiply the learning rate by the replicas (linear scaling)
+  --predict           pipeline, one replica: rank 0 profiles the model and the
+                      Gloo link first and prints the planner's predicted step
+                      beside the measured median (steps after the first)
   --model NAME        mlp (default) | lm
   --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
   --vocab N, --embed N, --length N   the lm's words, embedding, tokens (2000, 64, 20)
@@ -99,7 +104,7 @@ struct Args {
   int workers = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10, lookahead = 0;
   int64_t timeout_ms = 60000;
   double lr = 0.05;
-  bool scale_lr = false;
+  bool scale_lr = false, predict = false;
   conveyor::examples::DistributedModel model;
 };
 
@@ -127,8 +132,8 @@ Args parse(int argc, char** argv) {
     }
     if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "' (see --help)");
     flag = flag.substr(2);
-    if (flag == "scale-lr") {
-      a.scale_lr = true;
+    if (flag == "scale-lr" || flag == "predict") {
+      (flag == "predict" ? a.predict : a.scale_lr) = true;
       continue;
     }
     if (const auto eq = flag.find('='); eq != std::string::npos) {
@@ -147,7 +152,9 @@ Args parse(int argc, char** argv) {
         {"threads", &a.threads},        {"log-every", &a.log_every},   {"lookahead", &a.lookahead}};
     if (const auto it = ints.find(flag); it != ints.end()) {
       *it->second = number<int>(flag, value);
-      if (*it->second < (flag == "workers" || flag == "lookahead" ? 0 : 1)) throw std::invalid_argument("--" + flag + " must be positive");
+      if (*it->second < (flag == "workers" || flag == "lookahead" ? 0 : 1)) {
+        throw std::invalid_argument("--" + flag + " must be positive");
+      }
     } else if (flag == "stages") {
       throw std::invalid_argument("--stages is now --workers: a stage is a piece of the model, a worker the process "
                                   "that runs one or more stages");
@@ -234,6 +241,8 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                      .timeout(timeout)
                      .trace(false)
                      .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
+  std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
+  if (a.predict && a.replicas == 1 && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options);
   conveyor::DistributedPipeline pipe(
       make_model(a), options, groups,
       conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank));
@@ -243,17 +252,24 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   }
   const int d = groups->replica();
   Meter meter;
+  std::vector<double> wall;  // per step after the first
   for (int step = 0; step < a.steps; ++step) {
     const Batch b = global_batch(a, step);
     const auto r =
         pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas), cross_entropy);
     meter.step_done(step, a.model.batch);
+    if (step > 0) wall.push_back(r.wall_seconds);
     if (pipe.is_logging_rank()) log_step(a, step, r.loss);
   }
   pipe.gather_model();
   if (pipe.is_logging_rank()) {
     evaluate(a, pipe.model());
     if (!a.checkpoint.empty()) save(a.checkpoint, pipe.model());
+    if (plan) {
+      const double measured = conveyor::median(wall), predicted = plan->step_seconds();
+      std::cout << "predicted step " << predicted * 1e3 << " ms, measured (median) " << measured * 1e3
+                << " ms: error " << std::showpos << 100 * (predicted / measured - 1) << std::noshowpos << "%\n";
+    }
     std::cout << "samples/s: " << meter.samples_per_second() << "\n";
   }
   groups->barrier();

@@ -1,4 +1,5 @@
 #include "plugin/planner/profile.h"
+#include "plugin/planner/device_timing.h"
 
 #include "plugin/errors.h"
 #include "plugin/model/stage.h"
@@ -9,43 +10,24 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <iomanip>
-#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 
 namespace conveyor {
 
-double LinkProfile::seconds(int64_t bytes) const {
-  return latency_seconds + (bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second : 0.0);
-}
-
 namespace {
 
+using planner_detail::seconds_of;
 
 double scaled(double at_batch, double fixed, int64_t batch, double n) {
   return fixed + (at_batch - fixed) * n / static_cast<double>(batch);
-}
-
-void synchronize(const c10::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index());
-}
-
-template <typename Fn>
-double seconds_of(const c10::Device& device, Fn&& fn) {
-  synchronize(device);
-  const auto start = Clock::now();
-  fn();
-  synchronize(device);
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 int64_t floating_bytes(const Tensors& tensors) {
@@ -67,8 +49,8 @@ Tensors on_device(const Tensors& tensors, const c10::Device& device) {
   return out;
 }
 
-// Backward from every output that requires grad, with gradients of ones.
-void backward_from(const Tensors& outputs) {
+// The outputs that require grad, and a gradient of ones for each.
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> roots_and_ones(const Tensors& outputs) {
   std::vector<at::Tensor> roots, grads;
   for (const auto& t : outputs) {
     if (t.defined() && t.requires_grad()) {
@@ -76,11 +58,17 @@ void backward_from(const Tensors& outputs) {
       grads.push_back(at::ones_like(t));
     }
   }
+  return {roots, grads};
+}
+
+void backward_from(const Tensors& outputs) {
+  const auto [roots, grads] = roots_and_ones(outputs);
   if (!roots.empty()) torch::autograd::backward(roots, grads);
 }
 
 struct Times {
   double forward = 0, backward = 0;
+  double input = 0, weight = 0;  // the split backward
 };
 
 // Median time of one optimizer step over copies of `layer`'s trainable
@@ -103,16 +91,38 @@ double update_seconds(const torch::nn::AnyModule& layer, const ProfileOptions& o
   return median(runs);
 }
 
-// Median forward and backward time of `forward` after warm-up.
-Times measure(const ProfileOptions& o, const c10::Device& device, const std::function<Tensors()>& forward) {
-  std::vector<double> fwd, bwd;
+// The split backward as the runtime runs it: I to the floating `inputs`
+// (graph retained), then W from the outputs to `weights` only.
+std::pair<double, double> split_backward(const c10::Device& device, const Tensors& outputs, const Tensors& inputs,
+                                         const std::vector<at::Tensor>& weights) {
+  const auto [roots, grads] = roots_and_ones(outputs);
+  std::vector<at::Tensor> wanted;
+  for (const auto& t : inputs) {
+    if (t.defined() && t.requires_grad()) wanted.push_back(t);
+  }
+  if (roots.empty()) return {0.0, 0.0};
+  const double i = wanted.empty() ? 0.0 : seconds_of(device, [&] {
+    torch::autograd::grad(roots, wanted, grads, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
+  });
+  const double w = weights.empty() ? 0.0 : seconds_of(device, [&] {
+    torch::autograd::backward(roots, grads, /*retain_graph=*/false, /*create_graph=*/false, weights);
+  });
+  return {i, w};
+}
+
+// Median forward, backward and split backward times of `forward` after
+// warm-up.
+Times measure(const ProfileOptions& o, const c10::Device& device, const std::function<Tensors()>& forward,
+              const Tensors& inputs, const std::vector<at::Tensor>& weights) {
+  std::vector<double> fwd, bwd, in, wt;
   for (int r = 0; r < o.warmup() + o.repeats(); ++r) {
     Tensors y;
     const double f = seconds_of(device, [&] { y = forward(); });
     const double b = seconds_of(device, [&] { backward_from(y); });
-    if (r >= o.warmup()) fwd.push_back(f), bwd.push_back(b);
+    const auto [i, w] = split_backward(device, forward(), inputs, weights);
+    if (r >= o.warmup()) fwd.push_back(f), bwd.push_back(b), in.push_back(i), wt.push_back(w);
   }
-  return {median(fwd), median(bwd)};
+  return {median(fwd), median(bwd), median(in), median(wt)};
 }
 
 // Threads that keep the device busy with `work` while they live, as the
@@ -184,7 +194,11 @@ std::vector<Times> profile_at(const std::vector<std::shared_ptr<Stage>>& layers,
     const Tensors in = (i == 0 ? x : as_input_leaves(x));
     {
       CoRunners others(o.sharing_stages() - 1, [&] { layers[i]->forward(in); });
-      times.push_back(measure(o, device, [&] { return layers[i]->forward(in); }));
+      std::vector<at::Tensor> weights;
+      for (const auto& w : layers[i]->layer_parameters(0)) {
+        if (w.requires_grad()) weights.push_back(w);
+      }
+      times.push_back(measure(o, device, [&] { return layers[i]->forward(in); }, in, weights));
     }
     {
       torch::NoGradGuard no_grad;
@@ -216,6 +230,14 @@ double ModelProfile::forward_seconds(size_t i, double n) const {
 double ModelProfile::backward_seconds(size_t i, double n) const {
   return scaled(layers[i].backward_seconds, layers[i].backward_fixed, batch_size, n);
 }
+double ModelProfile::input_backward_seconds(size_t i, double n) const {
+  const LayerProfile& l = layers[i];
+  return l.backward_seconds > 0 ? backward_seconds(i, n) * l.input_backward_seconds / l.backward_seconds : 0.0;
+}
+double ModelProfile::weight_backward_seconds(size_t i, double n) const {
+  const LayerProfile& l = layers[i];
+  return l.backward_seconds > 0 ? backward_seconds(i, n) * l.weight_backward_seconds / l.backward_seconds : 0.0;
+}
 double ModelProfile::loss_seconds(double n) const {
   return (loss_forward_seconds + loss_backward_seconds) * n / static_cast<double>(batch_size);
 }
@@ -227,10 +249,12 @@ std::string ModelProfile::str() const {
      << link.latency_seconds * 1e6 << " us";
   if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
   if (cores > 0) os << "; " << cores << " workers compute at once";
-  os << "\n  layer                                                          fwd ms   bwd ms   out KiB  weights KiB\n";
+  os << "\n  layer                                                          fwd ms   bwd ms  (I ms    W ms)   out KiB  "
+        "weights KiB\n";
   for (const LayerProfile& l : layers) {
     os << "  " << std::left << std::setw(60) << l.name << std::right << std::setw(9) << l.forward_seconds * 1e3
-       << std::setw(9) << l.backward_seconds * 1e3 << std::setw(10) << l.output_bytes / 1024.0 << std::setw(13)
+       << std::setw(9) << l.backward_seconds * 1e3 << std::setw(8) << l.input_backward_seconds * 1e3 << std::setw(8)
+       << l.weight_backward_seconds * 1e3 << std::setw(10) << l.output_bytes / 1024.0 << std::setw(13)
        << l.parameter_bytes / 1024.0 << "\n";
   }
   os << "  " << std::left << std::setw(60) << "loss" << std::right << std::setw(9) << loss_forward_seconds * 1e3
@@ -296,6 +320,8 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
   for (size_t i = 0; i < full.size(); ++i) {
     profile.layers[i].forward_seconds = full[i].forward;
     profile.layers[i].backward_seconds = full[i].backward;
+    profile.layers[i].input_backward_seconds = full[i].input;
+    profile.layers[i].weight_backward_seconds = full[i].weight;
   }
   const c10::Device next = o.next_device().empty() ? device : c10::Device(o.next_device());
   profile.link = measure_link(device, next);
@@ -303,57 +329,6 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
     profile.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   }
   return profile;
-}
-
-LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
-  LinkProfile link;
-  if (from == to) {
-    // The in-process transport hands the tensors over without a copy: what
-    // costs is waking the receiving thread. Measured as half a round trip.
-    link.kind = "in-process handoff (same device, no copy)";
-    std::mutex mutex;
-    std::condition_variable cv;
-    int turn = 0;
-    constexpr int kRounds = 200;
-    std::thread peer([&] {
-      for (int r = 0; r < kRounds; ++r) {
-        std::unique_lock lock(mutex);
-        cv.wait(lock, [&] { return turn % 2 == 1; });
-        ++turn;
-        cv.notify_all();
-      }
-    });
-    const auto start = Clock::now();
-    for (int r = 0; r < kRounds; ++r) {
-      std::unique_lock lock(mutex);
-      ++turn;
-      cv.notify_all();
-      cv.wait(lock, [&] { return turn % 2 == 0; });
-    }
-    const double total = std::chrono::duration<double>(Clock::now() - start).count();
-    peer.join();
-    link.latency_seconds = total / (2.0 * kRounds);
-    return link;
-  }
-  link.kind = from.str() + " -> " + to.str() + " copy";
-  // (a copy's latency is the small copy's time; its bandwidth the large one's rate)
-  const auto copy_seconds = [&](int64_t bytes) {
-    const at::Tensor t = at::ones({bytes / 4}, at::TensorOptions().device(from).dtype(at::kFloat));
-    std::vector<double> runs;
-    for (int r = 0; r < 7; ++r) {
-      runs.push_back(seconds_of(to, [&] {
-        synchronize(from);
-        const at::Tensor moved = t.to(to);
-        (void)moved;
-      }));
-    }
-    return median(runs);
-  };
-  constexpr int64_t kSmall = 4 << 10, kLarge = 64 << 20;
-  const double small = copy_seconds(kSmall), large = copy_seconds(kLarge);
-  link.latency_seconds = small;
-  link.bytes_per_second = large > small ? static_cast<double>(kLarge - kSmall) / (large - small) : 0.0;
-  return link;
 }
 
 }  // namespace conveyor

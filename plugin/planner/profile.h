@@ -36,6 +36,13 @@ struct LayerProfile {
   int64_t parameter_bytes = 0;    // trainable weights (a gradient and optimizer state each)
   // One step of ProfileOptions::optimizer over the layer's weights (0: not measured).
   double update_seconds = 0;
+  // The backward split as zero-bubble schedules run it (plugin/runtime/
+  // split_backward.cpp), at batch_size samples: I, the gradients of the
+  // layer's inputs (graph retained), then W, its weights' gradients from its
+  // outputs' (0 without weights). Both 0: not measured (half the backward
+  // each). For a layer of many operations I + W exceeds the backward, since
+  // W walks the layer's graph again.
+  double input_backward_seconds = 0, weight_backward_seconds = 0;
 };
 
 // The cost of moving a micro-batch's tensors from one stage to the next:
@@ -67,6 +74,10 @@ struct ModelProfile {
   // Times and bytes scaled to a micro-batch of n samples.
   double forward_seconds(size_t layer, double n) const;
   double backward_seconds(size_t layer, double n) const;
+  // The split backward's I and W, scaled as the backward; 0 and 0 when the
+  // layer's split was not measured.
+  double input_backward_seconds(size_t layer, double n) const;
+  double weight_backward_seconds(size_t layer, double n) const;
   double loss_seconds(double n) const;  // forward and backward of the loss
   // A table: one line per layer.
   std::string str() const;

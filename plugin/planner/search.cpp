@@ -148,6 +148,8 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
             choice.chunks = chunks;
             choice.lookahead = lookahead;
             choice.recompute = recompute;
+            choice.plan.schedule.name = name;  // for describe() until the plan is made
+            choice.plan.schedule.num_microbatches = m;
             try {
               // Split by time within the budget's share of each stage.
               const PipelineOptions candidate =

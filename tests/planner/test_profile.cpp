@@ -115,6 +115,39 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());  // a core each
 }
 
+// The backward split as zero-bubble schedules run it is measured per layer
+// (I to the layer's inputs, W to its weights), and a plan prices a
+// zero-bubble schedule's I and W with it, whole backwards without it.
+TEST(Profile, MeasuresTheSplitBackwardAndZeroBubblePlansPayIt) {
+  torch::manual_seed(0);
+  auto lm = testing::make_lstm_lm();  // embedding (integer input), LSTMs, linear
+  const at::Tensor x = torch::randint(20, {4, 5}), y = torch::randint(20, {4, 5});
+  ModelProfile p = profile_model(lm, x, y, testing::lm_loss, quick());
+  EXPECT_EQ(p.layers[0].input_backward_seconds, 0.0);  // nothing before the embedding takes a gradient
+  EXPECT_GT(p.layers[0].weight_backward_seconds, 0.0);
+  for (size_t i = 1; i < p.layers.size(); ++i) {
+    EXPECT_GT(p.layers[i].input_backward_seconds, 0.0) << i;
+    EXPECT_EQ(p.layers[i].weight_backward_seconds > 0.0, p.layers[i].parameter_bytes > 0) << i;
+  }
+  // Round numbers: F = 1, B = 2; a split costs I = 1.5 and W = 1.5 (more than B).
+  for (auto& l : p.layers) {
+    l.forward_seconds = 1;
+    l.backward_seconds = 2;
+    l.input_backward_seconds = l.weight_backward_seconds = 1.5;
+    l.forward_fixed = l.backward_fixed = 0;
+  }
+  p.loss_forward_seconds = p.loss_backward_seconds = p.action_overhead_seconds = 0;
+  p.link = LinkProfile{};
+  const auto options = [&](const char* schedule) {
+    return PipelineOptions().workers(1).microbatches(1).schedule(schedule).profile(std::make_shared<ModelProfile>(p));
+  };
+  const double layers = static_cast<double>(p.layers.size());
+  EXPECT_DOUBLE_EQ(make_plan(lm, options("zb-h1"), 4).step_seconds(), 4 * layers);     // F + I + W per layer
+  EXPECT_DOUBLE_EQ(make_plan(lm, options("1f1b"), 4).step_seconds(), 3 * layers);      // F + B
+  p.layers[2].input_backward_seconds = p.layers[2].weight_backward_seconds = 0;      // not measured: B halved
+  EXPECT_DOUBLE_EQ(make_plan(lm, options("zb-h1"), 4).step_seconds(), 3 * layers);
+}
+
 TEST(Profile, RejectsWhatItCannotMeasure) {
   EXPECT_THAT(error_of([] {
                 profile_model(torch::nn::Sequential(), torch::ones({2, 2}), torch::ones({2, 2}), testing::mse);

@@ -120,7 +120,9 @@ TEST(WorkerThreads, RunsEveryIndexOnItsOwnThreadAndReportsErrorsByIndex) {
     const auto errors = workers.run([&](int k) {
       ++calls;
       if (round == 0) ids[k] = std::this_thread::get_id();
-      if (round == 1) EXPECT_EQ(ids[k], std::this_thread::get_id());  // threads live across runs
+      if (round == 1) {
+        EXPECT_EQ(ids[k], std::this_thread::get_id());  // threads live across runs
+      }
       if (round == 1 && k == 2) throw std::runtime_error("worker 2 failed");
     });
     ASSERT_EQ(errors.size(), 3u);

@@ -132,6 +132,12 @@ TEST(VirtualStages, SimulatedBubblesMatchTheClosedForms) {
   EXPECT_DOUBLE_EQ(one.timeline[0][1].end - one.timeline[0][1].start, 1.0);
   EXPECT_DOUBLE_EQ(one.timeline[0][2].end - one.timeline[0][2].start, 2.0);
   EXPECT_DOUBLE_EQ(one.makespan, 4.0);
+  // A split that costs more than the whole backward: I as StageCosts::input says.
+  costs.input = {2.5};
+  const Simulation dearer = simulate(Schedule::parse("0F0 0I0 0W0\n"), costs);
+  EXPECT_DOUBLE_EQ(dearer.timeline[0][1].end - dearer.timeline[0][1].start, 2.5);
+  EXPECT_DOUBLE_EQ(dearer.makespan, 5.5);
+  EXPECT_DOUBLE_EQ(simulate(Schedule::parse("0F0 0B0\n"), costs).makespan, 4.0);  // a whole B is unchanged
 }
 
 // A split backward keeps its micro-batch until the W; recomputation stashes

@@ -1,0 +1,201 @@
+#include "choice_table.h"
+
+#include "bench_models.h"
+#include "plugin/conveyor.h"
+#include "plugin/support/timing.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace conveyor::bench {
+
+namespace {
+
+// A plan as the grid measures it: its choices and its split.
+std::string plan_key(const PlanChoice& c) {
+  std::string key = c.describe() + ", split at";
+  for (size_t s = 1; s < c.plan.stages.stages.size(); ++s) {
+    key += ' ';
+    key += std::to_string(c.plan.stages.stages[s].begin);
+  }
+  return key;
+}
+
+struct Measured {
+  PlanChoice choice;
+  std::unique_ptr<Pipeline> pipe;
+  std::vector<double> wall;
+  double ms() const { return median(wall) * 1e3; }
+};
+
+struct Cell {
+  int devices = 2;
+  int64_t budget = 0;
+  std::vector<std::string> fits;  // keys of the plans that fit
+  std::string chosen, chosen_cores;
+};
+
+PlanSpace grid_space(int devices, int64_t budget) {
+  PlanSpace space;  // every synchronous built-in schedule
+  space.max_workers = devices;
+  space.memory_budget = budget;
+  space.chunks = {2};
+  space.lookaheads = {1, 2};
+  space.microbatches = {1, 2, 4, 8, 16};
+  return space;
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+struct Tally {
+  int cells = 0, within = 0, within_cores = 0;
+  int plans = 0, predicted_within = 0;
+};
+
+void run_model(const std::string& kind, int64_t batch, int steps, int sharing, Tally& tally) {
+  torch::manual_seed(0);
+  const auto [x, y, loss] = make_data(kind, batch);
+  ModelProfile measured_profile =
+      profile_model(make_model(kind), x.tensor_split(4)[0], y.tensor_split(4)[0], loss,
+                    ProfileOptions().count_cores(true).sharing_stages(sharing));
+  std::fprintf(stderr, "%s", measured_profile.str().c_str());
+  const auto with_cores = std::make_shared<ModelProfile>(measured_profile);
+  measured_profile.cores = 0;
+  const auto profile = std::make_shared<ModelProfile>(measured_profile);
+  const torch::nn::Sequential reference = make_model(kind);
+  const PipelineOptions base = PipelineOptions().profile(profile);
+
+  // The budgets, from the unconstrained search on up to 2 workers.
+  const PlanSearch open = search_plans(reference, base, batch, grid_space(2, 0));
+  int64_t one_worker = 0, leanest = open.best().peak_bytes();
+  for (const PlanChoice& c : open.ranked) {
+    leanest = std::min(leanest, c.peak_bytes());
+    if (c.workers == 1 && c.plan.schedule.num_microbatches == 1 && !c.recompute) one_worker = c.peak_bytes();
+  }
+  // Just above the leanest: a budget splits within it, which need not find
+  // the unconstrained split (an interleaved worker's stages each get half).
+  int64_t tight = leanest + leanest / 10;
+  while (true) {
+    try {
+      search_plans(reference, base, batch, grid_space(2, tight));
+      break;
+    } catch (const std::invalid_argument&) {
+      tight += leanest / 10;
+    }
+  }
+  const std::vector<int64_t> budgets = {0, (one_worker + tight) / 2, tight};
+  std::fprintf(stderr, "%s: %zu plans without a budget on 2 workers; budgets %.2f and %.2f MiB\n", kind.c_str(),
+               open.ranked.size(), mib(budgets[1]), mib(budgets[2]));
+
+  std::map<std::string, Measured> plans;
+  std::vector<Cell> cells;
+  for (int64_t budget : budgets) {
+    for (int devices : {2, 4}) {
+      Cell cell{devices, budget, {}, {}, {}};
+      const PlanSearch search = search_plans(reference, base, batch, grid_space(devices, budget));
+      for (const PlanChoice& c : search.ranked) {
+        const std::string key = plan_key(c);
+        cell.fits.push_back(key);
+        if (!plans.count(key)) plans[key].choice = c;
+      }
+      cell.chosen = plan_key(search.best());
+      const PlanSearch counted =
+          search_plans(reference, PipelineOptions().profile(with_cores), batch, grid_space(devices, budget));
+      cell.chosen_cores = plan_key(counted.best());
+      if (!plans.count(cell.chosen_cores)) plans[cell.chosen_cores].choice = counted.best();
+      cells.push_back(std::move(cell));
+    }
+  }
+  std::fprintf(stderr, "%s: building %zu pipelines\n", kind.c_str(), plans.size());
+  for (auto& [key, m] : plans) {
+    torch::manual_seed(0);
+    m.pipe = std::make_unique<Pipeline>(make_model(kind), m.choice.options(base));
+    m.pipe->train_step(x, y, loss);  // warm-up
+  }
+  for (int s = 0; s < steps; ++s) {
+    for (auto& [key, m] : plans) {
+      for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();
+      m.wall.push_back(m.pipe->train_step(x, y, loss).wall_seconds);
+      for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();  // hundreds of pipelines live
+    }
+  }
+
+  int predicted_within = 0;
+  std::vector<double> errors;
+  for (const auto& [key, m] : plans) {
+    const double error = m.choice.plan.step_seconds() * 1e3 / m.ms() - 1;
+    errors.push_back(std::abs(error));
+    predicted_within += std::abs(error) <= 0.10;
+  }
+  tally.plans += static_cast<int>(plans.size());
+  tally.predicted_within += predicted_within;
+  std::printf("\n### %s, batch %lld: %zu distinct plans measured\n\nPredicted step within 10 %% of the measured one "
+              "for %d of %zu plans (median |error| %.1f %%).\n\n",
+              kind.c_str(), static_cast<long long>(batch), plans.size(), predicted_within, plans.size(),
+              100 * median(errors));
+  std::printf("| workers <= | budget MiB | plans that fit | planner's choice | predicted ms | measured ms | x best "
+              "| choice, cores counted | measured ms | x best | best measured | ms |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Cell& cell : cells) {
+    const auto best = std::min_element(cell.fits.begin(), cell.fits.end(), [&](const auto& a, const auto& b) {
+      return plans.at(a).ms() < plans.at(b).ms();
+    });
+    const Measured &b = plans.at(*best), &c = plans.at(cell.chosen), &cc = plans.at(cell.chosen_cores);
+    const double ratio = c.ms() / b.ms(), ratio_cores = cc.ms() / b.ms();
+    ++tally.cells;
+    tally.within += ratio <= 1.05;
+    tally.within_cores += ratio_cores <= 1.05;
+    std::printf("| %d | %s | %zu | %s | %.1f | %.1f | %.3f | %s | %.1f | %.3f | %s | %.1f |\n", cell.devices,
+                cell.budget ? std::to_string(static_cast<int>(std::lround(mib(cell.budget)))).c_str() : "none",
+                cell.fits.size(), c.choice.describe().c_str(), c.choice.plan.step_seconds() * 1e3, c.ms(), ratio,
+                cell.chosen_cores == cell.chosen ? "same" : cc.choice.describe().c_str(), cc.ms(), ratio_cores,
+                b.choice.describe().c_str(), b.ms());
+  }
+  std::vector<const Measured*> fastest;
+  for (const auto& [key, m] : plans) fastest.push_back(&m);
+  std::sort(fastest.begin(), fastest.end(), [](const Measured* a, const Measured* b) { return a->ms() < b->ms(); });
+  std::printf("\nThe eight fastest measured plans, and the planner's choice without a budget:\n\n"
+              "| plan | predicted ms | measured ms | error |\n|---|---|---|---|\n");
+  fastest.resize(std::min<size_t>(fastest.size(), 8));
+  fastest.push_back(&plans.at(cells.front().chosen));
+  for (const Measured* m : fastest) {
+    std::printf("| %s | %.1f | %.1f | %+.1f%% |\n", m->choice.describe().c_str(), m->choice.plan.step_seconds() * 1e3,
+                m->ms(), 100 * (m->choice.plan.step_seconds() * 1e3 / m->ms() - 1));
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int choice_table(int steps, const std::string& only, int sharing) {
+  std::printf("How the planner chooses: per cell, every plan of the space that fits measured (median of %d steps, "
+              "a model's plans taking turns), %u hardware threads, %d intra-op thread(s) per worker; each layer "
+              "profiled beside %d other thread(s) running it.\n"
+              "Space: every synchronous built-in schedule; 1..workers stages; interleaved with 2 chunks; "
+              "eager-1f1b lookahead 1, 2; M = 1, 2, 4, 8, 16; with and without recomputation; split by time.\n",
+              steps, std::thread::hardware_concurrency(), torch::get_num_threads(), sharing - 1);
+  if (!only.empty() && only != "mlp" && only != "lstm" && only != "resnet" && only != "transformer") {
+    std::fprintf(stderr, "--choose --model expects mlp, lstm, resnet or transformer, got '%s'\n", only.c_str());
+    return 2;
+  }
+  Tally tally;
+  for (const auto& [kind, batch] : std::vector<std::pair<std::string, int64_t>>{
+           {"mlp", 256}, {"lstm", 32}, {"resnet", 32}, {"transformer", 32}}) {
+    if (only.empty() || only == kind) run_model(kind, batch, steps, sharing, tally);
+  }
+  std::printf("\nChoice within 5 %% of the best measured plan: %d of %d cells (profile as measured), %d of %d (cores "
+              "counted). Predictions within 10 %%: %d of %d plans.\n",
+              tally.within, tally.cells, tally.within_cores, tally.cells, tally.predicted_within, tally.plans);
+  return 0;
+}
+
+}  // namespace conveyor::bench
