@@ -242,7 +242,8 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                      .trace(false)
                      .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
   std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
-  if (a.predict && a.replicas == 1 && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options);
+  if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
+  if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options);
   conveyor::DistributedPipeline pipe(
       make_model(a), options, groups,
       conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank));
