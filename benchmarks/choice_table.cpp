@@ -120,10 +120,10 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
     torch::manual_seed(0);
     m.pipe = std::make_unique<Pipeline>(make_model(kind), m.choice.options(base));
     m.pipe->train_step(x, y, loss);  // warm-up
+    for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();
   }
   for (int s = 0; s < steps; ++s) {
     for (auto& [key, m] : plans) {
-      for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();
       m.wall.push_back(m.pipe->train_step(x, y, loss).wall_seconds);
       for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();  // hundreds of pipelines live
     }

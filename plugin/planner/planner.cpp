@@ -111,14 +111,13 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   const double n = static_cast<double>(batch) / s.num_microbatches;
   const double scale = n / static_cast<double>(p.batch_size);
   schedules::StageCosts costs;
-  bool all_split_measured = true;
+  bool split_measured = true;  // every layer's I and W (else half the backward each)
   for (int k = 0; k < num; ++k) {
     const StageSpec& spec = stages.stages[k];
     StagePrediction sp;
     sp.begin = spec.begin;
     sp.end = spec.end;
     double input = 0, weight = 0;  // the split backward's I and W
-    bool split_measured = true;
     for (int64_t i = spec.begin; i < spec.end; ++i) {
       sp.forward_seconds += p.forward_seconds(i, n);
       sp.backward_seconds += p.backward_seconds(i, n);
@@ -147,12 +146,11 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     costs.forward.push_back(sp.forward_seconds);
     costs.backward.push_back(sp.backward_seconds);
     // I and W are actions of their own, each with the runtime's cost.
-    all_split_measured = all_split_measured && split_measured;
     costs.input.push_back(input + p.action_overhead_seconds);
     costs.weight.push_back(weight + p.action_overhead_seconds);
     plan.predicted.push_back(sp);
   }
-  if (!all_split_measured) costs.input.clear(), costs.weight.clear();  // half the backward each
+  if (!split_measured) costs.input.clear(), costs.weight.clear();
   // Workers that share the profiled CPU wait for its cores.
   bool shared_cpu = p.cores > 0;
   for (const auto& spec : stages.stages) shared_cpu = shared_cpu && spec.device.is_cpu();
