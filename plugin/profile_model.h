@@ -30,4 +30,11 @@ ModelProfile profile_model(const torch::nn::Sequential& model, const at::Tensor&
 // 2 (M + K - 1) actions on its critical path.
 double measure_action_overhead(const c10::Device& device);
 
+// The runtime's time per action when the workers outnumber `profile`'s cores
+// (ModelProfile::crowded_action_overhead_seconds): a 1F1B step of cores + 2
+// workers, each computing Linear layers, measured, and the overhead per
+// action that makes the planner's prediction from `profile`'s slowdown meet
+// it (at least action_overhead_seconds). Needs profile.cores and slowdown.
+double measure_crowded_overhead(const ModelProfile& profile);
+
 }  // namespace conveyor

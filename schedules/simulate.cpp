@@ -17,6 +17,12 @@ StageCosts StageCosts::uniform(int num_stages, double forward, double backward, 
   return costs;
 }
 
+double StageCosts::slowdown_at(int n) const {
+  if (slowdown.empty() || n <= 0) return 1.0;
+  const int measured = static_cast<int>(slowdown.size());
+  return n <= measured ? slowdown[n - 1] : slowdown.back() * n / measured;
+}
+
 namespace {
 
 // Finished-time keys: (stage, what, micro-batch). 'F': the forward's output is
@@ -24,137 +30,234 @@ namespace {
 // ended (its W may start).
 using Key = std::tuple<int, char, int>;
 
-}  // namespace
-
-Simulation simulate(const Schedule& s, const StageCosts& costs) {
-  const int num = s.num_stages, workers = s.num_workers();
-  if (static_cast<int>(costs.forward.size()) != num || static_cast<int>(costs.backward.size()) != num) {
-    throw ScheduleError("simulate: costs are given for " + std::to_string(costs.forward.size()) + " forward and " +
-                        std::to_string(costs.backward.size()) + " backward stages, the schedule has " +
-                        std::to_string(num));
+// What both ways of running the lines share: when an action's input is ready,
+// what it costs, and what its end records.
+class Engine {
+ public:
+  Engine(const Schedule& s, const StageCosts& costs) : s_(s), costs_(costs) {
+    const int num = s.num_stages, workers = s.num_workers();
+    if (static_cast<int>(costs.forward.size()) != num || static_cast<int>(costs.backward.size()) != num) {
+      throw ScheduleError("simulate: costs are given for " + std::to_string(costs.forward.size()) + " forward and " +
+                          std::to_string(costs.backward.size()) + " backward stages, the schedule has " +
+                          std::to_string(num));
+    }
+    pc_.assign(workers, 0);
+    free_at_.assign(workers, 0.0);
+    barriers_passed_.assign(workers, 0);
+    sim_.busy.assign(workers, 0.0);
+    sim_.stage_busy.assign(num, 0.0);
+    sim_.peak_inflight.assign(num, 0);
+    sim_.timeline.resize(workers);
+    inflight_.assign(num, 0);
+    remaining_ = s.num_actions();
   }
-  std::map<Key, double> finished;
-  std::vector<size_t> pc(workers, 0);
-  std::vector<double> free_at(workers, 0.0);
-  Simulation sim;
-  sim.busy.assign(workers, 0.0);
-  sim.stage_busy.assign(num, 0.0);
-  sim.peak_inflight.assign(num, 0);
-  sim.timeline.resize(workers);
-  std::vector<int> inflight(num, 0);
+
+  int workers() const { return s_.num_workers(); }
+  bool has_next(int w) const { return pc_[w] < s_.workers[w].size() && !at_barrier(w); }
+  const Action& next(int w) const { return s_.workers[w][pc_[w]]; }
+  double free_at(int w) const { return free_at_[w]; }
+  bool done() const { return remaining_ == 0 && !barrier_ahead(); }
 
   // Ready time of an action's input, or a negative value if not yet known.
-  const auto ready = [&](const Action& a) -> double {
+  double ready(const Action& a) const {
     const auto at = [&](const Key& key, double plus) {
-      const auto it = finished.find(key);
-      return it == finished.end() ? -1.0 : it->second + plus;
+      const auto it = finished_.find(key);
+      return it == finished_.end() ? -1.0 : it->second + plus;
     };
     if (a.kind == ActionKind::kWeight) return at({a.stage, 'I', a.microbatch}, 0.0);
     const bool fwd = a.kind == ActionKind::kForward;
     const int from = fwd ? a.stage - 1 : a.stage + 1;
-    if (from < 0 || from >= num) {
+    if (from < 0 || from >= s_.num_stages) {
       if (fwd) return 0.0;
       return at({a.stage, 'F', a.microbatch}, 0.0);  // the loss: after our own forward
     }
-    return at({from, fwd ? 'F' : 'G', a.microbatch}, costs.transfer_after(std::min(from, a.stage)));
-  };
-  const auto cost = [&](const Action& a) {
+    return at({from, fwd ? 'F' : 'G', a.microbatch}, costs_.transfer_after(std::min(from, a.stage)));
+  }
+
+  double cost(const Action& a) const {
     const int k = a.stage;
-    const double replay = replays_forward(s.stash) ? costs.forward[k] : 0.0;
+    const double replay = replays_forward(s_.stash) ? costs_.forward[k] : 0.0;
     switch (a.kind) {
       case ActionKind::kForward:
-        return costs.forward[k];
+        return costs_.forward[k];
       case ActionKind::kBackward:
-        return costs.backward[k] + replay;
+        return costs_.backward[k] + replay;
       case ActionKind::kBackwardInput:
-        return costs.input_of(k) + replay;
+        return costs_.input_of(k) + replay;
       case ActionKind::kWeight:
-        return costs.weight_of(k);
+        return costs_.weight_of(k);
     }
     return 0.0;
-  };
+  }
 
-  std::vector<size_t> barriers_passed(workers, 0);
-  const auto at_barrier = [&](int w) {
-    return !s.barriers.empty() && barriers_passed[w] < s.barriers[w].size() &&
-           s.barriers[w][barriers_passed[w]] == pc[w];
-  };
-  // Actions run in the order they can start (their worker free and their
-  // input arrived), so that shared cores go to the earliest; without shared
-  // cores every start is the same in any order.
-  std::vector<double> core_free(static_cast<size_t>(std::max(0, costs.cores)), 0.0);
-  size_t remaining = s.num_actions();
-  while (remaining > 0 || (!s.barriers.empty() && barriers_passed[0] < s.barriers[0].size())) {
-    bool all_at_barrier = !s.barriers.empty();
-    for (int w = 0; w < workers; ++w) all_at_barrier = all_at_barrier && at_barrier(w);
-    if (all_at_barrier) {
-      const double release = *std::max_element(free_at.begin(), free_at.end());
-      for (int w = 0; w < workers; ++w) {
-        free_at[w] = release;
-        ++barriers_passed[w];
-      }
-      continue;
+  // Worker w's next action ran from start to end.
+  void finish(int w, double start, double end) {
+    const Action& a = next(w);
+    const int k = a.stage;
+    switch (a.kind) {
+      case ActionKind::kForward:
+        finished_[{k, 'F', a.microbatch}] = end;
+        ++inflight_[k];
+        break;
+      case ActionKind::kBackwardInput:
+        finished_[{k, 'I', a.microbatch}] = end;
+        finished_[{k, 'G', a.microbatch}] = end;
+        break;
+      case ActionKind::kBackward:
+        finished_[{k, 'G', a.microbatch}] = end;
+        --inflight_[k];
+        break;
+      case ActionKind::kWeight:
+        --inflight_[k];
+        break;
     }
+    free_at_[w] = end;
+    sim_.busy[w] += end - start;
+    sim_.stage_busy[k] += end - start;
+    sim_.timeline[w].push_back({a, start, end});
+    sim_.peak_inflight[k] = std::max(sim_.peak_inflight[k], inflight_[k]);
+    ++pc_[w];
+    --remaining_;
+  }
+
+  // Every worker waits at a lock-step barrier: all pass it when the last is
+  // free (true), or not all of them are there (false).
+  bool pass_barrier() {
+    bool all = !s_.barriers.empty();
+    for (int w = 0; w < workers(); ++w) all = all && at_barrier(w);
+    if (!all) return false;
+    const double release = *std::max_element(free_at_.begin(), free_at_.end());
+    for (int w = 0; w < workers(); ++w) {
+      free_at_[w] = release;
+      ++barriers_passed_[w];
+    }
+    return true;
+  }
+
+  [[noreturn]] void stuck() const {
+    for (int w = 0; w < workers(); ++w) {
+      if (has_next(w)) {
+        throw ScheduleError("simulate: " + std::string(s_.has_virtual_stages() ? "worker " : "stage ") +
+                            std::to_string(w) + " waits forever at " + next(w).str() +
+                            ": the action it depends on never runs first");
+      }
+    }
+    throw ScheduleError("simulate: the stages never all meet at a barrier");
+  }
+
+  Simulation result() {
+    sim_.makespan = *std::max_element(free_at_.begin(), free_at_.end());
+    double busy = 0;
+    for (double b : sim_.busy) busy += b;
+    sim_.bubble_fraction = sim_.makespan > 0 ? 1.0 - busy / (workers() * sim_.makespan) : 0.0;
+    return std::move(sim_);
+  }
+
+ private:
+  bool at_barrier(int w) const {
+    return !s_.barriers.empty() && barriers_passed_[w] < s_.barriers[w].size() &&
+           s_.barriers[w][barriers_passed_[w]] == pc_[w];
+  }
+  bool barrier_ahead() const { return !s_.barriers.empty() && barriers_passed_[0] < s_.barriers[0].size(); }
+
+  const Schedule& s_;
+  const StageCosts& costs_;
+  std::map<Key, double> finished_;
+  std::vector<size_t> pc_, barriers_passed_;
+  std::vector<double> free_at_;
+  std::vector<int> inflight_;
+  size_t remaining_ = 0;
+  Simulation sim_;
+};
+
+// Each action runs alone on its worker's device (or waits for one of
+// `cores`): actions are taken in the order they can start (their worker free
+// and their input arrived), so that shared cores go to the earliest; without
+// shared cores every start is the same in any order.
+Simulation run_in_turn(Engine& e, int cores) {
+  std::vector<double> core_free(static_cast<size_t>(std::max(0, cores)), 0.0);
+  while (!e.done()) {
+    if (e.pass_barrier()) continue;
     int next = -1;
     double earliest = 0;
-    for (int w = 0; w < workers; ++w) {
-      if (pc[w] >= s.workers[w].size() || at_barrier(w)) continue;
-      const double input = ready(s.workers[w][pc[w]]);
+    for (int w = 0; w < e.workers(); ++w) {
+      if (!e.has_next(w)) continue;
+      const double input = e.ready(e.next(w));
       if (input < 0) continue;
-      const double can_start = std::max(free_at[w], input);
+      const double can_start = std::max(e.free_at(w), input);
       if (next < 0 || can_start < earliest) next = w, earliest = can_start;
     }
-    if (next < 0) {
-      for (int w = 0; w < workers; ++w) {
-        if (pc[w] < s.workers[w].size() && !at_barrier(w)) {
-          throw ScheduleError("simulate: " + std::string(s.has_virtual_stages() ? "worker " : "stage ") +
-                              std::to_string(w) + " waits forever at " + s.workers[w][pc[w]].str() +
-                              ": the action it depends on never runs first");
-        }
-      }
-      throw ScheduleError("simulate: the stages never all meet at a barrier");
-    }
-    const int w = next;
-    const Action& a = s.workers[w][pc[w]];
-    const int k = a.stage;
+    if (next < 0) e.stuck();
     double start = earliest;
     auto core = core_free.end();
     if (!core_free.empty()) {
       core = std::min_element(core_free.begin(), core_free.end());
       start = std::max(start, *core);
     }
-    const double end = start + cost(a);
+    const double end = start + e.cost(e.next(next));
     if (core != core_free.end()) *core = end;
-    switch (a.kind) {
-      case ActionKind::kForward:
-        finished[{k, 'F', a.microbatch}] = end;
-        ++inflight[k];
-        break;
-      case ActionKind::kBackwardInput:
-        finished[{k, 'I', a.microbatch}] = end;
-        finished[{k, 'G', a.microbatch}] = end;
-        break;
-      case ActionKind::kBackward:
-        finished[{k, 'G', a.microbatch}] = end;
-        --inflight[k];
-        break;
-      case ActionKind::kWeight:
-        --inflight[k];
-        break;
-    }
-    free_at[w] = end;
-    sim.busy[w] += end - start;
-    sim.stage_busy[k] += end - start;
-    sim.timeline[w].push_back({a, start, end});
-    sim.peak_inflight[k] = std::max(sim.peak_inflight[k], inflight[k]);
-    ++pc[w];
-    --remaining;
+    e.finish(next, start, end);
   }
-  sim.makespan = *std::max_element(free_at.begin(), free_at.end());
-  double busy = 0;
-  for (double b : sim.busy) busy += b;
-  sim.bubble_fraction = sim.makespan > 0 ? 1.0 - busy / (workers * sim.makespan) : 0.0;
-  return sim;
+  return e.result();
+}
+
+// Actions share the CPU: time advances from event to event (an action
+// starts, an input arrives, an action ends), and between two events every
+// running action does 1 / slowdown(n) seconds of its work per second.
+Simulation run_sharing(Engine& e, const StageCosts& costs) {
+  struct Running {
+    double start = 0, left = 0;  // left: seconds of work alone
+  };
+  std::vector<Running> running(e.workers());
+  std::vector<bool> busy(e.workers(), false);
+  double now = 0;
+  while (!e.done()) {
+    int n = 0;
+    for (int w = 0; w < e.workers(); ++w) n += busy[w];
+    if (n == 0 && e.pass_barrier()) continue;
+    double arrival = -1;  // the next input to arrive for an idle worker
+    for (int w = 0; w < e.workers(); ++w) {
+      if (busy[w] || !e.has_next(w)) continue;
+      const double input = e.ready(e.next(w));
+      if (input < 0) continue;
+      if (input <= now) {
+        running[w] = {now, e.cost(e.next(w))};
+        busy[w] = true;
+        ++n;
+      } else if (arrival < 0 || input < arrival) {
+        arrival = input;
+      }
+    }
+    if (n == 0) {
+      if (arrival < 0) e.stuck();
+      now = arrival;
+      continue;
+    }
+    const double factor = costs.slowdown_at(n);
+    int first = -1;
+    for (int w = 0; w < e.workers(); ++w) {
+      if (busy[w] && (first < 0 || running[w].left < running[first].left)) first = w;
+    }
+    double step = running[first].left * factor;
+    if (arrival >= 0 && arrival - now < step) step = arrival - now, first = -1;
+    now += step;
+    for (int w = 0; w < e.workers(); ++w) {
+      if (!busy[w]) continue;
+      running[w].left -= step / factor;
+      if (w == first || running[w].left <= 1e-12 * (now - running[w].start)) {
+        e.finish(w, running[w].start, now);
+        busy[w] = false;
+      }
+    }
+  }
+  return e.result();
+}
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const StageCosts& costs) {
+  Engine engine(s, costs);
+  return costs.slowdown.empty() ? run_in_turn(engine, costs.cores) : run_sharing(engine, costs);
 }
 
 }  // namespace conveyor::schedules

@@ -8,7 +8,8 @@
 // backward costs its I and W (by default backward - weight and weight). At a lock-step barrier
 // every worker waits for the slowest. With StageCosts::cores, actions also
 // wait for a free core, taken in the order they become ready (the earliest
-// start first). Channels are taken as unbounded:
+// start first); with StageCosts::slowdown they share the CPU instead, each
+// running slower while others run. Channels are taken as unbounded:
 // validate() is what checks blocking. Feed measured per-stage costs and link
 // times to predict multi-device runs.
 
@@ -37,6 +38,12 @@ struct StageCosts {
   // run at once, a ready action waiting for the first core free. 0: every
   // worker has a device of its own.
   int cores = 0;
+  // Workers that share one CPU, measured: slowdown[n - 1] is how much longer
+  // an action takes while n actions run at once (slowdown[0] = 1 alone; past
+  // the end, the last entry grows in proportion to n). Every running action
+  // progresses at 1 / slowdown[n - 1] of its speed alone, so an action that
+  // starts or ends changes how fast the others go. Given, it replaces `cores`.
+  std::vector<double> slowdown;
 
   double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
   double weight_of(int k) const { return k < static_cast<int>(weight.size()) ? weight[k] : backward[k] / 2; }
@@ -44,6 +51,8 @@ struct StageCosts {
 
   // The same forward and backward cost on every stage.
   static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);
+  // slowdown's factor for n actions running at once (1 without a slowdown).
+  double slowdown_at(int n) const;
 };
 
 struct ActionTiming {

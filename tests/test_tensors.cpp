@@ -179,7 +179,10 @@ TEST(TensorsExactness, EncoderDecoderWhoseMemoryCrossesStages) {
         torch::manual_seed(static_cast<int64_t>(cut.size() * 100 + cut[0] * 10 + m));
         const at::Tensor source = torch::randint(kV, {6, 5}), target = torch::randint(kV, {6, 4});
         std::string name = "cut";
-        for (int64_t b : cut) name += " " + std::to_string(b);
+        for (int64_t b : cut) {
+          name += ' ';
+          name += std::to_string(b);
+        }
         check_exact(make_seq2seq(), {source, target}, {torch::randint(kV, {6, 4})}, lm_loss_of_first,
                     PipelineOptions().boundaries(cut).microbatches(m).schedule(schedule), where_of(schedule, name, m));
       }

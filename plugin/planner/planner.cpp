@@ -110,6 +110,13 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   const std::vector<int64_t> sizes = schedules::microbatch_sizes(batch, s.num_microbatches);
   const double n = static_cast<double>(batch) / s.num_microbatches;
   const double scale = n / static_cast<double>(p.batch_size);
+  // Workers that share the profiled CPU share its cores: slower while others
+  // run, as measured, or (not measured) waiting for a free core; crowded
+  // beyond the cores, each action pays a crowded worker's overhead.
+  bool shared_cpu = p.cores > 0;
+  for (const auto& spec : stages.stages) shared_cpu = shared_cpu && spec.device.is_cpu();
+  const bool crowded = shared_cpu && s.num_workers() > p.cores && p.crowded_action_overhead_seconds > 0;
+  const double overhead = crowded ? p.crowded_action_overhead_seconds : p.action_overhead_seconds;
   schedules::StageCosts costs;
   bool split_measured = true;  // every layer's I and W (else half the backward each)
   for (int k = 0; k < num; ++k) {
@@ -136,8 +143,8 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
       costs.transfers.push_back(sp.transfer_seconds);
     }
     predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
-    sp.forward_seconds += p.action_overhead_seconds;
-    sp.backward_seconds += p.action_overhead_seconds;
+    sp.forward_seconds += overhead;
+    sp.backward_seconds += overhead;
     if (s.step_per_microbatch) {
       sp.backward_seconds += sp.update_seconds;  // each backward is followed by the stage's step
     } else {
@@ -146,15 +153,16 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     costs.forward.push_back(sp.forward_seconds);
     costs.backward.push_back(sp.backward_seconds);
     // I and W are actions of their own, each with the runtime's cost.
-    costs.input.push_back(input + p.action_overhead_seconds);
-    costs.weight.push_back(weight + p.action_overhead_seconds);
+    costs.input.push_back(input + overhead);
+    costs.weight.push_back(weight + overhead);
     plan.predicted.push_back(sp);
   }
   if (!split_measured) costs.input.clear(), costs.weight.clear();
-  // Workers that share the profiled CPU wait for its cores.
-  bool shared_cpu = p.cores > 0;
-  for (const auto& spec : stages.stages) shared_cpu = shared_cpu && spec.device.is_cpu();
-  if (shared_cpu && s.num_workers() > p.cores) costs.cores = p.cores;
+  if (shared_cpu && s.num_workers() > 1 && !p.slowdown.empty()) {
+    costs.slowdown = p.slowdown;
+  } else if (shared_cpu && s.num_workers() > p.cores) {
+    costs.cores = p.cores;
+  }
   plan.simulation = schedules::simulate(s, costs);
 
   double slowest_stage = 0, model = 0, slowest_layer = 0;

@@ -1,5 +1,7 @@
 #include "plugin/planner/profile.h"
+#include "plugin/planner/cpu_sharing.h"
 #include "plugin/planner/device_timing.h"
+#include "plugin/planner/in_order.h"
 
 #include "plugin/errors.h"
 #include "plugin/model/stage.h"
@@ -219,6 +221,26 @@ std::vector<Times> profile_at(const std::vector<std::shared_ptr<Stage>>& layers,
     if (r >= o.warmup()) fwd.push_back(f), bwd.push_back(b);
   }
   loss = {median(fwd), median(bwd)};
+
+  // As a stage runs them, in order, the layers load their weights after the
+  // others': each forward as timed within the pass, the backwards scaled by
+  // the whole backward over the sum of its parts timed alone.
+  planner_detail::InOrderTimes in_order;
+  {
+    CoRunners others(o.sharing_stages() - 1, [&] {
+      Tensors y = inputs;
+      for (const auto& layer : layers) y = layer->forward(y);
+    });
+    in_order = planner_detail::time_in_order(layers, inputs, targets, loss_fn, device, o.warmup(), o.repeats());
+  }
+  double parts = loss.backward;
+  for (const Times& t : times) parts += t.backward;
+  const double scale = parts > 0 && in_order.backward > 0 ? in_order.backward / parts : 1.0;
+  for (size_t i = 0; i < times.size(); ++i) {
+    times[i].forward = in_order.forward[i];
+    times[i].backward *= scale, times[i].input *= scale, times[i].weight *= scale;
+  }
+  loss.backward *= scale;
   return times;
 }
 
@@ -249,6 +271,14 @@ std::string ModelProfile::str() const {
      << link.latency_seconds * 1e6 << " us";
   if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
   if (cores > 0) os << "; " << cores << " workers compute at once";
+  if (slowdown.size() > 1) {
+    os << ", each slower by";
+    for (size_t n = 1; n < slowdown.size(); ++n) {
+      os << (n > 1 ? ", " : " ") << "x" << slowdown[n] << " (" << n + 1 << ")";
+    }
+  }
+  os << "; runtime " << action_overhead_seconds * 1e3 << " ms an action";
+  if (crowded_action_overhead_seconds > 0) os << ", " << crowded_action_overhead_seconds * 1e3 << " ms beyond the cores";
   os << "\n  layer                                                          fwd ms   bwd ms  (I ms    W ms)   out KiB  "
         "weights KiB\n";
   for (const LayerProfile& l : layers) {
@@ -327,6 +357,8 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
   profile.link = measure_link(device, next);
   if (device.is_cpu() && o.count_cores()) {
     profile.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    profile.slowdown = planner_detail::measure_slowdown([&] { planner_detail::whole_step(layers, in, tgt, loss_fn); },
+                                                        profile.cores + 2, o.repeats());
   }
   return profile;
 }

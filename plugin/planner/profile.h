@@ -70,6 +70,18 @@ struct ModelProfile {
   // outnumber them makes them wait for a core (StageCosts::cores). 0: not
   // counted, or an accelerator (a device per worker).
   int cores = 0;
+  // Measured with `cores`: slowdown[n - 1] is how much longer the model's
+  // work takes on each of n threads running it at once than alone, n = 1 ..
+  // cores + 2 (StageCosts::slowdown). Plans of workers on this CPU are priced
+  // as sharing it: an action runs slower while others run, at full speed
+  // while the other workers wait. Empty: not measured (then `cores` alone
+  // makes workers beyond the cores wait their turn).
+  std::vector<double> slowdown;
+  // Measured with `slowdown` by profile_model: the runtime's time per action
+  // when a CPU's workers outnumber its cores (a worker woken for its next
+  // action may wait for one), in place of action_overhead_seconds for such
+  // plans. 0: not measured.
+  double crowded_action_overhead_seconds = 0;
 
   // Times and bytes scaled to a micro-batch of n samples.
   double forward_seconds(size_t layer, double n) const;
@@ -106,10 +118,10 @@ struct ProfileOptions {
   // asynchronous schedule pays after every backward, and a pipeline that
   // steps its own optimizer once a step (plugin/planner/planner.h).
   TORCH_ARG(OptimizerFactory, optimizer) = nullptr;
-  // Record the CPU's cores (ModelProfile::cores), so that plans with more
-  // workers than cores are priced as taking turns. Off by default: on a
-  // 2-core machine it over-priced 3 and 4 workers of the LSTM model, whose
-  // idle stages left the cores to the busy one (benchmarks/results/growth.md).
+  // Record the CPU's cores (ModelProfile::cores) and measure how workers
+  // computing at once slow each other (ModelProfile::slowdown: the model's
+  // forward and backward on 1 .. cores + 2 threads at once), so that plans
+  // whose workers share this CPU are priced as sharing it.
   TORCH_ARG(bool, count_cores) = false;
 };
 

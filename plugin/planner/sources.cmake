@@ -3,6 +3,8 @@
 # support/, trace/ and the public types, never the runtime or pipeline.h.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/balance_time.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_sharing.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/in_order.cpp
   ${CMAKE_CURRENT_LIST_DIR}/link_profile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/partition.cpp
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp

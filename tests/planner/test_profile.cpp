@@ -7,9 +7,11 @@
 #include "plugin/planner/profile.h"
 #include "plugin/trace/timeline.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <unistd.h>
 
 namespace conveyor {
@@ -93,6 +95,27 @@ TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
 
 // A CPU profile knows how many workers compute at once; a plan with more
 // workers than that on the CPU makes them take turns.
+// Each layer's forward is the time it takes within a pass through the model
+// in order, as a stage runs it (weights loaded after the other layers'), not
+// only alone: a layer that waits 3 ms is charged its 3 ms, and its neighbours
+// are not.
+TEST(Profile, LayersAreTimedWhereTheyRunInOrder) {
+  torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Functional([](const at::Tensor& x) {
+                                std::this_thread::sleep_for(std::chrono::milliseconds(3));
+                                return x * 2;
+                              }),
+                              torch::nn::Linear(8, 3));
+  model->to(torch::kFloat64);
+  const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
+  const ModelProfile p =
+      profile_model(model, x, y, testing::mse, ProfileOptions().warmup(1).repeats(3).two_sizes(false));
+  ASSERT_EQ(p.layers.size(), 3u);
+  EXPECT_GE(p.layers[1].forward_seconds, 0.003);
+  EXPECT_LT(p.layers[0].forward_seconds, p.layers[1].forward_seconds);
+  EXPECT_LT(p.layers[2].forward_seconds, p.layers[1].forward_seconds);
+  for (const auto& param : model->parameters()) EXPECT_FALSE(param.grad().defined());  // the passes left no gradient
+}
+
 TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   auto mlp = testing::make_mlp();
   const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
@@ -100,6 +123,17 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   EXPECT_GE(p.cores, 1);
   EXPECT_EQ(profile_model(mlp, x.narrow(0, 0, 2), y.narrow(0, 0, 2), testing::mse, quick()).cores, 0);
   EXPECT_THAT(p.str(), HasSubstr("workers compute at once"));
+  // Measured too: how much longer each of n threads takes, n = 1 .. cores + 2.
+  ASSERT_EQ(p.slowdown.size(), static_cast<size_t>(p.cores + 2));
+  EXPECT_EQ(p.slowdown[0], 1.0);
+  for (size_t n = 1; n < p.slowdown.size(); ++n) EXPECT_GE(p.slowdown[n], p.slowdown[n - 1]);
+  EXPECT_THAT(p.str(), HasSubstr("each slower by"));
+  // And the runtime's cost per action when the workers outnumber the cores.
+  EXPECT_GE(p.crowded_action_overhead_seconds, p.action_overhead_seconds);
+  const std::vector<double> slowdown = p.slowdown;
+  const double crowded = p.crowded_action_overhead_seconds;
+  p.slowdown.clear();  // first the cores alone: a worker waits for a free one
+  p.crowded_action_overhead_seconds = 0;
   const auto options = [&](int cores) {
     p.cores = cores;
     return PipelineOptions().workers(2).microbatches(4).schedule("1f1b").boundaries({4}).profile(
@@ -113,6 +147,25 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   EXPECT_GE(shared.step_seconds(), work * (1 - 1e-12));
   EXPECT_LE(shared.step_seconds(), work + 2 * 4 * own.predicted[0].transfer_seconds + 1e-12);
   EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());  // a core each
+  // Crowded (2 workers, 1 core), each of the 16 actions pays the crowded
+  // overhead in place of the plain one; with a core each, none does.
+  p.crowded_action_overhead_seconds = p.action_overhead_seconds + 1e-3;
+  EXPECT_GE(make_plan(mlp, options(1), 8).step_seconds(), shared.step_seconds() + 16e-3 - 1e-9);
+  EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());
+  p.crowded_action_overhead_seconds = crowded;
+
+  // With the slowdown the workers share the CPU: two at once each at half
+  // speed is one core's work, end to end; at full speed, the plan's own.
+  p.slowdown = {1.0, 2.0};
+  const Plan halved = make_plan(mlp, options(2), 8);
+  EXPECT_GE(halved.step_seconds(), work * (1 - 1e-12));
+  EXPECT_LE(halved.step_seconds(), work + 2 * 4 * own.predicted[0].transfer_seconds + 1e-12);
+  p.slowdown = {1.0, 1.0};
+  EXPECT_NEAR(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds(), 1e-12);
+  p.slowdown = slowdown;  // as measured, a core each: between the two
+  const double measured = make_plan(mlp, options(2), 8).step_seconds();
+  EXPECT_GE(measured, own.step_seconds() * (1 - 1e-12));
+  EXPECT_LE(measured, own.step_seconds() * slowdown[1] * (1 + 1e-12));
 }
 
 // The backward split as zero-bubble schedules run it is measured per layer

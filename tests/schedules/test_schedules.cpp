@@ -191,7 +191,7 @@ TEST(Simulate, SequentialRunsOneMicrobatchAtATime) {
 TEST(Simulate, TransferTimeAndUnequalStagesShowInTheMakespan) {
   // Two stages, one micro-batch: F0 on stage 0 (1), transfer (0.5), F0 on
   // stage 1 (3), B0 on stage 1 (4), transfer, B0 on stage 0 (2).
-  const Simulation sim = simulate(make_gpipe(2, 1), StageCosts{{1, 3}, {2, 4}, 0.5, {}, {}, {}});
+  const Simulation sim = simulate(make_gpipe(2, 1), StageCosts{{1, 3}, {2, 4}, 0.5, {}, {}, {}, 0, {}});
   EXPECT_DOUBLE_EQ(sim.makespan, 1 + 0.5 + 3 + 4 + 0.5 + 2);
   EXPECT_DOUBLE_EQ(sim.busy[1], 7);
   ASSERT_EQ(sim.timeline[0].size(), 2u);

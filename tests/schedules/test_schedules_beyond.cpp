@@ -277,4 +277,49 @@ TEST(SharedCores, ActionsWaitForAFreeCore) {
   for (const auto& [at, delta] : events) EXPECT_LE(running += delta, 2) << "at " << at;
 }
 
+// Workers sharing a CPU as measured: while n actions run, each goes
+// 1 / slowdown[n - 1] as fast. Twice as slow for two at once is one core's
+// work end to end; no slowdown is no sharing; in between, every action at
+// most that much slower, so the step too.
+TEST(SharedCores, ActionsRunSlowerWhileOthersRun) {
+  for (const char* name : {"gpipe", "1f1b", "eager-1f1b", "zb-h1", "interleaved"}) {
+    for (int k = 2; k <= 4; ++k) {
+      for (int m : {1, 4, 8}) {
+        if (std::string(name) == "interleaved" && m % k != 0) continue;  // whole rounds of K
+        const Schedule s = make_schedule(name, k, m);
+        const std::string where = std::string(name) + " K=" + std::to_string(k) + " M=" + std::to_string(m);
+        StageCosts costs = StageCosts::uniform(s.num_stages, 1, 2);
+        const Simulation free = simulate(s, costs);
+        double work = 0;
+        for (double b : free.busy) work += b;
+        costs.slowdown = {1.0};  // one core, time-sliced
+        EXPECT_NEAR(simulate(s, costs).makespan, work, 1e-9) << where;
+        costs.slowdown.assign(k, 1.0);
+        EXPECT_NEAR(simulate(s, costs).makespan, free.makespan, 1e-9) << where;
+        costs.slowdown.assign(k, 1.25);  // at most 1.25 x slower, however many run
+        costs.slowdown[0] = 1.0;
+        const Simulation shared = simulate(s, costs);
+        EXPECT_GE(shared.makespan, free.makespan - 1e-9) << where;
+        EXPECT_LE(shared.makespan, 1.25 * free.makespan + 1e-9) << where;
+        // Two cores, each of two 1.25 x slower: past two, n at once share them.
+        costs.slowdown = {1.0, 1.25};
+        EXPECT_GE(simulate(s, costs).makespan, work / 1.6 - 1e-9) << where;
+        // Each action takes its cost alone, longer while others run.
+        for (const auto& line : shared.timeline) {
+          for (const auto& t : line) EXPECT_GE(t.end - t.start, 1.0 - 1e-9) << where << " " << t.action.str();
+        }
+      }
+    }
+  }
+  // The factor applies only while both run: F0 on stage 0 runs alone, then
+  // F1 on stage 0 and F0 on stage 1 run together, each at 2/3 of its speed.
+  StageCosts costs = StageCosts::uniform(2, 1, 2);
+  costs.slowdown = {1.0, 1.5};
+  const Simulation sim = simulate(make_gpipe(2, 2), costs);
+  // F0 [0, 1) alone; F1 on stage 0 and F0 on stage 1 from 1, each at 2/3: both end at 2.5.
+  ASSERT_GE(sim.timeline[0].size(), 2u);
+  EXPECT_NEAR(sim.timeline[0][1].end, 2.5, 1e-12);
+  EXPECT_NEAR(sim.timeline[1][0].end, 2.5, 1e-12);
+}
+
 }  // namespace conveyor::schedules
