@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@ struct Measured {
   PlanChoice choice;
   std::unique_ptr<Pipeline> pipe;
   std::vector<double> wall;
+  double predicted = 0, predicted_shared = 0;  // ms: each worker a device of its own; sharing the CPU
   double ms() const { return median(wall) * 1e3; }
 };
 
@@ -58,7 +60,7 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 struct Tally {
   int cells = 0, within = 0, within_cores = 0;
-  int plans = 0, predicted_within = 0;
+  int plans = 0, predicted_within = 0, shared_within = 0;
 };
 
 void run_model(const std::string& kind, int64_t batch, int steps, int sharing, Tally& tally) {
@@ -117,6 +119,9 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
   }
   std::fprintf(stderr, "%s: building %zu pipelines\n", kind.c_str(), plans.size());
   for (auto& [key, m] : plans) {
+    m.predicted = make_plan(reference, m.choice.options(base), batch).step_seconds() * 1e3;
+    m.predicted_shared =
+        make_plan(reference, m.choice.options(PipelineOptions().profile(with_cores)), batch).step_seconds() * 1e3;
     torch::manual_seed(0);
     m.pipe = std::make_unique<Pipeline>(make_model(kind), m.choice.options(base));
     m.pipe->train_step(x, y, loss);  // warm-up
@@ -129,21 +134,46 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
     }
   }
 
-  int predicted_within = 0;
-  std::vector<double> errors;
+  // The fastest of hundreds of noisy medians is biased low (the winner's
+  // curse): the plans that decide a cell (its choices and its three fastest)
+  // take turns for three times as many steps again, and their medians are
+  // of all their steps.
+  std::set<std::string> deciding;
+  for (const Cell& cell : cells) {
+    std::vector<std::string> fits = cell.fits;
+    std::sort(fits.begin(), fits.end(),
+              [&](const auto& a, const auto& b) { return plans.at(a).ms() < plans.at(b).ms(); });
+    for (size_t i = 0; i < fits.size() && i < 3; ++i) deciding.insert(fits[i]);
+    deciding.insert(cell.chosen);
+    deciding.insert(cell.chosen_cores);
+  }
+  for (int s = 0; s < 3 * steps; ++s) {
+    for (const std::string& key : deciding) {
+      Measured& m = plans.at(key);
+      m.wall.push_back(m.pipe->train_step(x, y, loss).wall_seconds);
+      for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();
+    }
+  }
+  std::fprintf(stderr, "%s: %zu deciding plans measured again\n", kind.c_str(), deciding.size());
+
+  int predicted_within = 0, shared_within = 0;
+  std::vector<double> errors, shared_errors;
   for (const auto& [key, m] : plans) {
-    const double error = m.choice.plan.step_seconds() * 1e3 / m.ms() - 1;
-    errors.push_back(std::abs(error));
-    predicted_within += std::abs(error) <= 0.10;
+    errors.push_back(std::abs(m.predicted / m.ms() - 1));
+    shared_errors.push_back(std::abs(m.predicted_shared / m.ms() - 1));
+    predicted_within += errors.back() <= 0.10;
+    shared_within += shared_errors.back() <= 0.10;
   }
   tally.plans += static_cast<int>(plans.size());
   tally.predicted_within += predicted_within;
+  tally.shared_within += shared_within;
   std::printf("\n### %s, batch %lld: %zu distinct plans measured\n\nPredicted step within 10 %% of the measured one "
-              "for %d of %zu plans (median |error| %.1f %%).\n\n",
+              "for %d of %zu plans (median |error| %.1f %%) taking each worker as a device; %d (median %.1f %%) "
+              "with the CPU's sharing counted.\n\n",
               kind.c_str(), static_cast<long long>(batch), plans.size(), predicted_within, plans.size(),
-              100 * median(errors));
+              100 * median(errors), shared_within, 100 * median(shared_errors));
   std::printf("| workers <= | budget MiB | plans that fit | planner's choice | predicted ms | measured ms | x best "
-              "| choice, cores counted | measured ms | x best | best measured | ms |\n"
+              "| choice, CPU sharing counted | measured ms | x best | best measured | ms |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cell& cell : cells) {
     const auto best = std::min_element(cell.fits.begin(), cell.fits.end(), [&](const auto& a, const auto& b) {
@@ -156,7 +186,7 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
     tally.within_cores += ratio_cores <= 1.05;
     std::printf("| %d | %s | %zu | %s | %.1f | %.1f | %.3f | %s | %.1f | %.3f | %s | %.1f |\n", cell.devices,
                 cell.budget ? std::to_string(static_cast<int>(std::lround(mib(cell.budget)))).c_str() : "none",
-                cell.fits.size(), c.choice.describe().c_str(), c.choice.plan.step_seconds() * 1e3, c.ms(), ratio,
+                cell.fits.size(), c.choice.describe().c_str(), c.predicted, c.ms(), ratio,
                 cell.chosen_cores == cell.chosen ? "same" : cc.choice.describe().c_str(), cc.ms(), ratio_cores,
                 b.choice.describe().c_str(), b.ms());
   }
@@ -164,12 +194,14 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
   for (const auto& [key, m] : plans) fastest.push_back(&m);
   std::sort(fastest.begin(), fastest.end(), [](const Measured* a, const Measured* b) { return a->ms() < b->ms(); });
   std::printf("\nThe eight fastest measured plans, and the planner's choice without a budget:\n\n"
-              "| plan | predicted ms | measured ms | error |\n|---|---|---|---|\n");
+              "| plan | predicted ms | measured ms | error | predicted, CPU shared | error |\n"
+              "|---|---|---|---|---|---|\n");
   fastest.resize(std::min<size_t>(fastest.size(), 8));
   fastest.push_back(&plans.at(cells.front().chosen));
   for (const Measured* m : fastest) {
-    std::printf("| %s | %.1f | %.1f | %+.1f%% |\n", m->choice.describe().c_str(), m->choice.plan.step_seconds() * 1e3,
-                m->ms(), 100 * (m->choice.plan.step_seconds() * 1e3 / m->ms() - 1));
+    std::printf("| %s | %.1f | %.1f | %+.1f%% | %.1f | %+.1f%% |\n", m->choice.describe().c_str(), m->predicted,
+                m->ms(),
+                100 * (m->predicted / m->ms() - 1), m->predicted_shared, 100 * (m->predicted_shared / m->ms() - 1));
   }
   std::fflush(stdout);
 }
@@ -192,9 +224,10 @@ int choice_table(int steps, const std::string& only, int sharing) {
            {"mlp", 256}, {"lstm", 32}, {"resnet", 32}, {"transformer", 32}}) {
     if (only.empty() || only == kind) run_model(kind, batch, steps, sharing, tally);
   }
-  std::printf("\nChoice within 5 %% of the best measured plan: %d of %d cells (profile as measured), %d of %d (cores "
-              "counted). Predictions within 10 %%: %d of %d plans.\n",
-              tally.within, tally.cells, tally.within_cores, tally.cells, tally.predicted_within, tally.plans);
+  std::printf("\nChoice within 5 %% of the best measured plan: %d of %d cells (profile as measured), %d of %d (CPU "
+              "sharing counted). Predictions within 10 %%: %d of %d plans (%d with the CPU's sharing counted).\n",
+              tally.within, tally.cells, tally.within_cores, tally.cells, tally.predicted_within, tally.plans,
+              tally.shared_within);
   return 0;
 }
 

@@ -3,10 +3,12 @@
 #include "error_of.h"
 #include "test_models.h"
 
+#include "plugin/planner/cpu_sharing.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "plugin/trace/timeline.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -114,6 +116,25 @@ TEST(Profile, LayersAreTimedWhereTheyRunInOrder) {
   EXPECT_LT(p.layers[0].forward_seconds, p.layers[1].forward_seconds);
   EXPECT_LT(p.layers[2].forward_seconds, p.layers[1].forward_seconds);
   for (const auto& param : model->parameters()) EXPECT_FALSE(param.grad().defined());  // the passes left no gradient
+}
+
+// The slowdown measurement: threads that only wait do not slow each other;
+// work that throws is reported, not a hang.
+TEST(Profile, SlowdownOfThreadsThatDoNotCompeteIsNone) {
+  const std::vector<double> slowdown = planner_detail::measure_slowdown(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }, 4, 3, 1);
+  ASSERT_EQ(slowdown.size(), 4u);
+  EXPECT_EQ(slowdown[0], 1.0);
+  EXPECT_LT(slowdown[3], 2.0);  // four sleepers at once take about as long as one
+  std::atomic<int> calls{0};
+  EXPECT_THAT(error_of([&] {
+                planner_detail::measure_slowdown(
+                    [&] {
+                      if (++calls > 3) throw std::runtime_error("the work failed");
+                    },
+                    3, 2, 1);
+              }),
+              HasSubstr("the work failed"));
 }
 
 TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
