@@ -359,6 +359,11 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
     profile.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     profile.slowdown = planner_detail::measure_slowdown([&] { planner_detail::whole_step(layers, in, tgt, loss_fn); },
                                                         profile.cores + 2, o.repeats());
+    // n threads on fewer cores take at least n / cores as long: a lower
+    // measurement is a moment when something else slowed the one alone.
+    for (size_t n = profile.cores + 1; n <= profile.slowdown.size(); ++n) {
+      profile.slowdown[n - 1] = std::max(profile.slowdown[n - 1], static_cast<double>(n) / profile.cores);
+    }
   }
   return profile;
 }

@@ -148,6 +148,7 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   ASSERT_EQ(p.slowdown.size(), static_cast<size_t>(p.cores + 2));
   EXPECT_EQ(p.slowdown[0], 1.0);
   for (size_t n = 1; n < p.slowdown.size(); ++n) EXPECT_GE(p.slowdown[n], p.slowdown[n - 1]);
+  for (int n = p.cores + 1; n <= p.cores + 2; ++n) EXPECT_GE(p.slowdown[n - 1], static_cast<double>(n) / p.cores);
   EXPECT_THAT(p.str(), HasSubstr("each slower by"));
   // And the runtime's cost per action when the workers outnumber the cores.
   EXPECT_GE(p.crowded_action_overhead_seconds, p.action_overhead_seconds);
