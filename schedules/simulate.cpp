@@ -53,6 +53,7 @@ class Engine {
   }
 
   int workers() const { return s_.num_workers(); }
+  const StageCosts& costs() const { return costs_; }
   bool has_next(int w) const { return pc_[w] < s_.workers[w].size() && !at_barrier(w); }
   const Action& next(int w) const { return s_.workers[w][pc_[w]]; }
   double free_at(int w) const { return free_at_[w]; }
@@ -174,8 +175,8 @@ class Engine {
 // `cores`): actions are taken in the order they can start (their worker free
 // and their input arrived), so that shared cores go to the earliest; without
 // shared cores every start is the same in any order.
-Simulation run_in_turn(Engine& e, int cores) {
-  std::vector<double> core_free(static_cast<size_t>(std::max(0, cores)), 0.0);
+Simulation run_in_turn(Engine& e) {
+  std::vector<double> core_free(static_cast<size_t>(std::max(0, e.costs().cores)), 0.0);
   while (!e.done()) {
     if (e.pass_barrier()) continue;
     int next = -1;
@@ -204,7 +205,7 @@ Simulation run_in_turn(Engine& e, int cores) {
 // Actions share the CPU: time advances from event to event (an action
 // starts, an input arrives, an action ends), and between two events every
 // running action does 1 / slowdown(n) seconds of its work per second.
-Simulation run_sharing(Engine& e, const StageCosts& costs) {
+Simulation run_sharing(Engine& e) {
   struct Running {
     double start = 0, left = 0;  // left: seconds of work alone
   };
@@ -233,7 +234,7 @@ Simulation run_sharing(Engine& e, const StageCosts& costs) {
       now = arrival;
       continue;
     }
-    const double factor = costs.slowdown_at(n);
+    const double factor = e.costs().slowdown_at(n);
     int first = -1;
     for (int w = 0; w < e.workers(); ++w) {
       if (busy[w] && (first < 0 || running[w].left < running[first].left)) first = w;
@@ -257,7 +258,7 @@ Simulation run_sharing(Engine& e, const StageCosts& costs) {
 
 Simulation simulate(const Schedule& s, const StageCosts& costs) {
   Engine engine(s, costs);
-  return costs.slowdown.empty() ? run_in_turn(engine, costs.cores) : run_sharing(engine, costs);
+  return costs.slowdown.empty() ? run_in_turn(engine) : run_sharing(engine);
 }
 
 }  // namespace conveyor::schedules
