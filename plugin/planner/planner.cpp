@@ -54,6 +54,11 @@ void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOpti
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   const int64_t held = schedules::replays_forward(s.stash) ? 1 : out.peak_inflight;
   out.activation_bytes = held * at_size(p, inner, largest);
+  if (s.stash == schedules::Stash::kOffload && !p.host_link.kind.empty()) {
+    const int64_t on_device = std::min(out.peak_inflight, 2) * at_size(p, entry, largest);
+    out.offloaded_bytes = std::max<int64_t>(0, out.stash_bytes - on_device);
+    out.host_copy_seconds = p.host_link.seconds(at_size(p, entry, largest));
+  }
 }
 
 double layer_seconds(const ModelProfile& p, size_t i, double n) {
@@ -145,6 +150,12 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
     sp.forward_seconds += overhead;
     sp.backward_seconds += overhead;
+    // An offloaded entry goes out after its forward and comes back during the
+    // action before its backward, on a side stream beside the compute (the
+    // forward, its replay and the backward): the backward waits for copies
+    // that take longer.
+    sp.backward_seconds +=
+        std::max(0.0, 2 * sp.host_copy_seconds - (2 * sp.forward_seconds + sp.backward_seconds));
     if (s.step_per_microbatch) {
       sp.backward_seconds += sp.update_seconds;  // each backward is followed by the stage's step
     } else {
@@ -250,8 +261,9 @@ std::string Plan::str() const {
          << (schedule.step_per_microbatch ? ")" : "");
     }
     os << "; busy " << ms(simulation.stage_busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
-       << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes)
-       << ", activations ~" << mib(s.activation_bytes) << ")\n";
+       << mib(s.weight_bytes) << ", in flight " << s.peak_inflight << ": stash " << mib(s.stash_bytes);
+    if (s.offloaded_bytes > 0) os << " of which " << mib(s.offloaded_bytes) << " in host memory";
+    os << ", activations ~" << mib(s.activation_bytes) << ")\n";
   }
   os << "  predicted step " << ms(step_seconds());
   if (update_seconds > 0) os << " (the slowest stage's optimizer step after the flush included)";

@@ -53,8 +53,16 @@ struct StagePrediction {
   // An estimate of what autograd keeps inside the stage for them: the outputs
   // of its inner layers (a layer's own saved tensors may be larger).
   int64_t activation_bytes = 0;
+  // Offloaded stashes (PipelineOptions::offload on an accelerator, the
+  // profile's host_link measured): of stash_bytes, those waiting in host
+  // memory at the peak, not on the device (it holds two entries at most: one
+  // coming back for its backward, one in it or going out), and each entry's
+  // copy, out or back, on the stage's side stream.
+  int64_t offloaded_bytes = 0;
+  double host_copy_seconds = 0;
+  // The device's: what waits in host memory left out.
   int64_t peak_bytes() const {
-    return weight_bytes + optimizer_bytes + weight_version_bytes + stash_bytes + activation_bytes;
+    return weight_bytes + optimizer_bytes + weight_version_bytes + stash_bytes - offloaded_bytes + activation_bytes;
   }
 };
 

@@ -270,6 +270,10 @@ std::string ModelProfile::str() const {
   os << "profile on " << device << ", " << batch_size << " samples per micro-batch; link: " << link.kind << ", "
      << link.latency_seconds * 1e6 << " us";
   if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
+  if (!host_link.kind.empty()) {
+    os << "; to host memory " << host_link.latency_seconds * 1e6 << " us + " << host_link.bytes_per_second / 1e9
+       << " GB/s";
+  }
   if (cores > 0) os << "; " << cores << " workers compute at once";
   if (slowdown.size() > 1) {
     os << ", each slower by";
@@ -355,6 +359,7 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
   }
   const c10::Device next = o.next_device().empty() ? device : c10::Device(o.next_device());
   profile.link = measure_link(device, next);
+  if (!device.is_cpu()) profile.host_link = measure_link(device, c10::Device(c10::kCPU));
   if (device.is_cpu() && o.count_cores()) {
     profile.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     profile.slowdown = planner_detail::measure_slowdown([&] { planner_detail::whole_step(layers, in, tgt, loss_fn); },

@@ -64,6 +64,10 @@ struct ModelProfile {
   double action_overhead_seconds = 0;
   std::vector<LayerProfile> layers;
   LinkProfile link;
+  // On an accelerator: a copy from the device to host memory (the way an
+  // offloaded stash moves, out after a forward and back before its backward;
+  // PipelineOptions::offload). Empty kind: not measured (on a CPU nothing moves).
+  LinkProfile host_link;
   // On a CPU: how many workers can compute at once, its hardware threads
   // (each worker on one intra-op thread, as the examples run them); set with
   // ProfileOptions::count_cores. A plan whose workers all run on this CPU and

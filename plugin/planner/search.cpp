@@ -56,7 +56,7 @@ std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
 // `base` with a plan's choices (its first `workers` devices, when it names
 // several); the split is left to the caller.
 PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, int workers, int chunks,
-                             int lookahead, int microbatches, bool recompute) {
+                             int lookahead, int microbatches, bool recompute, bool offload) {
   base.workers(workers)
       .chunks(schedules::is_interleaved(schedule) ? chunks : 0)
       .lookahead(lookahead)
@@ -64,7 +64,7 @@ PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, 
       .schedule_text("")
       .microbatches(microbatches)
       .recompute(recompute)
-      .offload(false);
+      .offload(offload);
   if (base.devices().size() > 1) {
     base.devices(std::vector<std::string>(base.devices().begin(),
                                           base.devices().begin() + std::min<size_t>(workers, base.devices().size())));
@@ -87,6 +87,7 @@ std::string PlanChoice::describe() const {
   const int m = plan.schedule.num_microbatches;
   os << ", " << m << (m == 1 ? " micro-batch" : " micro-batches");
   if (recompute) os << ", recompute";
+  if (offload) os << ", offload";
   return os.str();
 }
 
@@ -94,7 +95,7 @@ PipelineOptions PlanChoice::options(PipelineOptions base) const {
   std::vector<int64_t> boundaries;
   for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
   return with_choices(std::move(base), plan.schedule.name, workers, chunks, lookahead, plan.schedule.num_microbatches,
-                      recompute)
+                      recompute, offload)
       .boundaries(std::move(boundaries));
 }
 
@@ -124,6 +125,13 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   const int64_t num_layers = static_cast<int64_t>(model->size());
   const int max_workers =
       space.max_workers > 0 ? space.max_workers : std::max<int>(1, static_cast<int>(options.devices().size()));
+  // What a stage keeps: its graph, its inputs (recompute), or its inputs in
+  // host memory (offload, where the profile has a host link to move them over).
+  std::vector<std::pair<bool, bool>> stashes;
+  for (bool recompute : space.recompute) stashes.emplace_back(recompute, false);
+  const bool offloads = !options.profile()->host_link.kind.empty() &&
+                        std::find(space.offload.begin(), space.offload.end(), true) != space.offload.end();
+  if (offloads) stashes.emplace_back(false, true);
   PlanSearch out;
   std::string first_error, closest;
   int64_t closest_excess = std::numeric_limits<int64_t>::max();
@@ -140,20 +148,21 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
         for (int m : microbatch_counts(space, batch)) {
           if (m < 1 || m > batch) continue;
           if (eager && saturated(lookaheads, lookahead, workers, m)) continue;  // a smaller one's schedule
-          for (bool recompute : space.recompute) {
-            if (recompute && !exact) continue;
+          for (const auto& [recompute, offload] : stashes) {
+            if ((recompute || offload) && !exact) continue;
             ++out.considered;
             PlanChoice choice;
             choice.workers = workers;
             choice.chunks = chunks;
             choice.lookahead = lookahead;
             choice.recompute = recompute;
+            choice.offload = offload;
             choice.plan.schedule.name = name;  // for describe() until the plan is made
             choice.plan.schedule.num_microbatches = m;
             try {
               // Split by time within the budget's share of each stage.
               const PipelineOptions candidate =
-                  with_choices(options, name, workers, chunks, lookahead, m, recompute)
+                  with_choices(options, name, workers, chunks, lookahead, m, recompute, offload)
                       .boundaries({})
                       .balance(Balance::kTime)
                       .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}

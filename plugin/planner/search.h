@@ -1,7 +1,7 @@
 #pragma once
 // The plan for a whole run: of every number of workers (up to the devices or
 // processes available), schedule, interleaved chunk count, number of
-// micro-batches, eager-1f1b's lookahead and recomputation, each split by time (Balance::kTime) and
+// micro-batches, eager-1f1b's lookahead, recomputation and offloading, each split by time (Balance::kTime) and
 // priced by the planner (plugin/planner/planner.h), the fastest predicted step
 // whose every worker fits a memory budget, with the runners-up.
 //
@@ -45,6 +45,11 @@ struct PlanSpace {
   std::vector<int> microbatches = {};
   // With and without activation recomputation (synchronous schedules).
   std::vector<bool> recompute = {false, true};
+  // With and without offloading the stash to host memory (synchronous
+  // schedules; PipelineOptions::offload): tried only where it moves
+  // anything, on an accelerator whose copy to host memory the profile
+  // measured (ModelProfile::host_link). On a CPU it is recomputation.
+  std::vector<bool> offload = {false, true};
   // Bytes a worker's device may hold for its stages; 0: no limit.
   int64_t memory_budget = 0;
 };
@@ -55,14 +60,15 @@ struct PlanChoice {
   int chunks = 1;     // stages per worker
   int lookahead = 0;  // eager-1f1b's forwards ahead; 0 for the other schedules
   bool recompute = false;
+  bool offload = false;  // recomputation from inputs kept in host memory
   std::vector<int64_t> worker_bytes;  // per worker: its stages' predicted peaks, summed
 
   int64_t peak_bytes() const;  // the largest worker's
-  // "1f1b, 2 workers, 8 micro-batches, recompute"; "eager-1f1b +2, ..."
+  // "1f1b, 2 workers, 8 micro-batches, recompute"; "..., offload"; "eager-1f1b +2, ..."
   std::string describe() const;
   // `base` with this plan's choices: workers, chunks, schedule (and its
   // lookahead), micro-batches,
-  // recomputation and the split (as boundaries). The pipeline built from it
+  // recomputation or offloading and the split (as boundaries). The pipeline built from it
   // runs the plan that was priced.
   PipelineOptions options(PipelineOptions base) const;
 };

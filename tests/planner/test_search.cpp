@@ -62,20 +62,27 @@ double brute_force_best(const torch::nn::Sequential& model, const PipelineOption
     for (const auto& name : space.schedules) {
       for (int v : schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1}) {
         if (w * v > static_cast<int>(model->size())) continue;
+        // Each stash: the graph or the inputs (recompute), and on an
+        // accelerator the inputs in host memory (offload).
+        std::vector<std::pair<bool, bool>> stashes;
+        for (bool r : space.recompute) stashes.emplace_back(r, false);
+        if (!base.profile()->host_link.kind.empty()) stashes.emplace_back(false, true);
         for (int m : space.microbatches) {
-          for (bool r : space.recompute) {
+          for (const auto& [r, o] : stashes) {
             std::vector<int64_t> cuts;
             every_split(static_cast<int64_t>(model->size()), w * v, cuts, [&](const std::vector<int64_t>& split) {
               PlanChoice c;
               c.workers = w;
               c.chunks = v;
               c.recompute = r;
+              c.offload = o;
               const auto options = PipelineOptions(base)
                                        .workers(w)
                                        .chunks(schedules::is_interleaved(name) ? v : 0)
                                        .schedule(name)
                                        .microbatches(m)
                                        .recompute(r)
+                                       .offload(o)
                                        .boundaries(split);
               try {
                 c.plan = make_plan(model, options, batch);
@@ -170,6 +177,69 @@ TEST(SearchPlans, ATighterBudgetTradesSpeedForMemoryAndSaysWhatMisses) {
                     ::testing::Not(HasSubstr(" 0 micro-batches"))));
   EXPECT_THAT(error_of([&] { search_plans(model, PipelineOptions(), 32, small_space()); }),
               HasSubstr("needs the model's profile"));
+}
+
+// On an accelerator (a profile with a copy to host memory), offloading is a
+// third stash: it keeps the device's share of the stash at two micro-batches,
+// so it fits where recomputation does not, at recomputation's speed while the
+// copies hide behind the compute; a slow copy makes it slower. On a CPU the
+// search leaves it out (it would be recomputation again).
+TEST(SearchPlans, OnAnAcceleratorOffloadingFitsWhereRecomputationDoesNot) {
+  const auto model = six_layers();
+  auto profile = six_layer_profile();
+  PlanSpace one = small_space();
+  one.max_workers = 1;
+  one.schedules = {"gpipe"};  // all its micro-batches in flight
+  const PlanSearch on_cpu = search_plans(model, PipelineOptions().profile(profile), 32, one);
+  EXPECT_EQ(on_cpu.considered, 4 * 2);
+  for (const auto& c : on_cpu.ranked) EXPECT_FALSE(c.offload) << c.describe();
+  int64_t least = std::numeric_limits<int64_t>::max();  // the least any plan without offloading needs
+  for (const auto& c : on_cpu.ranked) least = std::min(least, c.peak_bytes());
+
+  profile->device = "cuda:0";
+  profile->host_link = LinkProfile{"cuda:0 -> cpu copy", 10e-6, 20e9};  // an entry (1 KiB) in 10 us
+  const auto base = PipelineOptions().profile(profile);
+  const PlanSearch all = search_plans(model, base, 32, one);
+  EXPECT_EQ(all.considered, 4 * 3);
+  const auto find = [](const PlanSearch& s, const std::string& schedule, int m, bool recompute, bool offload) {
+    for (const auto& c : s.ranked) {
+      if (c.plan.schedule.name == schedule && c.plan.schedule.num_microbatches == m && c.recompute == recompute &&
+          c.offload == offload) {
+        return c;
+      }
+    }
+    ADD_FAILURE() << "no " << schedule << " M = " << m << (offload ? " offloading" : "") << " in\n" << s.str(64);
+    return PlanChoice{};
+  };
+  const PlanChoice recomputing = find(all, "gpipe", 8, true, false), offloading = find(all, "gpipe", 8, false, true);
+  EXPECT_THAT(offloading.describe(), HasSubstr("gpipe, 1 worker, 8 micro-batches, offload"));
+  EXPECT_DOUBLE_EQ(offloading.plan.step_seconds(), recomputing.plan.step_seconds());
+  // GPipe holds all 8 micro-batches' inputs: 6 of them wait in host memory.
+  const StagePrediction& p = offloading.plan.predicted[0];
+  EXPECT_EQ(p.stash_bytes, recomputing.plan.predicted[0].stash_bytes);
+  EXPECT_EQ(p.offloaded_bytes, p.stash_bytes * 6 / 8);
+  EXPECT_EQ(offloading.peak_bytes(), recomputing.peak_bytes() - p.offloaded_bytes);
+  EXPECT_THAT(offloading.plan.str(), HasSubstr("in host memory"));
+  EXPECT_TRUE(offloading.options(PipelineOptions()).offload());
+  EXPECT_FALSE(offloading.options(PipelineOptions()).recompute());
+
+  one.memory_budget = least - 1;
+  const PlanSearch tight = search_plans(model, base, 32, one);
+  SCOPED_TRACE(tight.str());
+  for (const auto& c : tight.ranked) EXPECT_TRUE(c.offload) << c.describe();
+  int priced = 0;
+  const double brute = brute_force_best(model, base, 32, one, priced);
+  EXPECT_GE(tight.best().plan.step_seconds(), brute * (1 - 1e-12));
+  EXPECT_LE(tight.best().plan.step_seconds(), brute * 1.02);
+
+  // Copies of 1 KiB at 10 kB/s (0.1 s each way) outlast the 64 ms of compute
+  // each micro-batch's forward, replay and backward take: the backward waits.
+  profile->host_link = LinkProfile{"slow copy", 10e-6, 1e4};
+  one.memory_budget = 0;
+  const PlanSearch slow = search_plans(model, PipelineOptions().profile(profile), 32, one);
+  const PlanChoice slow_offloading = find(slow, "gpipe", 8, false, true);
+  EXPECT_GT(slow_offloading.plan.step_seconds(), recomputing.plan.step_seconds() * 1.05);
+  EXPECT_FALSE(slow.best().offload) << slow.str();
 }
 
 TEST(SearchPlans, ThePipelineBuiltFromThePlanRunsItWithExactGradients) {
