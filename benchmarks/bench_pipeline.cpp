@@ -8,12 +8,12 @@
 //
 //   bench_pipeline [--model lstm|mlp] [--batch 32] [--steps 5] [--threads 1] [--stage-rng]
 //
-// With --predict it measures the planner instead: for K = 2 and several
-// schedules and M, the step time and per-stage peak stashed bytes the planner
-// predicts from one profile (plugin/planner/planner.h) against the median of
-// --steps measured steps, the configurations taking turns step by step.
+// With --predict it measures the planner instead: for K = 2..4 and the
+// schedules it prices, the step time and per-stage peak stashed bytes the
+// planner predicts from one profile (plugin/planner/planner.h) against the
+// median of --steps measured steps (predict_table.h).
 //
-//   bench_pipeline --predict [--model lstm|mlp|resnet] [--steps 5]
+//   bench_pipeline --predict [--model lstm|mlp|resnet|transformer|bert|translator] [--steps 5]
 //
 // With --plain it measures the runtime's fixed cost instead: a K = 1, M = 1
 // pipeline with its own SGD (divergence guard on, and off) against a plain
@@ -34,6 +34,7 @@
 #include "bench_models.h"
 #include "choice_table.h"
 #include "growth_table.h"
+#include "predict_table.h"
 #include "plugin/conveyor.h"
 #include "plugin/support/timing.h"
 
@@ -90,71 +91,6 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
   return costs;
 }
 
-// Predicted against measured, for K = 2: one profile at the micro-batch size
-// of M = 4 serves every M (the planner rescales it).
-int predict_table(const Args& args, const at::Tensor& x, const at::Tensor& y, const conveyor::LossFn& loss) {
-  struct Config {
-    std::string schedule;
-    int m;
-    std::unique_ptr<conveyor::Pipeline> pipe;
-    conveyor::Plan plan;
-    std::vector<double> wall;
-    std::vector<int64_t> stash;
-  };
-  torch::manual_seed(0);
-  auto reference = make_model(args.model);
-  const conveyor::OptimizerFactory sgd = [](std::vector<at::Tensor> p) {
-    return std::make_unique<torch::optim::SGD>(p, 1e-3);
-  };
-  // PipeDream's step after each backward priced too; the 2 workers share the CPU as measured.
-  const auto options = conveyor::ProfileOptions().sharing_stages(args.sharing).optimizer(sgd).count_cores(true);
-  const auto profile = std::make_shared<conveyor::ModelProfile>(
-      conveyor::profile_model(reference, x.tensor_split(4)[0], y.tensor_split(4)[0], loss, options));
-  std::vector<Config> configs;
-  for (const char* schedule : {"gpipe", "1f1b", "pipedream"}) {
-    for (int m : {2, 4, 8}) {
-      if (std::string(schedule) == "pipedream" && m != 4) continue;
-      torch::manual_seed(0);
-      auto model = make_model(args.model);
-      auto options = conveyor::PipelineOptions().workers(2).microbatches(m).schedule(schedule).profile(profile).balance(
-          conveyor::Balance::kTime);
-      if (std::string(schedule) == "pipedream") options.optimizer(sgd);
-      Config c{schedule, m, nullptr, conveyor::make_plan(model, options, args.batch), {}, {}};
-      c.pipe = std::make_unique<conveyor::Pipeline>(model, options);
-      c.pipe->train_step(x, y, loss);  // warm-up
-      configs.push_back(std::move(c));
-    }
-  }
-  for (int s = 0; s < args.steps; ++s) {
-    for (auto& c : configs) {
-      for (const auto& p : c.pipe->parameters()) p.mutable_grad() = at::Tensor();
-      const conveyor::StepResult r = c.pipe->train_step(x, y, loss);
-      c.wall.push_back(r.wall_seconds);
-      c.stash = r.peak_stash_bytes;
-    }
-  }
-  std::printf("model %s, batch %lld, K = 2 (%s), %d intra-op thread(s), median of %d steps taking turns\n\n",
-              args.model.c_str(), static_cast<long long>(args.batch), configs[0].plan.stages.str().c_str(),
-              args.threads, args.steps);
-  std::printf("| schedule | M | predicted ms | measured ms | error | predicted stash KiB (per stage) | measured "
-              "| error |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
-  for (const auto& c : configs) {
-    const double measured = median(c.wall), predicted = c.plan.step_seconds();
-    std::string ps, ms;
-    double worst = 0;
-    for (size_t k = 0; k < c.stash.size(); ++k) {
-      const int64_t p = c.plan.predicted[k].stash_bytes;
-      ps += (k ? " / " : "") + std::to_string(p / 1024);
-      ms += (k ? " / " : "") + std::to_string(c.stash[k] / 1024);
-      worst = std::max(worst, std::abs(static_cast<double>(p - c.stash[k])) / static_cast<double>(c.stash[k]));
-    }
-    std::printf("| %s | %d | %.1f | %.1f | %+.1f%% | %s | %s | %.1f%% |\n", c.schedule.c_str(), c.m, predicted * 1e3,
-                measured * 1e3, 100 * (predicted / measured - 1), ps.c_str(), ms.c_str(), 100 * worst);
-  }
-  return 0;
-}
-
 // K = 1, M = 1 against the plain loop it should cost no more than.
 int plain_table(const Args& args) {
   std::printf("model %s, %d intra-op thread(s), median of %d alternated steps; ratio = pipeline / plain\n\n",
@@ -208,7 +144,7 @@ int main(int argc, char** argv) {
                    "  --threads N        intra-op threads (default 1: one core per stage)\n"
                    "  --stage-rng        each stage its own random streams (its forwards take turns)\n"
                    "  --predict          the planner's predicted step time and stash against measured ones\n"
-                   "                     (K = 2)\n"
+                   "                     (K = 2..4; also --model bert or translator: the examples' models)\n"
                    "  --plain            K = 1, M = 1 against a plain LibTorch loop at batch 16 and 256\n"
                    "  --growth           the LSTM model under 1F1B, K = 1..4, M = 1..64 (up to --batch): predicted\n"
                    "                     beside measured, and the simulator's projection to 8, 16, 64 stages\n"
@@ -247,12 +183,19 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   if (args.growth) return conveyor::bench::growth_table(args.steps, args.batch);
   if (args.choose) return conveyor::bench::choice_table(args.steps, args.model_given ? args.model : "", args.sharing);
+  if (args.predict) {
+    if (conveyor::bench::predict_table_knows(args.model)) {
+      return conveyor::bench::predict_table(args.model, args.batch, args.steps, args.threads, args.sharing);
+    }
+    std::cerr << "--predict --model expects lstm, mlp, resnet, transformer, bert or translator, got '" << args.model
+              << "'\n";
+    return 2;
+  }
   if (args.model != "lstm" && args.model != "resnet" && args.model != "mlp" && args.model != "transformer") {
     std::cerr << "--model expects lstm, mlp, resnet or transformer, got '" << args.model << "'\n";
     return 2;
   }
   const auto [x, y, loss] = conveyor::bench::make_data(args.model, args.batch);
-  if (args.predict) return predict_table(args, x, y, loss);
   if (args.plain) return plain_table(args);
 
   std::printf("model %s, batch %lld, %u hardware threads, %d intra-op thread(s)%s; times in ms per step\n",
