@@ -142,7 +142,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
 
   StepRollback rollback;  // an asynchronous step updates as it goes
   if (training && !schedule.synchronous()) {
-    for (int k : local_) rollback.keep(*stages_[k]);
+    for (int k : local_) ctx.stages[k].start_weights = rollback.keep(*stages_[k]);
   }
   // Each stage's own random streams go back too: a failed step has drawn
   // nothing, and a retried one draws the same dropout masks.
@@ -244,7 +244,10 @@ void Runtime::run_worker(int w, StepContext& ctx) {
   const bool training = ctx.training();
   c10::AutoGradMode grad_mode(training);
   if (training && schedule.weight_stashing) {
-    for (int k : mine) ctx.stages[k].versions.begin(schedules::forward_versions(schedule)[k], *stages_[k]);
+    for (int k : mine) {
+      ctx.stages[k].versions.begin(schedules::forward_versions(schedule)[k], *stages_[k],
+                                   ctx.stages[k].start_weights.get());
+    }
   }
   ActionTimer timer(stream, options_.trace, ctx.start);
 

@@ -22,6 +22,9 @@ struct Runtime::StepContext {
   struct PerStage {
     ActivationStash stash;
     WeightVersions versions;
+    // The weights before the step, kept to roll an asynchronous step back:
+    // also its weight version 0 (no second copy).
+    std::shared_ptr<const WeightVersion> start_weights;
     double busy_seconds = 0;
     // Seconds the current action spent blocked in the transport before and
     // after its compute: not busy time.

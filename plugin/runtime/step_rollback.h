@@ -8,6 +8,8 @@
 
 #include "plugin/model/stage.h"
 
+#include <torch/optim/optimizer.h>
+
 #include <memory>
 #include <utility>
 #include <string>
@@ -17,7 +19,8 @@ namespace conveyor {
 
 class StepRollback {
  public:
-  void keep(Stage& stage);
+  // Returns the copy of the stage's weights it keeps.
+  std::shared_ptr<const WeightVersion> keep(Stage& stage);
   // Keeps only the stage's random streams, if it has its own (a reference
   // to their state tensors, which drawing replaces rather than changes).
   void keep_random(Stage& stage);
@@ -27,10 +30,16 @@ class StepRollback {
 
  private:
   struct Saved {
-    Stage* stage;
+    Stage* stage = nullptr;
     std::shared_ptr<WeightVersion> weights;
-    std::string optimizer;  // serialized; empty without one
-    int64_t updates;
+    // The optimizer's state: copied in memory (LibTorch's SGD, Adam, AdamW,
+    // Adagrad, RMSprop: per parameter, and each group's learning rate), or
+    // serialized (another optimizer); neither without one.
+    bool copied = false;
+    std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> state;  // as Optimizer::state()
+    std::vector<double> lrs;
+    std::string optimizer;
+    int64_t updates = 0;
   };
   std::vector<Saved> saved_;
   std::vector<std::pair<StageRandom*, StageRandom::State>> random_;

@@ -6,10 +6,15 @@
 
 namespace conveyor {
 
-void WeightVersions::begin(std::vector<int> forward_version, const Stage& stage) {
+void WeightVersions::begin(std::vector<int> forward_version, const Stage& stage, const WeightVersion* current) {
   forward_version_ = std::move(forward_version);
   for (int v : forward_version_) ++readers_left_[v];
-  if (readers_left_.count(0)) keep(0, stage);
+  if (!readers_left_.count(0)) return;
+  if (!current) return keep(0, stage);
+  // The same tensors, in a version of its own: held() counts it while its
+  // readers hold it, as a copy of its own would be.
+  kept_[0] = std::make_shared<WeightVersion>(*current);
+  made_.push_back(kept_[0]);
 }
 
 std::shared_ptr<WeightVersion> WeightVersions::for_forward(int mb, int updates) {

@@ -17,8 +17,9 @@ namespace conveyor {
 class WeightVersions {
  public:
   // Before the step: `forward_version[mb]` for each micro-batch. Copies the
-  // current weights when some forward reads version 0.
-  void begin(std::vector<int> forward_version, const Stage& stage);
+  // current weights when some forward reads version 0, or takes `current`,
+  // a copy already made of them.
+  void begin(std::vector<int> forward_version, const Stage& stage, const WeightVersion* current = nullptr);
   // The version micro-batch mb's forward reads (`updates`: how many updates
   // the stage has made this step, for the error when it is missing).
   std::shared_ptr<WeightVersion> for_forward(int mb, int updates);

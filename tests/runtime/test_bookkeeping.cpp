@@ -148,33 +148,54 @@ TEST(WorkerThreads, CarryTheCallersGradMode) {
 
 // --- StepRollback --------------------------------------------------------------------
 
+// Of every optimizer LibTorch ships with state (copied in memory) and one it
+// cannot know (serialized): weights, state, learning rate and update count.
 TEST(StepRollback, PutsBackWeightsOptimizerStateAndUpdateCount) {
-  auto stage = linear_stage();
-  stage->set_optimizer(
-      std::make_unique<torch::optim::SGD>(stage->live(), torch::optim::SGDOptions(0.1).momentum(0.9)));
-  const auto step = [&] {
-    stage->module()->forward(torch::ones({4, 3})).sum().backward();
-    stage->collect_gradients();
-    stage->step(-1.0);
+  using namespace torch::optim;
+  struct Tagged : SGD {  // a type of its own: its state is serialized
+    using SGD::SGD;
   };
-  step();  // momentum buffers exist
-  const at::Tensor w_before = stage->live()[0].detach().clone();
-  StepRollback rollback;
-  rollback.keep(*stage);
-  EXPECT_FALSE(rollback.empty());
-  step();
-  step();
-  EXPECT_EQ(stage->updates(), 3);
-  EXPECT_FALSE(torch::equal(stage->live()[0], w_before));
-  rollback.restore();
-  EXPECT_EQ(stage->updates(), 1);
-  EXPECT_TRUE(torch::equal(stage->live()[0], w_before));
-  // The restored momentum makes the next step what it was the first time.
-  step();
-  const at::Tensor once = stage->live()[0].detach().clone();
-  rollback.restore();
-  step();
-  EXPECT_TRUE(torch::equal(stage->live()[0], once));
+  const std::vector<std::pair<std::string, std::function<std::unique_ptr<Optimizer>(std::vector<at::Tensor>)>>> kinds =
+      {{"SGD", [](auto p) { return std::make_unique<SGD>(p, SGDOptions(0.1).momentum(0.9)); }},
+       {"Adam", [](auto p) { return std::make_unique<Adam>(p, AdamOptions(0.1).amsgrad(true)); }},
+       {"AdamW", [](auto p) { return std::make_unique<AdamW>(p, AdamWOptions(0.1)); }},
+       {"Adagrad", [](auto p) { return std::make_unique<Adagrad>(p, AdagradOptions(0.1)); }},
+       {"RMSprop",
+        [](auto p) { return std::make_unique<RMSprop>(p, RMSpropOptions(0.1).momentum(0.5).centered(true)); }},
+       {"another", [](auto p) { return std::make_unique<Tagged>(p, SGDOptions(0.1).momentum(0.9)); }}};
+  for (const auto& [name, make] : kinds) {
+    SCOPED_TRACE(name);
+    auto stage = linear_stage();
+    stage->set_optimizer(make(stage->live()));
+    const auto step = [&] {
+      stage->module()->forward(torch::ones({4, 3})).sum().backward();
+      stage->collect_gradients();
+      stage->step(-1.0);
+    };
+    step();  // the state exists
+    const at::Tensor w_before = stage->live()[0].detach().clone();
+    StepRollback rollback;
+    EXPECT_TRUE(torch::equal(rollback.keep(*stage)->tensors[0], w_before));  // what it keeps, it returns
+    EXPECT_FALSE(rollback.empty());
+    stage->step(0.01);  // another learning rate, as a schedule would set
+    step();
+    step();
+    EXPECT_EQ(stage->updates(), 4);
+    EXPECT_FALSE(torch::equal(stage->live()[0], w_before));
+    rollback.restore();
+    EXPECT_EQ(stage->updates(), 1);
+    EXPECT_TRUE(torch::equal(stage->live()[0], w_before));
+    EXPECT_EQ(stage->optimizer()->param_groups()[0].options().get_lr(), 0.1);
+    // The restored state makes the next step what it was the first time,
+    // after any number of restores.
+    step();
+    const at::Tensor once = stage->live()[0].detach().clone();
+    for (int again = 0; again < 2; ++again) {
+      rollback.restore();
+      step();
+      EXPECT_TRUE(torch::equal(stage->live()[0], once)) << again;
+    }
+  }
 }
 
 TEST(StepRollback, RandomStreamsAloneKeepNoWeights) {
