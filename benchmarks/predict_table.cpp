@@ -171,8 +171,8 @@ int predict_table(const std::string& model, int64_t batch, int steps, int thread
   std::printf("model %s, batch %lld, %d intra-op thread(s), median of %d steps taking turns; profile: %s\n\n",
               model.c_str(), static_cast<long long>(batch), threads, steps,
               profile->str().substr(0, profile->str().find('\n')).c_str());
-  std::printf("| schedule | K | M | layers per stage | predicted ms | measured ms | error | predicted stash KiB (per stage) "
-              "| measured | error |\n");
+  std::printf("| schedule | K | M | layers per stage | predicted ms | measured ms | error "
+              "| predicted stash KiB (per stage) | measured | error |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   int within = 0;
   for (const auto& c : configs) {

@@ -124,6 +124,9 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   const double overhead = crowded ? p.crowded_action_overhead_seconds : p.action_overhead_seconds;
   schedules::StageCosts costs;
   bool split_measured = true;  // every layer's I and W (else half the backward each)
+  const bool guard = o.divergence_guard() && !o.loss_scaling();  // as the Pipeline sets its runtime
+  // An asynchronous step first keeps every stage's weights, to roll back to.
+  double rollback_copy = 0;
   for (int k = 0; k < num; ++k) {
     const StageSpec& spec = stages.stages[k];
     StagePrediction sp;
@@ -133,7 +136,12 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     for (int64_t i = spec.begin; i < spec.end; ++i) {
       sp.forward_seconds += p.forward_seconds(i, n);
       sp.backward_seconds += p.backward_seconds(i, n);
-      sp.update_seconds += o.optimizer() ? p.layers[i].update_seconds : 0.0;
+      // An update: the optimizer's step, the divergence guard's check of
+      // the gradients, and under weight stashing the new version's copy.
+      const LayerProfile& l = p.layers[i];
+      sp.update_seconds += (o.optimizer() ? l.update_seconds : 0.0) + (guard ? l.check_seconds : 0.0) +
+                           (s.weight_stashing ? l.copy_seconds : 0.0);
+      rollback_copy += s.step_per_microbatch ? l.copy_seconds : 0.0;
       input += p.input_backward_seconds(i, n);
       weight += p.weight_backward_seconds(i, n);
       split_measured = split_measured && p.layers[i].input_backward_seconds + p.layers[i].weight_backward_seconds > 0;
@@ -169,6 +177,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     plan.predicted.push_back(sp);
   }
   if (!split_measured) costs.input.clear(), costs.weight.clear();
+  plan.update_seconds += rollback_copy;
   if (shared_cpu && s.num_workers() > 1 && !p.slowdown.empty()) {
     costs.slowdown = p.slowdown;
   } else if (shared_cpu && s.num_workers() > p.cores) {
@@ -257,7 +266,7 @@ std::string Plan::str() const {
        << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
     if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
     if (s.update_seconds > 0) {
-      os << (schedule.step_per_microbatch ? " (with its optimizer step " : ", optimizer step ") << ms(s.update_seconds)
+      os << (schedule.step_per_microbatch ? " (with its update " : ", update ") << ms(s.update_seconds)
          << (schedule.step_per_microbatch ? ")" : "");
     }
     os << "; busy " << ms(simulation.stage_busy[k]) << " a step; memory " << mib(s.peak_bytes()) << " (weights+grads "
@@ -266,7 +275,10 @@ std::string Plan::str() const {
     os << ", activations ~" << mib(s.activation_bytes) << ")\n";
   }
   os << "  predicted step " << ms(step_seconds());
-  if (update_seconds > 0) os << " (the slowest stage's optimizer step after the flush included)";
+  if (update_seconds > 0) {
+    os << (schedule.step_per_microbatch ? " (the stages' weights kept first to roll back to included)"
+                                        : " (the slowest stage's update after the flush included)");
+  }
   os << ", bubble " << percent(bubble_fraction()) << "\n";
   if (bound) {
     os << std::fixed << std::setprecision(2) << "  layer " << bound->layer << " alone bounds the speed: it takes "

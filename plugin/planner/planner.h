@@ -40,9 +40,11 @@ struct StagePrediction {
   double forward_seconds = 0, backward_seconds = 0;
   double transfer_seconds = 0;  // to the next stage (and the gradient back)
   int peak_inflight = 0;        // micro-batches held at once
-  // One step of the pipeline's optimizer over the stage's weights (profiled
-  // with ProfileOptions::optimizer, else 0): part of every backward under an
-  // asynchronous schedule, once after the flush under a synchronous one.
+  // An update of the stage's weights: a step of the pipeline's optimizer
+  // (profiled with ProfileOptions::optimizer, else 0), the divergence guard's
+  // check of the gradients, and under weight stashing the copy of the new
+  // version: part of every backward under an asynchronous schedule, once
+  // after the flush under a synchronous one.
   double update_seconds = 0;
   int64_t weight_bytes = 0;     // trainable weights and their gradients
   int64_t optimizer_bytes = 0;  // PipelineOptions::optimizer_state_per_weight of the weights
@@ -86,8 +88,9 @@ struct Plan {
   // Set when the slowest stage is (almost) one layer alone.
   std::optional<SpeedBound> bound;
 
-  // The pipeline's own optimizer step after the flush (synchronous schedules
-  // with PipelineOptions::optimizer): the slowest stage's update_seconds.
+  // Beyond the simulated actions: after the flush of a synchronous schedule,
+  // the slowest stage's update_seconds; before an asynchronous step, the
+  // copy of every stage's weights it keeps to roll back to.
   double update_seconds = 0;
 
   double step_seconds() const { return simulation.makespan + update_seconds; }

@@ -2,6 +2,7 @@
 #include "plugin/planner/cpu_sharing.h"
 #include "plugin/planner/device_timing.h"
 #include "plugin/planner/in_order.h"
+#include "plugin/planner/update_timing.h"
 
 #include "plugin/errors.h"
 #include "plugin/model/stage.h"
@@ -73,25 +74,6 @@ struct Times {
   double input = 0, weight = 0;  // the split backward
 };
 
-// Median time of one optimizer step over copies of `layer`'s trainable
-// weights, each with a gradient (of ones); 0 for a layer without weights.
-double update_seconds(const torch::nn::AnyModule& layer, const ProfileOptions& o, const c10::Device& device) {
-  std::vector<at::Tensor> copies;
-  for (const auto& p : layer.ptr()->parameters()) {
-    if (!p.requires_grad()) continue;
-    at::Tensor c = p.detach().clone().set_requires_grad(true);
-    c.mutable_grad() = at::ones_like(c);
-    copies.push_back(c);
-  }
-  if (copies.empty()) return 0;
-  auto optimizer = o.optimizer()(copies);
-  std::vector<double> runs;
-  for (int r = 0; r < o.warmup() + o.repeats(); ++r) {
-    const double t = seconds_of(device, [&] { optimizer->step(); });
-    if (r >= o.warmup()) runs.push_back(t);
-  }
-  return median(runs);
-}
 
 // The split backward as the runtime runs it: I to the floating `inputs`
 // (graph retained), then W from the outputs to `weights` only.
@@ -282,7 +264,9 @@ std::string ModelProfile::str() const {
     }
   }
   os << "; runtime " << action_overhead_seconds * 1e3 << " ms an action";
-  if (crowded_action_overhead_seconds > 0) os << ", " << crowded_action_overhead_seconds * 1e3 << " ms beyond the cores";
+  if (crowded_action_overhead_seconds > 0) {
+    os << ", " << crowded_action_overhead_seconds * 1e3 << " ms beyond the cores";
+  }
   os << "\n  layer                                                          fwd ms   bwd ms  (I ms    W ms)   out KiB  "
         "weights KiB\n";
   for (const LayerProfile& l : layers) {
@@ -324,7 +308,7 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
     LayerProfile l;
     l.name = layer_name(named.key(), layer);
     for (const auto& p : layer.ptr()->parameters()) l.parameter_bytes += p.requires_grad() ? tensor_bytes(p) : 0;
-    if (o.optimizer()) l.update_seconds = update_seconds(layer, o, device);
+    planner_detail::time_updates(layer, o, device, l);
     profile.layers.push_back(std::move(l));
     ++index;
   }

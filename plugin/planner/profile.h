@@ -36,6 +36,12 @@ struct LayerProfile {
   int64_t parameter_bytes = 0;    // trainable weights (a gradient and optimizer state each)
   // One step of ProfileOptions::optimizer over the layer's weights (0: not measured).
   double update_seconds = 0;
+  // The runtime's bookkeeping around updates, over the layer's weights: the
+  // divergence guard's check of their gradients (once a step, or after every
+  // backward of an asynchronous schedule), and a copy of them (a stashed
+  // weight version after every update under weight stashing; an
+  // asynchronous step's rollback point).
+  double check_seconds = 0, copy_seconds = 0;
   // The backward split as zero-bubble schedules run it (plugin/runtime/
   // split_backward.cpp), at batch_size samples: I, the gradients of the
   // layer's inputs (graph retained), then W, its weights' gradients from its

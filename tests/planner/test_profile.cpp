@@ -58,7 +58,8 @@ TEST(Profile, MeasuresEveryLayerAndLeavesTheModelAsItWas) {
 
 // The optimizer's step is timed on copies of each layer's weights, and
 // priced where the schedule pays it: after every backward of an
-// asynchronous schedule, once after the flush of a synchronous one.
+// asynchronous schedule, once after the flush of a synchronous one; so are
+// the runtime's check of the gradients and its copies of the weights.
 TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
   auto mlp = testing::make_mlp();
   const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
@@ -75,24 +76,40 @@ TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
   for (size_t i = 0; i < mlp->parameters().size(); ++i) {  // the weights were not stepped
     EXPECT_TRUE(torch::equal(mlp->parameters()[i], before->parameters()[i])) << i;
   }
-  // Round numbers: every layer with weights takes 1 ms to step.
-  for (auto& l : p.layers) l.update_seconds = l.parameter_bytes > 0 ? 0.001 : 0.0;
+  for (const auto& l : p.layers) {  // the runtime's bookkeeping: a check of gradients, a copy of weights
+    EXPECT_EQ(l.check_seconds > 0, l.parameter_bytes > 0) << l.name;
+    EXPECT_EQ(l.copy_seconds > 0, l.parameter_bytes > 0) << l.name;
+  }
+  // Round numbers: every layer with weights takes 1 ms to step, 0.5 ms to
+  // check and 0.25 ms to copy.
+  for (auto& l : p.layers) {
+    const bool weights = l.parameter_bytes > 0;
+    l.update_seconds = weights ? 0.001 : 0.0;
+    l.check_seconds = weights ? 0.0005 : 0.0;
+    l.copy_seconds = weights ? 0.00025 : 0.0;
+  }
   const auto profile = std::make_shared<ModelProfile>(p);
   const auto base = PipelineOptions().workers(2).microbatches(4).boundaries({4}).profile(profile);
+  const Plan unguarded = make_plan(mlp, PipelineOptions(base).schedule("1f1b").divergence_guard(false), 8);
   const Plan plain = make_plan(mlp, PipelineOptions(base).schedule("1f1b"), 8);
   const Plan stepped = make_plan(mlp, PipelineOptions(base).schedule("1f1b").optimizer(adam), 8);
-  EXPECT_DOUBLE_EQ(plain.update_seconds, 0.0);
-  EXPECT_DOUBLE_EQ(stepped.predicted[0].update_seconds, 0.002);  // layers 0 and 2
-  EXPECT_DOUBLE_EQ(stepped.predicted[1].update_seconds, 0.002);  // layers 4 and 6
-  EXPECT_DOUBLE_EQ(stepped.update_seconds, 0.002);
-  EXPECT_DOUBLE_EQ(stepped.step_seconds(), plain.step_seconds() + 0.002);
-  EXPECT_THAT(stepped.str(), HasSubstr("optimizer step 2.00 ms"));
-  // PipeDream: each of a stage's 4 backwards carries its step.
+  EXPECT_DOUBLE_EQ(unguarded.update_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(plain.update_seconds, 0.001);  // the guard's check of two layers' gradients after the flush
+  EXPECT_DOUBLE_EQ(plain.step_seconds(), unguarded.step_seconds() + 0.001);
+  EXPECT_DOUBLE_EQ(stepped.predicted[0].update_seconds, 0.003);  // layers 0 and 2, stepped and checked
+  EXPECT_DOUBLE_EQ(stepped.predicted[1].update_seconds, 0.003);  // layers 4 and 6
+  EXPECT_DOUBLE_EQ(stepped.update_seconds, 0.003);
+  EXPECT_DOUBLE_EQ(stepped.step_seconds(), unguarded.step_seconds() + 0.003);
+  EXPECT_THAT(stepped.str(), HasSubstr("update 3.00 ms"));
+  // PipeDream: each of a stage's 4 backwards carries its update (step,
+  // check, and the copy of the version it makes); the step first keeps every
+  // stage's weights to roll back to (4 layers' copies).
   const Plan async = make_plan(mlp, PipelineOptions(base).schedule("pipedream").optimizer(adam), 8);
-  EXPECT_DOUBLE_EQ(async.update_seconds, 0.0);
-  EXPECT_DOUBLE_EQ(async.predicted[1].backward_seconds, plain.predicted[1].backward_seconds + 0.002);
-  EXPECT_GT(async.step_seconds(), plain.step_seconds() + 4 * 0.002 - 1e-12);
-  EXPECT_THAT(async.str(), HasSubstr("(with its optimizer step 2.00 ms)"));
+  EXPECT_DOUBLE_EQ(async.update_seconds, 0.001);
+  EXPECT_DOUBLE_EQ(async.predicted[1].update_seconds, 0.0035);
+  EXPECT_DOUBLE_EQ(async.predicted[1].backward_seconds, plain.predicted[1].backward_seconds + 0.0035);
+  EXPECT_GT(async.step_seconds(), unguarded.step_seconds() + 4 * 0.0035 - 1e-12);
+  EXPECT_THAT(async.str(), HasSubstr("(with its update 3.50 ms)"));
 }
 
 // A CPU profile knows how many workers compute at once; a plan with more
@@ -156,6 +173,7 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
   const double crowded = p.crowded_action_overhead_seconds;
   p.slowdown.clear();  // first the cores alone: a worker waits for a free one
   p.crowded_action_overhead_seconds = 0;
+  for (auto& l : p.layers) l.check_seconds = 0;  // the step is the simulated actions alone
   const auto options = [&](int cores) {
     p.cores = cores;
     return PipelineOptions().workers(2).microbatches(4).schedule("1f1b").boundaries({4}).profile(
@@ -210,6 +228,7 @@ TEST(Profile, MeasuresTheSplitBackwardAndZeroBubblePlansPayIt) {
     l.backward_seconds = 2;
     l.input_backward_seconds = l.weight_backward_seconds = 1.5;
     l.forward_fixed = l.backward_fixed = 0;
+    l.check_seconds = 0;  // no bookkeeping after the flush
   }
   p.loss_forward_seconds = p.loss_backward_seconds = p.action_overhead_seconds = 0;
   p.link = LinkProfile{};
