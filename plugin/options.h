@@ -181,6 +181,16 @@ struct PipelineOptions {
   // asynchronous schedules). Whatever fails, an asynchronous step is rolled
   // back to the weights and optimizer state it started from.
   TORCH_ARG(bool, divergence_guard) = true;
+  // Once a stage has sent its outputs to a stage in another process or on
+  // another device (which receives a copy), it releases their data and keeps
+  // their autograd graph, all its backward needs (Megatron's
+  // deallocate_output_tensor). The stash's bytes fall by the outputs'
+  // (StepResult::peak_stash_bytes; the planner predicts it); memory falls by
+  // as much where the graph does not keep the output itself (an operation
+  // that saves its result, such as tanh or ReLU, keeps it). Not under
+  // schedules that split the backward (zero bubble), whose W reads every
+  // layer's outputs.
+  TORCH_ARG(bool, free_sent_activations) = true;
   // Each stage draws random numbers (dropout) from its own streams, seeded
   // from the global CPU generator's seed when the pipeline is built and the
   // stage's index, so that runs with random layers in several stages repeat

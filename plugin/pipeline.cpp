@@ -147,6 +147,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   runtime_options.trace = options_.trace();
   // With a loss scaler, an inf or NaN is its verdict (a skipped update), not an error.
   runtime_options.divergence_guard = options_.divergence_guard() && !options_.loss_scaling();
+  runtime_options.free_sent_activations = options_.free_sent_activations();
   runtime_options.learning_rate = options_.lr_schedule();
   runtime_options.placement = schedule_.placement;
   runtime_options.autocast = options_.autocast();

@@ -242,6 +242,23 @@ inline void data_parallel(Worker& w) {
   groups->barrier();
 }
 
+// The same 1F1B step with the sent outputs released (the default) and kept:
+// each rank's gradients and its stages' peak stash bytes, for 3 steps.
+inline void released_sends(Worker& w) {
+  auto groups = w.groups("released", w.env.world_size, std::chrono::seconds(20));
+  for (const bool release : {true, false}) {
+    DistributedPipeline pipe(seeded_mlp(), synchronous_case("1f1b").free_sent_activations(release), groups);
+    const Data d = global_batch(0);
+    const StepResult r = pipe.train_step(d.x, d.y, mse);
+    TensorMap out = grads_of(pipe.named_parameters());
+    out["peak_stash"] = torch::tensor(r.peak_stash_bytes, torch::kLong);
+    out["peak_inflight"] = torch::tensor(std::vector<int64_t>(r.peak_inflight.begin(), r.peak_inflight.end()),
+                                         torch::kLong);
+    write_tensors(w.file(release ? "released" : "kept"), out);
+  }
+  groups->barrier();
+}
+
 // Stage 1 declares an activation shape stage 0 does not produce.
 inline void declared_shape_mismatch(Worker& w) {
   const std::chrono::milliseconds timeout(1000);
@@ -357,6 +374,7 @@ inline int run_worker(const std::string& role) {
       pipelines(w);
       data_parallel(w);
       declared_shape_mismatch(w);
+      released_sends(w);
       several_tensors(w);
       training_options(w);
     } else if (role == "four") {

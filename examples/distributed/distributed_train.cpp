@@ -81,6 +81,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --predict           pipeline, one replica: rank 0 profiles the model and the
                       Gloo link first and prints the planner's predicted step
                       beside the measured median (steps after the first)
+  --keep-sent         pipeline: a stage keeps its outputs' data after sending
+                      them (by default it releases it, keeping their graph);
+                      rank 0 prints its stages' peak stash either way
   --model NAME        mlp (default) | lm
   --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
   --vocab N, --embed N, --length N   the lm's words, embedding, tokens (2000, 64, 20)
@@ -104,7 +107,7 @@ struct Args {
   int workers = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10, lookahead = 0;
   int64_t timeout_ms = 60000;
   double lr = 0.05;
-  bool scale_lr = false, predict = false;
+  bool scale_lr = false, predict = false, keep_sent = false;
   conveyor::examples::DistributedModel model;
 };
 
@@ -132,8 +135,8 @@ Args parse(int argc, char** argv) {
     }
     if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "' (see --help)");
     flag = flag.substr(2);
-    if (flag == "scale-lr" || flag == "predict") {
-      (flag == "predict" ? a.predict : a.scale_lr) = true;
+    if (flag == "scale-lr" || flag == "predict" || flag == "keep-sent") {
+      (flag == "predict" ? a.predict : flag == "keep-sent" ? a.keep_sent : a.scale_lr) = true;
       continue;
     }
     if (const auto eq = flag.find('='); eq != std::string::npos) {
@@ -240,6 +243,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                      .lookahead(a.lookahead)
                      .timeout(timeout)
                      .trace(false)
+                     .free_sent_activations(!a.keep_sent)
                      .optimizer([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); });
   std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
   if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
@@ -254,12 +258,16 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   const int d = groups->replica();
   Meter meter;
   std::vector<double> wall;  // per step after the first
+  int64_t peak_stash = 0;    // this rank's stages' stashes, summed, at their peak
   for (int step = 0; step < a.steps; ++step) {
     const Batch b = global_batch(a, step);
     const auto r =
         pipe.train_step(conveyor::shard(b.x, d, a.replicas), conveyor::shard(b.y, d, a.replicas), cross_entropy);
     meter.step_done(step, a.model.batch);
     if (step > 0) wall.push_back(r.wall_seconds);
+    int64_t stash = 0;
+    for (int64_t bytes : r.peak_stash_bytes) stash += bytes;
+    peak_stash = std::max(peak_stash, stash);
     if (pipe.is_logging_rank()) log_step(a, step, r.loss);
   }
   pipe.gather_model();
@@ -271,6 +279,8 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
       std::cout << "predicted step " << predicted * 1e3 << " ms, measured (median) " << measured * 1e3
                 << " ms: error " << std::showpos << 100 * (predicted / measured - 1) << std::noshowpos << "%\n";
     }
+    std::cout << "peak stash on rank 0: " << peak_stash << " bytes ("
+              << (a.keep_sent ? "sent outputs kept" : "sent outputs released") << ")\n";
     std::cout << "samples/s: " << meter.samples_per_second() << "\n";
   }
   groups->barrier();

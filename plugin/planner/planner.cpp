@@ -25,9 +25,13 @@ int64_t at_size(const ModelProfile& p, int64_t bytes, int64_t n) { return bytes 
 // The bytes stage [a, b) stashes per micro-batch at the profile's size, as the
 // runtime counts them: the graph's grad-requiring inputs and its outputs, or
 // the inputs alone when the backward replays the forward.
-int64_t stash_entry_bytes(const ModelProfile& p, const Schedule& s, int64_t a, int64_t b) {
+// Outputs sent over a link that copies them (another process or device) are
+// released once sent (PipelineOptions::free_sent_activations).
+int64_t stash_entry_bytes(const ModelProfile& p, const Schedule& s, const PipelineOptions& o, int64_t a, int64_t b) {
   if (schedules::replays_forward(s.stash)) return a > 0 ? p.layers[a - 1].output_bytes : p.input_bytes;
-  return (a > 0 ? p.layers[a - 1].output_grad_bytes : 0) + p.layers[b - 1].output_bytes;
+  const bool released = o.free_sent_activations() && !s.splits_backward() && p.link.bytes_per_second > 0 &&
+                        b < static_cast<int64_t>(p.layers.size());
+  return (a > 0 ? p.layers[a - 1].output_grad_bytes : 0) + (released ? 0 : p.layers[b - 1].output_bytes);
 }
 
 int64_t weight_bytes(const ModelProfile& p, int64_t a, int64_t b) {
@@ -41,7 +45,7 @@ void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOpti
                     const std::vector<int64_t>& sizes, StagePrediction& out) {
   std::vector<std::vector<int64_t>> entries(s.num_stages, std::vector<int64_t>(sizes.size(), 0));
   std::vector<std::vector<int64_t>> ones(s.num_stages, std::vector<int64_t>(sizes.size(), 1));
-  const int64_t entry = stash_entry_bytes(p, s, a, b);
+  const int64_t entry = stash_entry_bytes(p, s, o, a, b);
   for (size_t mb = 0; mb < sizes.size(); ++mb) entries[k][mb] = at_size(p, entry, sizes[mb]);
   out.stash_bytes = schedules::peak_stash_bytes(s, entries)[k];
   out.peak_inflight = static_cast<int>(schedules::peak_stash_bytes(s, ones)[k]);

@@ -12,6 +12,8 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 
 namespace conveyor {
 
@@ -49,6 +51,46 @@ Tensors detached(const Tensors& tensors) {
     if (tensors[i].defined()) out[i] = tensors[i].detach();
   }
   return out;
+}
+
+// Outputs another process or device has its own copy of: for each one the
+// backward reaches through its graph (not a leaf), only where it enters the
+// graph is kept (`edges`, per slot); the tensor, a view or not, is dropped
+// here, and its memory freed once nothing else holds it (the message until
+// it is delivered, an operation that saved its result). Outputs that need no
+// gradient are dropped too: no backward reads them.
+void release_sent(Tensors& outputs, std::vector<torch::autograd::Edge>& edges) {
+  edges.assign(outputs.size(), torch::autograd::Edge());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    at::Tensor& t = outputs[i];
+    if (!t.defined() || (t.requires_grad() && t.grad_fn() == nullptr)) continue;
+    if (t.requires_grad()) edges[i] = torch::autograd::impl::gradient_edge(t);
+    t = at::Tensor();
+  }
+}
+
+// The backward from where `roots` (or, for an undefined one, its `released`
+// edge) enter the graph, with `grads`, slot by slot (an undefined gradient
+// skips its slot), through the engine directly: the gradients' shapes are
+// checked against those the graph recorded.
+void backward_through_graph(const Tensors& roots, const std::vector<torch::autograd::Edge>& released,
+                            const Tensors& grads) {
+  torch::autograd::edge_list edges;
+  torch::autograd::variable_list values;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (roots[i].defined()) {
+      edges.push_back(torch::autograd::impl::gradient_edge(roots[i]));
+    } else if (i < released.size() && released[i].is_valid()) {
+      edges.push_back(released[i]);
+    } else {
+      continue;  // nothing downstream depended on that output
+    }
+    values.push_back(grads[i]);
+  }
+  if (edges.empty()) return;
+  torch::autograd::Engine::get_default_engine().execute(edges, values, /*keep_graph=*/false, /*create_graph=*/false,
+                                                         /*accumulate_grad=*/true, {});
 }
 
 // What a forward leaves for its backward, as the schedule declares: the
@@ -127,6 +169,10 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
       transport_->send(Channel::kActivation, k, k + 1, mb, sent);
       return 0;
     });
+    if (build_graph && options_.free_sent_activations && !schedule.splits_backward() &&
+        transport_->copies(k, k + 1)) {
+      release_sent(y, entry.released_roots);
+    }
   }
   if (!training) {
     if (last && ctx.outputs) (*ctx.outputs)[mb] = std::move(y);
@@ -205,14 +251,7 @@ void Runtime::backward(int k, int mb, StepContext& ctx) {
     torch::autograd::backward(roots);
   } else {
     // An undefined gradient means nothing downstream depended on that output.
-    const Tensors grads = receive_gradients(k, mb, roots, ctx);
-    Tensors outputs, output_grads;
-    for (size_t i = 0; i < roots.size(); ++i) {
-      if (!roots[i].defined() || !grads[i].defined()) continue;
-      outputs.push_back(roots[i]);
-      output_grads.push_back(grads[i]);
-    }
-    if (!outputs.empty()) torch::autograd::backward(outputs, output_grads);
+    backward_through_graph(roots, entry.released_roots, receive_gradients(k, mb, roots, ctx));
   }
   if (k > 0) {
     Tensors input_grads(entry.inputs.size());

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
+#include <torch/csrc/autograd/edge.h>
 
 #include <cstdint>
 #include <map>
@@ -30,6 +31,10 @@ struct StashEntry {
   // (other slots undefined), or the scaled loss on the last stage. Empty when
   // only the inputs are kept.
   Tensors roots;
+  // Per slot of `roots`: where the backward enters the graph of an output
+  // released once sent (Runtime options' free_sent_activations; that slot of
+  // `roots` undefined), else empty.
+  std::vector<torch::autograd::Edge> released_roots;
   bool inputs_only = false;
   std::shared_ptr<WeightVersion> weights;    // the version the forward read (weight stashing)
   std::optional<StageRandom::State> random;  // where the stage's streams stood (a replay with stage_rng)

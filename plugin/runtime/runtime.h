@@ -46,6 +46,10 @@ using TiedParameter = std::vector<std::pair<int, size_t>>;
 struct RuntimeOptions {
   bool trace = true;
   bool divergence_guard = true;
+  // After a forward whose outputs another process or device received a copy
+  // of, release their data: the backward needs their graph only
+  // (PipelineOptions::free_sent_activations).
+  bool free_sent_activations = true;
   // Learning rate of a stage's n-th update; null leaves the optimizer's own.
   std::function<double(int64_t)> learning_rate;
   // placement[k]: the worker (thread) that runs stage k; the schedules run

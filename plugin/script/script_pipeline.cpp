@@ -113,6 +113,8 @@ bool set_pipeline_option(const std::string& key, const c10::IValue& v, PipelineO
     opts.trace(as_bool(key, v));
   } else if (key == "divergence_guard") {
     opts.divergence_guard(as_bool(key, v));
+  } else if (key == "free_sent_activations") {
+    opts.free_sent_activations(as_bool(key, v));
   } else if (key == "shared_inputs") {
     opts.shared_inputs(as_ints(key, v));
   } else if (key == "shared_targets") {
@@ -169,7 +171,7 @@ const std::set<std::string>& script_pipeline_options() {
       "weight_decay",   "shared_inputs",  "shared_targets", "tied_parameters", "chunks",         "recompute",
       "offload",        "vertical_sync",  "trace",         "divergence_guard", "sample",         "autocast",
       "loss_scaling",   "clip_grad_norm", "clip_norm_type", "accumulate_steps", "lr_schedule_unit", "plan",
-      "max_workers",    "memory_budget",  "lookahead"};
+      "max_workers",    "memory_budget",  "lookahead",     "free_sent_activations"};
   return known;
 }
 

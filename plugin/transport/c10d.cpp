@@ -37,6 +37,8 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intru
   state_->prefix = state_->stage_name(k);
 }
 
+bool C10dTransport::copies(int /*from*/, int to) const { return !state_->is_local(to); }
+
 void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensors& tensors) {
   State& s = *state_;
   s.check_usable();

@@ -96,6 +96,7 @@ class C10dTransport final : public Transport {
   // group: NCCL matches messages by order, not tag, and the chunks of two
   // processes take their messages in different orders.
   void place(const std::vector<int>& placement) override;
+  bool copies(int from, int to) const override;
   // A barrier of the pipeline group, bounded by the timeout.
   void barrier(int worker, int index) override;
   void abort() override;

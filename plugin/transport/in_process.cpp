@@ -92,6 +92,8 @@ class InProcessTransport final : public Transport {
     }
   }
 
+  bool copies(int from, int to) const override { return devices_.at(from) != devices_.at(to); }
+
   void abort() override {
     for (auto& box : activations_) box->abort();
     for (auto& box : gradients_) box->abort();

@@ -53,6 +53,11 @@ class Transport {
   // called barrier(_, index), at most until the timeout.
   virtual void barrier(int worker, int index) = 0;
 
+  // Whether stage `to` receives its own copy of what stage `from` sends
+  // (another process, another device): the sender's tensors are then its
+  // own once sent, and it may release their data.
+  virtual bool copies(int /*from*/, int /*to*/) const { return false; }
+
   // Wakes every blocked send/recv/barrier with AbortedError (another stage failed).
   virtual void abort() = 0;
 

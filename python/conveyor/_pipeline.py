@@ -83,6 +83,9 @@ class Pipeline:
         trace: record each action's times (``StepResult.trace``, timelines).
         divergence_guard: stop at a non-finite loss or gradient
             (``DivergenceError``), keeping the last good weights.
+        free_sent_activations: once a stage has sent its outputs to another
+            process or device, release their data and keep their graph (all
+            the backward needs); ``False`` keeps them.
         loss_reduction: ``"mean"`` or ``"sum"``.
         optimizer: the pipeline's own optimizer, one per stage: ``"sgd"``,
             ``"adam"`` or ``"adamw"``, with ``lr``, ``momentum`` (sgd) and
@@ -130,7 +133,8 @@ class Pipeline:
                  tied_parameters: Sequence[Sequence[str]] = (), schedule_text: Optional[str] = None,
                  recompute: bool = False, offload: bool = False, vertical_sync: bool = False,
                  stage_rng: bool = False, channel_capacity: int = 2, timeout: float = 300.0, trace: bool = True,
-                 divergence_guard: bool = True, loss_reduction: str = "mean", optimizer: Optional[str] = None,
+                 divergence_guard: bool = True, free_sent_activations: bool = True,
+                 loss_reduction: str = "mean", optimizer: Optional[str] = None,
                  lr: Optional[float] = None, momentum: Optional[float] = None,
                  weight_decay: Optional[float] = None, lr_schedule: Optional[Callable[[int], float]] = None,
                  lr_schedule_unit: Optional[str] = None, autocast: Union[str, torch.dtype, None] = None,
@@ -160,6 +164,7 @@ class Pipeline:
             "channel_capacity": _int("channel_capacity", channel_capacity, 0),
             "timeout_ms": max(1, int(round(timeout * 1000))),
             "trace": _bool("trace", trace), "divergence_guard": _bool("divergence_guard", divergence_guard),
+            "free_sent_activations": _bool("free_sent_activations", free_sent_activations),
             "loss_reduction": _str("loss_reduction", loss_reduction, ("mean", "sum")),
             "accumulate_steps": _int("accumulate_steps", accumulate_steps, 1),
             "fused_ops": _bool("fused_ops", fused_ops), "optimize": _bool("optimize", optimize),

@@ -202,6 +202,53 @@ TEST_F(TwoRanks, EachMicrobatchCrossesABoundaryAsOneMessageUnlessItIsLarge) {
   }
 }
 
+// Stage 0 releases the outputs it sent to the other process: its stash
+// holds nothing (its inputs need no gradient) where it held its in-flight
+// outputs, as the planner predicts for a link that copies; the last stage
+// sends no activations and stashes the same; the gradients are the same bit
+// for bit, and the in-process runtime's.
+TEST_F(TwoRanks, SentOutputsAreReleasedAndTheGradientsStayTheSame) {
+  expect_success(exits_);
+  const auto file = [&](const std::string& what, int rank) {
+    return read_tensors(out_ + "/" + what + "-rank" + std::to_string(rank) + ".pt");
+  };
+  const TensorMap released0 = file("released", 0), kept0 = file("kept", 0);
+  const TensorMap released1 = file("released", 1), kept1 = file("kept", 1);
+  const int64_t kept = kept0.at("peak_stash")[0].item<int64_t>();
+  EXPECT_EQ(released0.at("peak_stash")[0].item<int64_t>(), 0);
+  EXPECT_GT(kept, 0);
+  EXPECT_TRUE(torch::equal(released1.at("peak_stash"), kept1.at("peak_stash")));
+  for (const auto* pair : {&released0, &released1}) {
+    const TensorMap& released = *pair;
+    const TensorMap& same = pair == &released0 ? kept0 : kept1;
+    for (const auto& [name, t] : released) {
+      if (name != "peak_stash") {
+        EXPECT_TRUE(torch::equal(t, same.at(name))) << name;  // gradients, in flight
+      }
+    }
+  }
+  TensorMap grads = merged(out_, "released", 2);
+  grads.erase("peak_stash");
+  grads.erase("peak_inflight");
+  TensorMap want = in_process_grads("1f1b", 2);
+  want.erase("loss");
+  expect_equal(grads, want, "released");
+
+  // The planner, with the link's copy in the profile, predicts both stashes.
+  const Data d = global_batch(0);
+  auto profile = std::make_shared<ModelProfile>(profile_model(
+      seeded_mlp(), d.x.tensor_split(kMicrobatches)[0], d.y.tensor_split(kMicrobatches)[0], mse,
+      ProfileOptions().warmup(0).repeats(1).two_sizes(false).action_overhead(false)));
+  profile->link = LinkProfile{"c10d (as measured)", 50e-6, 1e9};
+  const auto options = synchronous_case("1f1b").workers(2).profile(profile);
+  const Plan releasing = make_plan(seeded_mlp(), options, kBatch);
+  const Plan keeping = make_plan(seeded_mlp(), PipelineOptions(options).free_sent_activations(false), kBatch);
+  EXPECT_EQ(releasing.predicted[0].stash_bytes, 0);
+  EXPECT_EQ(keeping.predicted[0].stash_bytes, kept);
+  EXPECT_EQ(keeping.predicted[1].stash_bytes, releasing.predicted[1].stash_bytes);
+  EXPECT_EQ(keeping.predicted[1].stash_bytes, kept1.at("peak_stash")[1].item<int64_t>());
+}
+
 TEST_F(TwoRanks, TiedWeightsInTwoProcessesStayBitIdenticalAndMatchInProcess) {
   expect_success(exits_);
   const TensorMap got = merged(out_, "tied", 2);
@@ -333,58 +380,6 @@ TEST(DataParallelBaseline, LibTorchDataParallelOnTheCpuEqualsPlainTraining) {
   }
   expect_equal(values_of(model), single_process_sgd(0.1, &want_losses), "data_parallel on cpu");
   for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(losses[step], want_losses[step], kTolerance);
-}
-
-// The planner's link for a multi-process pipeline is measured: a header and a
-// payload per transfer between two Gloo ranks on this machine.
-TEST(DistributedHelpers, TheC10dLinkIsMeasured) {
-  const LinkProfile link = measure_c10d_link(8 << 20, 3);
-  EXPECT_THAT(link.kind, HasSubstr("c10d Gloo"));
-  EXPECT_GT(link.latency_seconds, 0);
-  EXPECT_LT(link.latency_seconds, 1.0);
-  // On a busy machine the wake-ups can hide the bytes' cost (0: not measurable).
-  EXPECT_GE(link.bytes_per_second, 0);
-  EXPECT_GE(link.seconds(64 << 20), link.seconds(1 << 10));
-  EXPECT_THAT(testing::error_of([] { measure_c10d_link(16, 1); }), HasSubstr("at least 1 KiB"));
-}
-
-TEST(DistributedHelpers, ShardGivesEachReplicaItsSliceAndRejectsUnevenBatches) {
-  const at::Tensor batch = torch::arange(12).reshape({6, 2});
-  EXPECT_TRUE(shard(batch, 1, 3).equal(batch.narrow(0, 2, 2)));
-  EXPECT_TRUE(shard(batch, 0, 2, 1).equal(batch.narrow(1, 0, 1)));
-  EXPECT_THAT([&] { shard(batch, 0, 4); },
-              ::testing::ThrowsMessage<c10::Error>(
-                  HasSubstr("a global batch of 6 samples (dimension 0 of shape [6, 2]) does not split "
-                            "evenly among 4 replicas")));
-  EXPECT_THAT([&] { shard(batch, 0, 2, 2); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("no dimension 2")));
-}
-
-TEST(DistributedHelpers, LayoutPutsAReplicasStagesOnConsecutiveRanks) {
-  const HybridLayout layout = HybridLayout::for_world(6, 3);
-  EXPECT_EQ(layout.replicas, 2);
-  EXPECT_EQ(layout.pipeline_ranks(1), (std::vector<int>{3, 4, 5}));
-  EXPECT_EQ(layout.replica_ranks(2), (std::vector<int>{2, 5}));
-  EXPECT_EQ(layout.worker_of(4), 1);
-  EXPECT_EQ(layout.replica_of(4), 1);
-  EXPECT_THAT([] { HybridLayout::for_world(6, 4); }, ::testing::ThrowsMessage<std::invalid_argument>(
-                                                         HasSubstr("the number of workers must divide WORLD_SIZE")));
-}
-
-TEST(DistributedHelpers, WriteAtomicallyLeavesTheOldFileWhenWritingFails) {
-  const std::string dir = scratch("save");
-  fs::create_directories(dir);
-  const std::string path = dir + "/model.pt";
-  write_atomically(path, [](std::ostream& out) { out << "first"; });
-  EXPECT_THROW(write_atomically(path,
-                                [](std::ostream& out) {
-                                  out << "half of the second";
-                                  throw std::runtime_error("disk full");
-                                }),
-               std::runtime_error);
-  std::ifstream in(path);
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), "first");
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);  // no temporary left
-  fs::remove_all(dir);
 }
 
 }  // namespace
