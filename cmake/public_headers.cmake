@@ -14,6 +14,7 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/trace/timeline.h plugin/support/atomic_file.h plugin/support/tensors.h
   plugin/transport/transport.h plugin/transport/c10d.h
   plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h
+  plugin/checkpoint/model_state.h
   plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/distributed/link_cost.h
   plugin/distributed/process_groups.h
   ${CONVEYOR_SCRIPT_HEADERS})

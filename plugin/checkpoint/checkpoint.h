@@ -43,7 +43,11 @@
 // that stage only: each process keeps its own file.
 //
 // Loading checks that the checkpoint is of this model (the same parameter and
-// buffer names and shapes) and of this many stages, and refuses otherwise.
+// buffer names and shapes), and refuses otherwise. At another number of
+// stages it reshards (plugin/checkpoint/checkpoint_reshard.h): each stage's
+// own optimizer gets the state of the parameters it now holds; stage-owned
+// random streams, unequal update counts and a process's own file of a
+// multi-process pipeline are refused.
 //
 // Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
 

@@ -1,4 +1,5 @@
 #include "plugin/checkpoint/checkpoint_decode.h"
+#include "plugin/checkpoint/checkpoint_reshard.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_values.h"
@@ -118,7 +119,9 @@ bool pickle_lengths_fit(const char* data, size_t size) {
   return true;
 }
 
-Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
+}  // namespace
+
+c10::IValue read_pickled(const std::vector<char>& bytes, const std::string& path, bool* has_digest) {
   const std::string unreadable = "conveyor: '" + path + "' is not a readable checkpoint (truncated or not one)";
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   try {
@@ -130,7 +133,7 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   } catch (const std::exception&) {
     throw std::invalid_argument(unreadable);
   }
-  const bool has_digest = check_digest(*reader, path);
+  *has_digest = check_digest(*reader, path);
   c10::IValue value;
   try {
     if (reader->hasRecord("data.pkl")) {
@@ -159,6 +162,14 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
     const std::string reason = e.what();
     throw std::invalid_argument(unreadable + ": " + reason.substr(0, reason.find('\n')));
   }
+  return value;
+}
+
+namespace {
+
+Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
+  bool has_digest = false;
+  const c10::IValue value = read_pickled(bytes, path, &has_digest);
   if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
       value.toGenericDict().at("format") != c10::IValue(kCheckpointFormat)) {
     throw std::invalid_argument("conveyor: '" + path + "' is not a conveyor checkpoint (no format \"" +
@@ -176,11 +187,12 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   return d;
 }
 
-// The model's tensors: the same names and shapes, both ways.
-std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& target, const std::string& what,
-                                     const std::string& damaged) {
+}  // namespace
+
+std::vector<at::Tensor> model_values(const Dict& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                     const std::string& what, const std::string& damaged) {
   std::vector<at::Tensor> values;
-  for (const auto& [name, t] : target.tensors) {
+  for (const auto& [name, t] : tensors) {
     if (!checked::has(model, name)) {
       throw std::invalid_argument(what + "is of a different model: it has no '" + name + "' (shape " + shape(t) + ")");
     }
@@ -191,10 +203,9 @@ std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& 
     }
     values.push_back(saved.to(t.dtype()));
   }
-  if (model.size() != target.tensors.size()) {
+  if (model.size() != tensors.size()) {
     for (const auto& entry : model) {
       const std::string& name = entry.key().toStringRef();
-      const auto& tensors = target.tensors;
       const bool known = std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
       if (!known) throw std::invalid_argument(what + "is of a different model: this one has no '" + name + "'");
     }
@@ -202,6 +213,8 @@ std::vector<at::Tensor> model_values(const Dict& model, const CheckpointTarget& 
   return values;
 }
 
+
+namespace {
 
 // Stage k's own random streams, checked on copies of generators like theirs.
 StageRandom::State stage_random_state(const Dict& r, const c10::Device& device, const std::string& what,
@@ -240,9 +253,7 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   const std::string damaged = what + "is damaged: ";
   CheckedCheckpoint out;
   const int64_t stages = checked::int_field(d, "num_stages", damaged);
-  check_argument(stages == target.num_stages, what, "is of a pipeline of ", stages, " stages, this one has ",
-                 target.num_stages, "; resume with the same number of stages");
-  out.values = model_values(checked::dict_field(d, "model", damaged), target, what, damaged);
+  out.values = model_values(checked::dict_field(d, "model", damaged), target.tensors, what, damaged);
   const List saved_optimizers = checked::list_field(d, "optimizers", damaged);
   check_argument(saved_optimizers.size() == target.optimizers.size(), what, "holds ", saved_optimizers.size(),
                  " optimizer states, but ", target.optimizers.size(), " optimizers were given");
@@ -260,7 +271,12 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
                  " stages' entries for ", stages, " stages");
   out.updates.assign(target.num_stages, 0);
   out.random.resize(target.num_stages);
-  for (int k = 0; k < target.num_stages; ++k) {
+  if (stages != target.num_stages) {  // another split: what is per stage is regrouped
+    ResharedStages regrouped = reshard_stages(saved_stages, target, what, damaged);
+    out.updates.assign(target.num_stages, regrouped.updates);
+    for (auto& restore : regrouped.restore) out.restore_optimizers.push_back(std::move(restore));
+  }
+  for (int k = 0; k < target.num_stages && stages == target.num_stages; ++k) {
     const CheckpointTarget::Stage& stage = target.stages[k];
     if (!stage.local) continue;
     const std::string label = c10::str("stage ", k);

@@ -64,6 +64,18 @@ struct CheckedCheckpoint {
   std::optional<LossScalerState> loss_scaler;  // the file's, if it has one
 };
 
+// A file in torch.save's zip format, read with every size bounded by the
+// file's (its digest, if it has one, checked: `has_digest` says whether).
+// Throws std::invalid_argument for bytes that are not such a file.
+c10::IValue read_pickled(const std::vector<char>& bytes, const std::string& path, bool* has_digest);
+
+// The saved values of `tensors` in `model` ({name: tensor}), each of its
+// tensor's shape and dtype: the same names and shapes, both ways, or
+// std::invalid_argument prefixed with `what` naming the first mismatch.
+std::vector<at::Tensor> model_values(const c10::impl::GenericDict& model,
+                                     const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                                     const std::string& what, const std::string& damaged);
+
 // Names an optimizer's tensors by `names` (CheckpointTarget::names); throws
 // std::invalid_argument, naming `optimizer`, for one the pipeline does not have.
 ParameterNamer parameter_namer(const std::map<const void*, std::string>& names, const std::string& optimizer);

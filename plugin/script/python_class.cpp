@@ -32,6 +32,7 @@
 // and target; a scripted loss module is called as loss(*outputs, *targets).
 
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/checkpoint/model_state.h"
 #include "plugin/script/python_options.h"
 #include "plugin/script/script_pipeline.h"
 
@@ -131,6 +132,10 @@ class PythonPipeline : public torch::CustomClassHolder {
   int64_t load_checkpoint(const std::string& path) {
     return python_errors([&] { return conveyor::load_checkpoint(path, pipe_->pipeline()); });
   }
+  // The plain state dict ({name: tensor}), which torch.load reads.
+  void save_model_state(const std::string& path) const {
+    python_errors([&] { conveyor::save_model_state(path, pipe_->pipeline()); });
+  }
 
  private:
   std::unique_ptr<ScriptPipeline> pipe_;
@@ -155,6 +160,7 @@ TORCH_LIBRARY_FRAGMENT(conveyor, m) {
       .def("plan", &PythonPipeline::plan)
       .def("fused_ops_report", &PythonPipeline::fused_ops_report)
       .def("save_checkpoint", &PythonPipeline::save_checkpoint)
+      .def("save_model_state", &PythonPipeline::save_model_state)
       .def("load_checkpoint", &PythonPipeline::load_checkpoint);
 }
 

@@ -302,10 +302,10 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, shorter); }),
               AllOf(HasSubstr("different model"), HasSubstr("no '")));
 
+  // At another stage count (resharding), the caller's optimizers must still match.
   Pipeline three(testing::make_mlp(), options(3));
   const at::Tensor before = three.parameters()[0].clone();
-  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, three); }),
-              HasSubstr("is of a pipeline of 2 stages, this one has 3"));
+  EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, three); }), HasSubstr("holds 1 optimizer states, but 0"));
 
   Pipeline same(testing::make_mlp(), options(2));
   auto adam_opt = adam(same.parameters());

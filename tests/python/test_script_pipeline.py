@@ -282,9 +282,24 @@ def test_checkpoint_is_read_by_torch_load_and_restores_the_weights(tmp_path):
     assert pipe.load_checkpoint(path) == 7
     for name, t in pipe.state_dict().items():
         assert torch.equal(t, ckpt["model"][name]), name
+    # At another number of stages it reshards: the same weights by name.
     three = torch.classes.conveyor.Pipeline(scripted, {"workers": 3})
-    with pytest.raises(ValueError, match="is of a pipeline of 2 stages, this one has 3"):
-        three.load_checkpoint(path)
+    assert three.load_checkpoint(path) == 7
+    for name, t in three.state_dict().items():
+        assert torch.equal(t, ckpt["model"][name]), name
+    # The plain state dict and the checkpoint's weights load into the unsplit
+    # eager model, which then gives the pipeline's loss.
+    eager, _ = eager_and_scripted(Mlp)
+    state = str(tmp_path / "model.pt")
+    three.save_model_state(state)
+    x = batch(6)[0]
+    want = three.forward(x)
+    for weights in (torch.load(state), ckpt["model"]):
+        eager.load_state_dict(weights)
+        assert torch.allclose(eager(x), want, rtol=0, atol=1e-12)
+    random = torch.classes.conveyor.Pipeline(scripted, {"workers": 3, "stage_rng": True})
+    with pytest.raises(ValueError, match="is of a pipeline of 2 stages, this one has 3.*stage_rng"):
+        random.load_checkpoint(path)
 
 
 def test_errors_in_stages_arrive_as_python_exceptions_naming_the_stage():
