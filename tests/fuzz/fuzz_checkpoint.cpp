@@ -1,6 +1,7 @@
 // libFuzzer target: the checkpoint loader's checking half (decode_checkpoint,
 // plugin/checkpoint/checkpoint_decode.h), fed any bytes as a checkpoint file,
-// against the fixed pipeline of checkpoint_fixture.h in both of its set-ups.
+// against the fixed pipeline of checkpoint_fixture.h in its set-ups, and cut
+// in three stages (a checkpoint of two is resharded).
 // Any file may be refused, with std::invalid_argument only, and then nothing
 // may have changed; a file it accepts must restore (apply_checkpoint) and
 // leave optimizers that can step. Nothing may crash, hang, leak or trip a
@@ -33,23 +34,26 @@ struct Fixture {
   conveyor::CheckpointTarget target;
 
   explicit Fixture(Setup setup) {
-    target.num_stages = 2;
+    const std::vector<int64_t> cuts = setup == Setup::kResharded ? conveyor::fuzzing::resharded_boundaries()
+                                                                 : std::vector<int64_t>{conveyor::fuzzing::kSplit};
+    target.num_stages = static_cast<int>(cuts.size()) + 1;
     for (const auto& p : model->named_parameters()) target.tensors.emplace_back(p.key(), p.value());
     for (const auto& b : model->named_buffers()) target.tensors.emplace_back(b.key(), b.value());
     for (const auto& p : model->named_parameters()) target.names[p.value().unsafeGetTensorImpl()] = p.key();
-    target.stages.resize(2);
+    target.stages.resize(static_cast<size_t>(target.num_stages));
     if (setup == Setup::kCaller) {
       owned.push_back(conveyor::fuzzing::caller_adam(model->parameters()));
       target.optimizers.push_back(owned.back().get());
     } else {
-      for (int k = 0; k < 2; ++k) {
+      for (int k = 0; k < target.num_stages; ++k) {
         std::vector<at::Tensor> params;
-        for (int64_t i = k == 0 ? 0 : conveyor::fuzzing::kSplit; i < (k == 0 ? conveyor::fuzzing::kSplit : 4); ++i) {
+        const int64_t begin = k == 0 ? 0 : cuts[k - 1], end = k + 1 < target.num_stages ? cuts[k] : 4;
+        for (int64_t i = begin; i < end; ++i) {
           for (const auto& p : model[i]->parameters()) params.push_back(p);
         }
         owned.push_back(conveyor::fuzzing::stage_sgd(params));
         target.stages[k].optimizer = owned.back().get();
-        target.stages[k].random = c10::Device(c10::kCPU);
+        if (setup == Setup::kOwn) target.stages[k].random = c10::Device(c10::kCPU);
       }
     }
     target.generators.push_back(at::make_generator<at::CPUGeneratorImpl>(11));
@@ -91,7 +95,8 @@ void run(const std::vector<char>& bytes, Setup setup) {
     fail("refused a checkpoint with an exception other than std::invalid_argument:", e.what());
   }
   if (!(Snapshot(f) == before)) fail("checking a checkpoint changed the pipeline");
-  if (checked.updates.size() != 2 || checked.random.size() != 2) fail("a checked checkpoint lacks stages");
+  const auto stages = static_cast<size_t>(f.target.num_stages);
+  if (checked.updates.size() != stages || checked.random.size() != stages) fail("a checked checkpoint lacks stages");
   try {
     conveyor::apply_checkpoint(checked, f.target);
     for (const auto& random : checked.random) {
@@ -111,5 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<char> bytes(reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size);
   run(bytes, Setup::kCaller);
   run(bytes, Setup::kOwn);
+  run(bytes, Setup::kOwnSync);
+  run(bytes, Setup::kResharded);
   return 0;
 }

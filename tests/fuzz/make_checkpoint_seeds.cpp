@@ -1,6 +1,6 @@
 // Writes the checkpoint fuzzer's seed corpus (tests/fuzz/corpus/checkpoint/)
 // into the folder given: real checkpoints of checkpoint_fixture.h's pipeline
-// in both set-ups (saved by save_checkpoint after a training step), one of
+// in its three set-ups (saved by save_checkpoint after a training step), one of
 // another model, truncated and corrupted copies, and copies in format version
 // 2, which has no digest: a mutated file with a digest is refused by it, so
 // only those reach the loader's checks of the content.
@@ -40,6 +40,7 @@ void save(const std::string& path, Setup setup, bool wide = false) {
   }
   auto options = conveyor::PipelineOptions().workers(2).microbatches(2).boundaries({conveyor::fuzzing::kSplit});
   if (setup == Setup::kOwn) options.schedule("pipedream").optimizer(conveyor::fuzzing::stage_sgd).stage_rng(true);
+  if (setup == Setup::kOwnSync) options.schedule("1f1b").optimizer(conveyor::fuzzing::stage_sgd);
   conveyor::Pipeline pipe(model, options);
   const at::Tensor x = torch::randn({8, 4});
   const at::Tensor y = torch::randn({8, wide ? 5 : 2});
@@ -66,8 +67,9 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   save(dir + "/caller_adam.ckpt", Setup::kCaller);
   save(dir + "/own_sgd_stage_rng.ckpt", Setup::kOwn);
+  save(dir + "/own_sgd.ckpt", Setup::kOwnSync);  // reshards into three stages
   save(dir + "/other_model.ckpt", Setup::kCaller, /*wide=*/true);
-  for (const char* name : {"caller_adam", "own_sgd_stage_rng"}) {
+  for (const char* name : {"caller_adam", "own_sgd_stage_rng", "own_sgd"}) {
     const std::vector<char> bytes = read(dir + "/" + name + ".ckpt");
     write(dir + "/" + name + "-truncated.ckpt", std::vector<char>(bytes.begin(), bytes.begin() + bytes.size() / 2));
     std::vector<char> flipped = bytes;  // bytes of the pickle and of the tensors' data
