@@ -65,7 +65,7 @@ std::shared_ptr<const WeightVersion> StepRollback::keep(Stage& stage) {
   saved.weights = stage.snapshot();
   saved.updates = stage.updates();
   if (torch::optim::Optimizer* opt = stage.optimizer()) {
-    if (copyable(*opt)) {  // a copy in memory: serializing costs a millisecond a stage, every step
+    if (copyable(*opt)) {  // a copy in memory, not a serialized archive, at every step
       saved.copied = true;
       for (const auto& [impl, state] : opt->state()) saved.state.emplace_back(impl, deep_copy(*opt, *state));
       for (const auto& group : opt->param_groups()) saved.lrs.push_back(group.options().get_lr());
