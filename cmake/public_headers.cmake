@@ -9,6 +9,7 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/conveyor.h plugin/errors.h plugin/model_names.h plugin/options.h plugin/pipeline.h plugin/profile_model.h
   plugin/step_result.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
+  plugin/model/sharded_state.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
   plugin/planner/search.h
   plugin/trace/timeline.h plugin/support/atomic_file.h plugin/support/tensors.h
@@ -16,5 +17,5 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h
   plugin/checkpoint/model_state.h
   plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/distributed/link_cost.h
-  plugin/distributed/process_groups.h
+  plugin/distributed/process_groups.h plugin/distributed/sharded_optimizer.h
   ${CONVEYOR_SCRIPT_HEADERS})

@@ -90,9 +90,9 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
 }
 
 Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
-                   std::unique_ptr<Transport> transport, GradientReducer reduce_replicas)
+                   std::unique_ptr<Transport> transport, ReplicaReduction replicas)
     : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
-  reduce_replicas_ = std::move(reduce_replicas);
+  replicas_ = std::move(replicas);
   const schedules::Schedule& schedule = schedule_;
   check_argument(local_worker >= 0 && local_worker < schedule.num_workers(), "conveyor: local worker ", local_worker,
                  " is not a worker of this ", schedule.num_workers(), "-worker pipeline");
@@ -157,7 +157,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   }
   runtime_options.max_norm = options_.clip_grad_norm();
   runtime_options.norm_type = options_.clip_norm_type();
-  runtime_options.reduce_gradients = reduce_replicas_;
+  runtime_options.replicas = replicas_;
   std::vector<TiedParameter> ties;
   for (const TiedNames& names : tied) {
     TiedParameter tie;

@@ -66,10 +66,10 @@ class Pipeline {
   // `transport`. Only those layers are moved and trained; parameters() are
   // their weights; train_step's loss is NaN and forward() undefined unless
   // the worker runs the last stage.
-  // `reduce_replicas` (if given) reduces a stage's gradients across
-  // data-parallel replicas before each update of the pipeline's optimizer.
+  // `replicas` (if given) reduces a stage's gradients across data-parallel
+  // replicas before each update of the pipeline's optimizer.
   Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
-           std::unique_ptr<Transport> transport, GradientReducer reduce_replicas = nullptr);
+           std::unique_ptr<Transport> transport, ReplicaReduction replicas = {});
   ~Pipeline();
   Pipeline(Pipeline&&) noexcept;
   Pipeline& operator=(Pipeline&&) noexcept;
@@ -149,7 +149,7 @@ class Pipeline {
   std::vector<std::vector<std::string>> tied_names_;
   schedules::Schedule schedule_;  // built and validated once, by plan_stages (before plan_ is set)
   StagePlan plan_;
-  GradientReducer reduce_replicas_;
+  ReplicaReduction replicas_;
   int accumulated_ = 0;  // train_steps accumulated since the last update (accumulate_steps)
   std::unique_ptr<Runtime> runtime_;
 };

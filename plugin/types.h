@@ -33,9 +33,19 @@ struct LossScalerState {
   int64_t growth_tracker = 0;
 };
 
-// Reduces stage `stage`'s gradients (the .grad of `weights`) in place across
-// data-parallel replicas before any update looks at them (the distributed
-// pipeline's; plugin/distributed/distributed_pipeline.h).
-using GradientReducer = std::function<void(int stage, const std::vector<at::Tensor>& weights)>;
+// How a stage's gradients are shared with its data-parallel replicas before
+// an update (the distributed pipeline's; plugin/distributed/distributed_pipeline.h).
+struct ReplicaReduction {
+  // Reduces stage `stage`'s gradients (the .grad of `weights`) in place across
+  // the replicas before any update looks at them.
+  std::function<void(int stage, const std::vector<at::Tensor>& weights)> gradients;
+  // Set when `gradients` leaves each replica only its shard of the reduced
+  // gradients, zeros elsewhere (sharded optimizer state): sums `values` (their
+  // maximum, with `max`) across the replicas, so that the loss scaler's
+  // verdict and the clipping norm are the whole gradients'.
+  std::function<void(at::Tensor& values, bool max)> across_replicas;
+
+  explicit operator bool() const { return static_cast<bool>(gradients); }
+};
 
 }  // namespace conveyor

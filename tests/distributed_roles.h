@@ -292,6 +292,7 @@ inline void faulty(Worker& w) {
 }
 
 inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
+inline void sharded(Worker& w);          // distributed/sharded_roles.h
 
 // ---------------------------------------------------------------------------
 // Training options over processes: K = 2 workers, and D = world / 2 replicas.
@@ -381,6 +382,8 @@ inline int run_worker(const std::string& role) {
       pipelines(w);
       hybrid(w);
       training_options(w);
+    } else if (role == "sharded") {
+      sharded(w);
     } else if (role == "faulty") {
       faulty(w);
     } else {

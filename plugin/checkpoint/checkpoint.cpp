@@ -4,6 +4,7 @@
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/optimizer_state.h"
+#include "plugin/model/sharded_state.h"
 #include "plugin/model/stage.h"
 #include "plugin/model_names.h"
 #include "plugin/support/atomic_file.h"
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 
@@ -155,7 +157,10 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
       s.insert("rng", c10::IValue());
     }
     if (torch::optim::Optimizer* own = pipe.stage(k).optimizer()) {
-      Dict o = optimizer_state_to_dict(*own, parameter_namer(names, stage_optimizer_label(k)));
+      // State split across replicas is saved whole (collective over them).
+      std::unique_ptr<torch::optim::Optimizer> whole;
+      if (auto* sharded = dynamic_cast<ShardedState*>(own)) whole = sharded->gather_state();
+      Dict o = optimizer_state_to_dict(whole ? *whole : *own, parameter_namer(names, stage_optimizer_label(k)));
       o.insert_or_assign("stage", int64_t{k});
       s.insert("optimizer", o);
     } else {
@@ -193,11 +198,17 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
   target.tensors = model_named_parameters(pipe);
   for (auto& b : model_named_buffers(pipe)) target.tensors.push_back(std::move(b));
   target.names = names_by_tensor(pipe);
+  // State split across replicas is restored whole, then each takes its part.
+  std::vector<std::pair<ShardedState*, std::unique_ptr<torch::optim::Optimizer>>> sharded;
   for (int k = 0; k < pipe.num_stages(); ++k) {
     CheckpointTarget::Stage stage;
     stage.local = pipe.is_local(k);
     if (stage.local) {
       stage.optimizer = pipe.stage(k).optimizer();
+      if (auto* parts = dynamic_cast<ShardedState*>(stage.optimizer)) {
+        sharded.emplace_back(parts, parts->gather_state());
+        stage.optimizer = sharded.back().second.get();
+      }
       if (const StageRandom* random = pipe.stage(k).random()) stage.random = random->device();
     }
     target.stages.push_back(stage);
@@ -207,6 +218,7 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
   // Everything is checked first: only then is anything changed.
   const CheckedCheckpoint checked = decode_checkpoint(bytes, path, target);
   apply_checkpoint(checked, target);
+  for (const auto& [parts, whole] : sharded) parts->take_shard(*whole);
   for (int k = 0; k < pipe.num_stages(); ++k) {
     if (checked.random[k]) pipe.stage(k).random()->set_state(*checked.random[k]);
   }

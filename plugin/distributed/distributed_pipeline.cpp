@@ -1,5 +1,6 @@
 #include "plugin/distributed/distributed_pipeline.h"
 
+#include "plugin/distributed/sharded_optimizer.h"
 #include "plugin/errors.h"
 #include "plugin/model/stage.h"
 #include "plugin/planner/partition.h"
@@ -39,31 +40,6 @@ void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weig
                       groups.layout().replicas, " replicas (", ranks_text(groups.layout().replica_ranks(k)), ")"));
 }
 
-// The optimizer of a replicated stage whose learning rate is scaled for the
-// global batch; the wrapped optimizer (the user's) does the rest. Its param
-// groups are the ones a learning-rate schedule sets. The gradients were
-// reduced across the replicas before (the pipeline's GradientReducer), so
-// that a loss scaler's verdict and clipping see the global batch's.
-class ScaledLearningRate final : public torch::optim::Optimizer {
- public:
-  ScaledLearningRate(std::unique_ptr<torch::optim::Optimizer> inner, double lr_scale)
-      : Optimizer(inner->param_groups(), inner->defaults().clone()), inner_(std::move(inner)), lr_scale_(lr_scale) {}
-
-  at::Tensor step(LossClosure closure) override {
-    TORCH_CHECK(!closure, "conveyor: a replicated stage's optimizer does not take a loss closure");
-    for (size_t i = 0; i < param_groups().size(); ++i) {
-      inner_->param_groups()[i].options().set_lr(param_groups()[i].options().get_lr() * lr_scale_);
-    }
-    return inner_->step();
-  }
-  void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
-  void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
-
- private:
-  std::unique_ptr<torch::optim::Optimizer> inner_;
-  double lr_scale_;
-};
-
 std::string local_device(const PipelineOptions& options, int stage, int local_rank) {
   const auto& names = options.devices();
   if (names.empty()) return "cpu";
@@ -100,16 +76,39 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
   const double lr_scale = distributed_.scale_learning_rate() ? layout.replicas : 1.0;
-  if (options.optimizer() && lr_scale != 1.0) {
+  const bool sharded = distributed_.shard_optimizer_state() && layout.replicas > 1;
+  check_argument(!sharded || options.optimizer(), "conveyor: sharded optimizer state needs the pipeline's own ",
+                 "optimizer (PipelineOptions::optimizer): a caller's optimizer holds the whole state");
+  if (lr_scale != 1.0) {
+    // The global batch's learning rate: the optimizer's own and the schedule's, scaled.
+    if (options.optimizer()) {
+      options.optimizer([inner = options.optimizer(), lr_scale](std::vector<at::Tensor> weights) {
+        std::unique_ptr<torch::optim::Optimizer> optimizer = inner(std::move(weights));
+        for (auto& group : optimizer->param_groups()) group.options().set_lr(group.options().get_lr() * lr_scale);
+        return optimizer;
+      });
+    }
+    if (options.lr_schedule()) {
+      options.lr_schedule([inner = options.lr_schedule(), lr_scale](int64_t n) { return inner(n) * lr_scale; });
+    }
+  }
+  ReplicaReduction replicas;
+  if (sharded) {
     options.optimizer([inner = options.optimizer(),
-                       lr_scale](std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
-      return std::make_unique<ScaledLearningRate>(inner(std::move(weights)), lr_scale);
+                       groups = groups_](std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
+      return std::make_unique<ShardedOptimizer>(std::move(weights), inner, groups);
     });
+    replicas.gradients = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
+      reduce_scatter_gradients(*groups, weights, average);
+    };
+    replicas.across_replicas = [groups = groups_](at::Tensor& values, bool max) {
+      all_reduce_values(*groups, *groups->replicas(), values, max,
+                        c10::str("the verdict or gradient norm of stage ", groups->worker(), "'s replicas"));
+    };
   }
   // The pipeline's own optimizer updates from the replicas' reduced gradients.
-  GradientReducer reduce_replicas;
-  if (options.optimizer() && layout.replicas > 1) {
-    reduce_replicas = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
+  if (!sharded && options.optimizer() && layout.replicas > 1) {
+    replicas.gradients = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
       reduce_gradients(*groups, weights, average);
     };
   }
@@ -123,8 +122,9 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   const c10::intrusive_ptr<c10d::Backend> device_group =
       transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
   auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);
-  pipeline_ =
-      std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport), std::move(reduce_replicas));
+  pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport), std::move(replicas));
+  check_argument(!sharded || pipeline_->schedule().synchronous(), "conveyor: sharded optimizer state needs a ",
+                 "synchronous schedule; '", pipeline_->schedule().name, "' steps each stage after every micro-batch");
 
   // Identical initial weights: replica 0's, stage by stage.
   const bool on_device = transport_options.device.is_cuda() && groups_->replicas_device();
@@ -136,6 +136,17 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
     broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
               c10::str("broadcasting the initial weights of stage ", s, " from replica 0"));
   }
+}
+
+int64_t DistributedPipeline::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  for (int s = 0; s < pipeline_->num_stages(); ++s) {
+    if (!pipeline_->is_local(s)) continue;
+    if (const torch::optim::Optimizer* optimizer = pipeline_->stage(s).optimizer()) {
+      bytes += conveyor::optimizer_state_bytes(*optimizer);
+    }
+  }
+  return bytes;
 }
 
 double DistributedPipeline::clip_grad_norm(double max_norm, double norm_type) {

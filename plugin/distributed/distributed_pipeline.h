@@ -72,6 +72,13 @@ struct DistributedOptions {
   // device "cuda" (PipelineOptions::devices) becomes cuda:<local_rank>, so
   // each process drives its own GPU.
   TORCH_ARG(int, local_rank) = 0;
+  // ZeRO stage 1 (plugin/distributed/sharded_optimizer.h): each of a stage's
+  // D replicas keeps the optimizer state of 1/D of its weights; gradients are
+  // reduce-scattered, each replica updates its shard, the weights are
+  // all-gathered. The same weights as unsharded. Needs the pipeline's own
+  // optimizer (SGD, Adam, AdamW, Adagrad, RMSprop) and a synchronous schedule;
+  // no effect with one replica.
+  TORCH_ARG(bool, shard_optimizer_state) = false;
 };
 
 // Replica `replica`'s shard of a global batch: the replica-th of `replicas`
@@ -111,6 +118,9 @@ class DistributedPipeline {
   // This rank's stage's live weights (what an optimizer steps).
   std::vector<at::Tensor> parameters() const { return pipeline_->parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return pipeline_->named_parameters(); }
+  // Bytes of the state of this rank's stages' own optimizers (with
+  // shard_optimizer_state, this replica's shard of it).
+  int64_t optimizer_state_bytes() const;
 
   // Clipping by global norm for a caller that owns its optimizer, after
   // train_step (whose gradients are then averaged across replicas): the norm

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <charconv>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -98,6 +99,18 @@ void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& bucket) {
   for (const auto& t : bucket) {
     t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
     offset += t.numel();
+  }
+}
+
+// Starts a collective; a failure to start it is the groups' failure too.
+c10::intrusive_ptr<c10d::Work> start(ProcessGroups& groups, const std::string& what,
+                                     const std::function<c10::intrusive_ptr<c10d::Work>()>& collective) {
+  TORCH_CHECK(!groups.failed(), "conveyor: ", groups.describe(groups.rank()), ": the process groups failed earlier");
+  try {
+    return collective();
+  } catch (const std::exception& e) {
+    groups.mark_failed();
+    throw std::runtime_error(groups.describe(groups.rank()) + ": could not start " + what + " [" + message_of(e) + "]");
   }
 }
 
@@ -300,43 +313,68 @@ void all_reduce_everywhere(ProcessGroups& groups, const std::vector<at::Tensor>&
 void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,
                 const std::string& what) {
   if (group.getSize() == 1 || tensors.empty()) return;
-  TORCH_CHECK(!groups.failed(), "conveyor: ", groups.describe(groups.rank()), ": the process groups failed earlier");
   for (const auto& bucket : buckets_of(tensors)) {
     std::vector<at::Tensor> flat{flatten(bucket)};
     c10d::AllreduceOptions options;
     options.timeout = groups.options().timeout;
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = group.allreduce(flat, options);
-    } catch (const std::exception& e) {
-      groups.mark_failed();
-      throw std::runtime_error(groups.describe(groups.rank()) + ": could not start " + what + " [" + message_of(e) +
-                               "]");
-    }
-    wait(groups, work, what);
+    wait(groups, start(groups, what, [&] { return group.allreduce(flat, options); }), what);
     if (average) flat[0].div_(group.getSize());
     unflatten(flat[0], bucket);
   }
 }
 
+void all_reduce_values(ProcessGroups& groups, c10d::Backend& group, at::Tensor& values, bool max,
+                       const std::string& what) {
+  if (group.getSize() == 1) return;
+  std::vector<at::Tensor> list{values};
+  c10d::AllreduceOptions options;
+  options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  options.timeout = groups.options().timeout;
+  wait(groups, start(groups, what, [&] { return group.allreduce(list, options); }), what);
+}
+
+void reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows, at::Tensor& mine,
+                    bool average, const std::string& what) {
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == group.getSize() && mine.numel() == rows.size(1),
+              "conveyor: reduce_scatter of rows ", rows.sizes(), " into ", mine.sizes(), " over ", group.getSize(),
+              " ranks");
+  if (group.getSize() == 1) {
+    mine.copy_(rows[0]);
+    return;
+  }
+  std::vector<at::Tensor> outputs{mine};
+  std::vector<std::vector<at::Tensor>> inputs{rows.unbind(0)};
+  c10d::ReduceScatterOptions options;
+  options.timeout = groups.options().timeout;
+  wait(groups, start(groups, what, [&] { return group.reduce_scatter(outputs, inputs, options); }), what);
+  if (average) mine.div_(group.getSize());
+}
+
+void all_gather(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& mine, at::Tensor& rows,
+                const std::string& what) {
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == group.getSize() && mine.numel() == rows.size(1),
+              "conveyor: all_gather of ", mine.sizes(), " into rows ", rows.sizes(), " over ", group.getSize(),
+              " ranks");
+  if (group.getSize() == 1) {
+    rows[0].copy_(mine);
+    return;
+  }
+  std::vector<std::vector<at::Tensor>> outputs{rows.unbind(0)};
+  std::vector<at::Tensor> inputs{mine};
+  c10d::AllgatherOptions options;
+  options.timeout = groups.options().timeout;
+  wait(groups, start(groups, what, [&] { return group.allgather(outputs, inputs, options); }), what);
+}
+
 void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, int root,
                const std::string& what) {
   if (group.getSize() == 1 || tensors.empty()) return;
-  TORCH_CHECK(!groups.failed(), "conveyor: ", groups.describe(groups.rank()), ": the process groups failed earlier");
   for (const auto& bucket : buckets_of(tensors)) {
     std::vector<at::Tensor> flat{flatten(bucket)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     options.timeout = groups.options().timeout;
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = group.broadcast(flat, options);
-    } catch (const std::exception& e) {
-      groups.mark_failed();
-      throw std::runtime_error(groups.describe(groups.rank()) + ": could not start " + what + " [" + message_of(e) +
-                               "]");
-    }
-    wait(groups, work, what);
+    wait(groups, start(groups, what, [&] { return group.broadcast(flat, options); }), what);
     if (group.getRank() != root) unflatten(flat[0], bucket);
   }
 }

@@ -172,6 +172,19 @@ void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<a
 // replicas group.
 void all_reduce_everywhere(ProcessGroups& groups, const std::vector<at::Tensor>& tensors, const std::string& what);
 
+// Sums `values` in place across `group`, or takes their maximum with `max`.
+void all_reduce_values(ProcessGroups& groups, c10d::Backend& group, at::Tensor& values, bool max,
+                       const std::string& what);
+
+// Sums (or averages) across `group` the rows of `rows` ([group size, n], row
+// j for group rank j): `mine` ([n]) receives this rank's row of the sum.
+void reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows, at::Tensor& mine,
+                    bool average, const std::string& what);
+
+// Every group rank's `mine` ([n]) into row j of `rows` ([group size, n]).
+void all_gather(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& mine, at::Tensor& rows,
+                const std::string& what);
+
 // Overwrites `tensors` with group rank `root`'s values.
 void broadcast(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, int root,
                const std::string& what);

@@ -65,7 +65,7 @@ struct RuntimeOptions {
   double max_norm = 0;
   double norm_type = 2.0;
   // Reduces a stage's gradients across data-parallel replicas before an update.
-  GradientReducer reduce_gradients;
+  ReplicaReduction replicas;
 };
 
 class Runtime {

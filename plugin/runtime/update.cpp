@@ -23,10 +23,12 @@ bool any_nonfinite(const std::vector<at::Tensor>& tensors) {
   return !tensors.empty() && count_nonfinite(tensors).item<int64_t>() > 0;
 }
 
-// 1 if `local` is true on any worker of the pipeline, else 0.
-bool on_any_worker(Transport& transport, bool local) {
+// Whether `local` is true on any worker of the pipeline (and on any replica,
+// where each holds a shard of the gradients).
+bool on_any_worker(Transport& transport, const ReplicaReduction& replicas, bool local) {
   at::Tensor flag = at::full({1}, local ? 1.0 : 0.0, at::kDouble);
   transport.reduce_over_workers(flag, /*max=*/true);
+  if (replicas.across_replicas) replicas.across_replicas(flag, /*max=*/true);
   return flag.item<double>() > 0;
 }
 
@@ -73,18 +75,21 @@ double Runtime::clip_grad_norm(double max_norm, double norm_type) {
   std::vector<at::Tensor> grads;
   const at::Tensor norms = local_norm_part(norm_type, grads);
   at::Tensor total;
-  if (local_.size() == stages_.size()) {
+  const auto& across_replicas = options_.replicas.across_replicas;  // set: each replica holds a shard
+  if (local_.size() == stages_.size() && !across_replicas) {
     // Every stage is here: the norm of the per-tensor norms, as the unsplit
     // model's clip_grad_norm_ computes it, bit for bit.
     if (norms.numel() == 0) return 0.0;
     total = norms.numel() == 1 ? norms[0] : inf ? norms.max() : norms.norm(norm_type);
   } else {
-    // Each process's part, reduced over the pipeline's processes.
+    // Each process's part, reduced over the pipeline's processes (and the
+    // replicas' shards).
     at::Tensor part = at::zeros({1}, at::kDouble);
     if (norms.numel() > 0) {
       part = (inf ? norms.max() : norms.to(at::kDouble).pow(norm_type).sum()).to(at::kDouble).reshape({1});
     }
     transport_->reduce_over_workers(part, /*max=*/inf);
+    if (across_replicas) across_replicas(part, /*max=*/inf);
     total = inf ? part[0] : part[0].pow(1.0 / norm_type);
   }
   const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
@@ -101,7 +106,7 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
       result.skipped_updates += ctx.stages[k].skipped;
       result.grad_norm = std::fmax(result.grad_norm, ctx.stages[k].grad_norm);  // NaN: not clipped
     }
-    if (scaler_) scaler_->update(on_any_worker(*transport_, result.skipped_updates > 0));
+    if (scaler_) scaler_->update(on_any_worker(*transport_, options_.replicas, result.skipped_updates > 0));
     return;
   }
   std::vector<int> owned;  // stages with the pipeline's own optimizer
@@ -109,15 +114,15 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     if (stages_[k]->optimizer()) owned.push_back(k);
   }
   if (owned.empty() || !ctx.data.update) return;
-  if (options_.reduce_gradients) {
-    for (int k : owned) options_.reduce_gradients(k, stages_[k]->live());
+  if (options_.replicas) {
+    for (int k : owned) options_.replicas.gradients(k, stages_[k]->live());
   }
   if (scaler_) {
     std::vector<at::Tensor> grads;
     for (int k : owned) {
       for (auto& g : stages_[k]->gradients()) grads.push_back(g);
     }
-    if (on_any_worker(*transport_, any_nonfinite(grads))) {
+    if (on_any_worker(*transport_, options_.replicas, any_nonfinite(grads))) {
       // An overflow anywhere: no stage steps, on any process or replica.
       for (int k : owned) {
         stages_[k]->skip_step();

@@ -1,0 +1,103 @@
+#pragma once
+// Optimizer state sharded across the data-parallel replicas of a stage
+// (ZeRO stage 1; DistributedOptions::shard_optimizer_state).
+//
+// Each of the stage's D replicas keeps the optimizer state of 1/D of every
+// weight: a weight of n elements is cut into D pieces of ceil(n / D) (the
+// last padded with zeros), and replica d updates piece d. A step then goes:
+//  1. reduce_scatter_gradients: the replicas' gradients are summed (or
+//     averaged) by a reduce-scatter, so that each replica receives only its
+//     pieces of the reduced gradient; they are written into the weights'
+//     gradients, whose other elements are set to zero. What looks at the
+//     gradients before the update (the loss scaler's verdict, unscaling,
+//     clipping by global norm) works on those, and sums its verdict and its
+//     norm across the replicas as well (ReplicaReduction::across_replicas);
+//  2. ShardedOptimizer::step: the wrapped optimizer steps the pieces;
+//  3. the updated pieces are all-gathered into every replica's weights.
+// Per element this is the update an unsharded replica makes, for optimizers
+// whose update is elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, the only
+// ones accepted), so the weights equal the unsharded hybrid's.
+//
+// Checkpoints hold the whole state (ShardedState): saving gathers it from the
+// replicas, so every replica of the stage saves at the same time; loading
+// takes each replica's piece, at any number of replicas.
+
+#include "plugin/distributed/process_groups.h"
+#include "plugin/model/sharded_state.h"
+#include "plugin/options.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace conveyor {
+
+// How every weight of a stage is cut among D replicas.
+struct ShardLayout {
+  // `weights` in order; D = replicas; this replica's index.
+  ShardLayout(const std::vector<at::Tensor>& weights, int replicas, int replica);
+  int replicas = 1;
+  int replica = 0;
+  std::vector<int64_t> numel;  // per weight
+  std::vector<int64_t> piece;  // per weight: ceil(numel / D)
+
+  // Elements of weight i in this replica's piece (the rest is padding).
+  int64_t owned(size_t i) const;
+  // This replica's piece of `t` (weight i's shape, or flat), a copy padded to piece[i].
+  at::Tensor piece_of(size_t i, const at::Tensor& t) const;
+};
+
+// Sums (averages) the stage's gradients across its replicas with a
+// reduce-scatter: afterwards each weight's gradient holds this replica's
+// piece of the reduced gradient, zeros elsewhere. A weight without a
+// gradient contributes zeros. Collective over the replicas.
+void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weights, bool average);
+
+class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedState {
+ public:
+  // `factory`'s optimizer (SGD, Adam, AdamW, Adagrad or RMSprop; anything
+  // else is refused naming it), remade over this replica's pieces of
+  // `weights` with the same parameter groups and options, which it copies to
+  // them at each step (a learning-rate schedule sets this optimizer's).
+  ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,
+                   std::shared_ptr<ProcessGroups> groups);
+
+  // The pieces' step from the gradients reduce_scatter_gradients left, then
+  // the weights all-gathered across the replicas. Collective.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
+  // Over the stage's weights, with each state tensor all-gathered from the replicas.
+  std::unique_ptr<torch::optim::Optimizer> gather_state() override;
+  void take_shard(const torch::optim::Optimizer& whole) override;
+
+  // The optimizer over this replica's pieces.
+  torch::optim::Optimizer& inner() { return *inner_; }
+  const torch::optim::Optimizer& inner() const { return *inner_; }
+  const ShardLayout& layout() const { return layout_; }
+  // The stage's weights, in the order of layout().
+  const std::vector<at::Tensor>& weights() const { return weights_; }
+  // The pieces, in the order of layout().
+  const std::vector<at::Tensor>& pieces() const { return pieces_; }
+
+ private:
+  ShardedOptimizer(std::vector<at::Tensor> weights, std::unique_ptr<torch::optim::Optimizer> full,
+                   std::shared_ptr<ProcessGroups> groups);
+
+  std::vector<at::Tensor> weights_;
+  ShardLayout layout_;
+  std::shared_ptr<ProcessGroups> groups_;
+  std::vector<at::Tensor> pieces_;  // per weight: this replica's piece, what inner_ steps
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+
+};
+
+// Bytes of the tensors in an optimizer's state (momentum, moments, ...): for
+// a ShardedOptimizer, this replica's pieces'. 0 before the first step of the
+// optimizers that make their state then. SGD, Adam, AdamW, Adagrad, RMSprop;
+// throws std::invalid_argument for another optimizer.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+}  // namespace conveyor

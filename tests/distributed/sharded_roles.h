@@ -1,0 +1,150 @@
+#pragma once
+// The ranks of the sharded-optimizer tests (tests/distributed/test_sharded_optimizer.cpp):
+// D = 2 replicas of a K = 2 worker pipeline train the same cases with the
+// optimizer state sharded across the replicas (ZeRO-1) and without, and
+// write both; the tests compare them.
+
+#include "distributed_roles.h"
+#include "distributed_tensor_roles.h"
+#include "plugin/distributed/sharded_optimizer.h"
+
+#include <torch/optim/lbfgs.h>
+
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace conveyor::testing {
+
+constexpr int kShardedSteps = 5;
+
+struct ShardedCase {
+  std::string name;
+  std::function<torch::nn::Sequential()> model;
+  PipelineOptions options;
+  DistributedOptions distributed;
+  bool tied_lm = false;                   // the tied LSTM LM on its token batches, else the MLP
+  std::shared_ptr<double> bomb;           // the bomb model's factor: infinite at kOverflowStep on rank 0
+};
+
+inline std::vector<ShardedCase> sharded_cases() {
+  auto adam = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
+  };
+  auto adamw = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  };
+  auto decaying = [](int64_t n) { return 0.01 / (1.0 + static_cast<double>(n)); };
+  std::vector<ShardedCase> cases;
+  cases.push_back({"adam-1f1b", seeded_mlp,
+                   PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam).lr_schedule(decaying),
+                   DistributedOptions()});
+  cases.push_back({"sgd-gpipe", seeded_mlp, PipelineOptions().microbatches(2).schedule("gpipe").optimizer(
+                                                sgd_momentum()),
+                   DistributedOptions().scale_learning_rate(true)});
+  cases.push_back({"adamw-interleaved", seeded_mlp,
+                   PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), DistributedOptions()});
+  auto factor = std::make_shared<double>(1.0);
+  cases.push_back({"clip-scale", [factor] { return bomb_model(factor); }, scaled_options().clip_grad_norm(0.05),
+                   DistributedOptions(), false, factor});
+  auto sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
+  };
+  cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), DistributedOptions(), true});
+  return cases;
+}
+
+// kShardedSteps steps of `c` on this replica's shard of each global batch;
+// the weights, the losses, norms, scales and skips, and the optimizer bytes.
+inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& groups, const ShardedCase& c,
+                            bool sharded) {
+  const int d = groups->replica(), replicas = groups->layout().replicas;
+  DistributedPipeline pipe(c.model(), c.options,
+                           groups, DistributedOptions(c.distributed).shard_optimizer_state(sharded));
+  std::vector<double> losses, norms, scales, skipped;
+  for (int step = 0; step < kShardedSteps; ++step) {
+    if (c.bomb) *c.bomb = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
+    StepResult r;
+    if (c.tied_lm) {
+      const auto [x, y] = tied_lm_batch(step);
+      r = pipe.train_step(shard(x, d, replicas), shard(y, d, replicas), lm_loss);
+    } else {
+      const Data s = global_batch(step);
+      r = pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
+    }
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+    scales.push_back(r.loss_scale);
+    skipped.push_back(r.skipped_updates);
+  }
+  TensorMap out = values_of(pipe.named_parameters());
+  out["losses"] = torch::tensor(losses, at::kDouble);
+  out["norms"] = torch::tensor(norms, at::kDouble);
+  out["scales"] = torch::tensor(scales, at::kDouble);
+  out["skipped"] = torch::tensor(skipped, at::kDouble);
+  out["state_bytes"] = at::full({1}, static_cast<double>(pipe.optimizer_state_bytes()), at::kDouble);
+  return out;
+}
+
+// Adam, sharded: 3 steps, a checkpoint (each rank its own file, the state
+// gathered whole), 2 more; a fresh pipeline, sharded or not, that loads the
+// checkpoint takes the same 2 steps.
+inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
+  const ShardedCase c = sharded_cases().front();
+  const int d = groups->replica(), replicas = groups->layout().replicas;
+  const DistributedOptions sharding = DistributedOptions().shard_optimizer_state(true);
+  auto run = [&](DistributedPipeline& pipe, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      const Data s = global_batch(step);
+      pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
+    }
+  };
+  DistributedPipeline pipe(c.model(), c.options, groups, sharding);
+  run(pipe, 0, 3);
+  save_checkpoint(w.file("sharded-ckpt"), pipe.pipeline(), {3, {}});
+  run(pipe, 3, kShardedSteps);
+  write_tensors(w.file("resume-uninterrupted"), values_of(pipe.named_parameters()));
+  for (const bool sharded : {true, false}) {
+    torch::manual_seed(9);
+    DistributedPipeline fresh(make_mlp(), c.options, groups, DistributedOptions().shard_optimizer_state(sharded));
+    const int64_t step = load_checkpoint(w.file("sharded-ckpt"), fresh.pipeline());
+    run(fresh, static_cast<int>(step), kShardedSteps);
+    write_tensors(w.file(sharded ? "resume-sharded" : "resume-unsharded"), values_of(fresh.named_parameters()));
+  }
+}
+
+// What a sharded configuration that cannot work says.
+inline std::string refusal(const std::function<void()>& build) {
+  try {
+    build();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+inline void sharded(Worker& w) {
+  auto groups = w.groups("sharded", 2, std::chrono::seconds(20));
+  for (const ShardedCase& c : sharded_cases()) {
+    write_tensors(w.file(c.name + "-plain"), train_case(w, groups, c, false));
+    write_tensors(w.file(c.name + "-sharded"), train_case(w, groups, c, true));
+  }
+  resumed(w, groups);
+  const DistributedOptions sharding = DistributedOptions().shard_optimizer_state(true);
+  std::string refusals;
+  refusals += refusal([&] {
+    DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2).schedule("pipedream").optimizer(sgd_momentum()),
+                        groups, sharding);
+  }) + "\n";
+  refusals += refusal([&] {
+    auto lbfgs = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::LBFGS>(p); };
+    DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2).optimizer(lbfgs), groups, sharding);
+  }) + "\n";
+  refusals += refusal([&] { DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2), groups, sharding); });
+  w.note("sharded-refusals", refusals);
+  groups->barrier();
+}
+
+}  // namespace conveyor::testing
