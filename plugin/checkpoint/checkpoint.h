@@ -41,6 +41,10 @@
 //
 // A pipeline that runs one stage of a multi-process pipeline saves and loads
 // that stage only: each process keeps its own file.
+// A stage optimizer whose state is sharded across data-parallel replicas
+// (ShardedState, plugin/model/sharded_state.h) is saved whole, gathered from
+// the replicas, so every replica of the stage saves at the same time; loading
+// takes each replica's part, and loads into an unsharded optimizer as well.
 //
 // Loading checks that the checkpoint is of this model (the same parameter and
 // buffer names and shapes), and refuses otherwise. At another number of
