@@ -11,6 +11,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -132,15 +133,17 @@ void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tenso
   for (const auto& bucket : by_dtype_and_device(trained)) {
     int64_t width = 0;
     for (size_t i : bucket) width += layout.piece[i];
-    // Row d: every weight's piece d, one after the other.
+    // Row d: every weight's piece d, one after the other (zero where a piece is padding).
     at::Tensor rows = at::zeros({replicas, width}, trained[bucket[0]].options());
     int64_t offset = 0;
     for (size_t i : bucket) {
       const at::Tensor& g = trained[i].grad();
       if (g.defined()) {
-        at::Tensor padded = at::zeros({replicas * layout.piece[i]}, rows.options());
-        padded.narrow(0, 0, layout.numel[i]).copy_(g.reshape({-1}));
-        rows.narrow(1, offset, layout.piece[i]).copy_(padded.view({replicas, layout.piece[i]}));
+        const at::Tensor flat = g.reshape({-1});
+        for (int d = 0; d < replicas; ++d) {
+          const int64_t n = std::min(layout.piece[i], layout.numel[i] - d * layout.piece[i]);
+          if (n > 0) rows[d].narrow(0, offset, n).copy_(flat.narrow(0, d * layout.piece[i], n));
+        }
       }
       offset += layout.piece[i];
     }
@@ -151,11 +154,13 @@ void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tenso
     offset = 0;
     for (size_t i : bucket) {
       const at::Tensor& w = trained[i];
-      if (!w.grad().defined()) w.mutable_grad() = at::zeros_like(w);
-      at::Tensor flat = at::zeros({layout.numel[i]}, rows.options());
+      if (!w.grad().defined() || !w.grad().is_contiguous()) {
+        w.mutable_grad() = w.grad().defined() ? w.grad().contiguous() : at::zeros_like(w);
+      }
+      const at::Tensor flat = w.grad().view({-1});
+      flat.zero_();
       const int64_t n = layout.owned(i);
       if (n > 0) flat.narrow(0, layout.replica * layout.piece[i], n).copy_(mine.narrow(0, offset, n));
-      w.grad().copy_(flat.view(w.sizes()));
       offset += layout.piece[i];
     }
   }
