@@ -87,6 +87,11 @@ class Pipeline:
             process or device, release their data and keep their graph (all
             the backward needs); ``False`` keeps them.
         loss_reduction: ``"mean"`` or ``"sum"``.
+        shard_optimizer_state: with replicas (``replica_group``) and the
+            pipeline's own ``optimizer``, each replica of a stage keeps the
+            optimizer state of 1/D of its weights (ZeRO stage 1): gradients
+            are reduce-scattered, each replica updates its part, the weights
+            are all-gathered; the same weights as without.
         optimizer: the pipeline's own optimizer, one per stage: ``"sgd"``,
             ``"adam"`` or ``"adamw"``, with ``lr``, ``momentum`` (sgd) and
             ``weight_decay``; ``train_step`` steps it.
@@ -143,7 +148,7 @@ class Pipeline:
                  optimize: bool = False, example_inputs: Optional[Tensors] = None,
                  plan: Optional[str] = None, max_workers: Optional[int] = None,
                  memory_budget: Optional[int] = None, process_group: Optional[Any] = None,
-                 replica_group: Optional[Any] = None, **unknown: Any):
+                 replica_group: Optional[Any] = None, shard_optimizer_state: bool = False, **unknown: Any):
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "model", "unknown")]
             name = sorted(unknown)[0]
@@ -168,6 +173,7 @@ class Pipeline:
             "loss_reduction": _str("loss_reduction", loss_reduction, ("mean", "sum")),
             "accumulate_steps": _int("accumulate_steps", accumulate_steps, 1),
             "fused_ops": _bool("fused_ops", fused_ops), "optimize": _bool("optimize", optimize),
+            "shard_optimizer_state": _bool("shard_optimizer_state", shard_optimizer_state),
         }
         if split_points is not None:
             options["split_points"] = _strs("split_points", split_points)

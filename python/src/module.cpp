@@ -158,8 +158,13 @@ class PyPipeline {
              int local_rank)
       : raised_(std::make_shared<RaisedInStep>()) {
     c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
+    bool shard_optimizer_state = false;  // DistributedOptions', not the script pipeline's
     for (const auto& [key, value] : options) {
       const auto name = py::cast<std::string>(key);
+      if (name == "shard_optimizer_state") {
+        shard_optimizer_state = py::cast<bool>(value);
+        continue;
+      }
       generic.insert(name, ivalue_of(value, "option '" + name + "'"));
     }
     const ScriptOptions dict = c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic));
@@ -181,7 +186,8 @@ class PyPipeline {
     }
     released([&] {
       pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups,
-                                               DistributedOptions().local_rank(local_rank));
+                                               DistributedOptions().local_rank(local_rank).shard_optimizer_state(
+                                                   shard_optimizer_state));
     });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }

@@ -18,10 +18,10 @@ import torchrun_worker as worker  # noqa: E402
 TOLERANCE = 1e-10
 
 
-def torchrun(tmp_path, nproc: int, schedule: str):
+def torchrun(tmp_path, nproc: int, schedule: str, mode: str = "sgd"):
     """Runs torchrun_worker.py on nproc processes; returns what each rank saved."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(pathlib.Path(worker.__file__)), str(tmp_path), schedule, "2"]
+               str(pathlib.Path(worker.__file__)), str(tmp_path), schedule, "2", mode]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -86,6 +86,18 @@ def test_two_processes_train_as_one(tmp_path):
 
 def test_two_replicas_of_a_two_process_pipeline(tmp_path):
     check_ranks(torchrun(tmp_path, 4, "gpipe"), workers=2, replicas=2)
+
+
+def test_optimizer_state_sharded_across_replicas_trains_as_unsharded(tmp_path):
+    """shard_optimizer_state=True: 2 replicas of a 2-process pipeline, Adam:
+    the reduce-scatter sums the same two numbers the all-reduce does and
+    Adam's update is elementwise, so the weights are bit-identical."""
+    for rank, saved in enumerate(torchrun(tmp_path, 4, "1f1b", mode="sharded")):
+        assert "needs a synchronous schedule; 'pipedream'" in saved["refusal"], saved["refusal"]
+        assert saved["plain"].keys() == saved["sharded"].keys() and saved["plain"], rank
+        for name, want in saved["plain"].items():
+            assert torch.equal(saved["sharded"][name], want), f"rank {rank}: {name}"
+            assert not torch.equal(want, worker.make_model().state_dict()[name]), f"rank {rank}: {name} untrained"
 
 
 @pytest.fixture
