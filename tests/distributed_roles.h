@@ -293,6 +293,8 @@ inline void faulty(Worker& w) {
 
 inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
 inline void sharded(Worker& w);          // distributed/sharded_roles.h
+inline void reshard_save(Worker& w);     // distributed/reshard_roles.h
+inline void reshard_resume(Worker& w);
 
 // ---------------------------------------------------------------------------
 // Training options over processes: K = 2 workers, and D = world / 2 replicas.
@@ -384,6 +386,10 @@ inline int run_worker(const std::string& role) {
       training_options(w);
     } else if (role == "sharded") {
       sharded(w);
+    } else if (role == "reshard_save") {
+      reshard_save(w);
+    } else if (role == "reshard_resume") {
+      reshard_resume(w);
     } else if (role == "faulty") {
       faulty(w);
     } else {

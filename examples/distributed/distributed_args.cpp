@@ -84,7 +84,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --run-dir DIR       where --save-every writes and --resume reads
   --resume auto       pipeline: start from the newest step every rank has a
                       checkpoint of in --run-dir (none: from the start); with
-                      torchrun --max-restarts=N a run survives a lost rank
+                      torchrun --max-restarts=N a run survives a lost rank;
+                      a job of another size (--workers, --replicas) resumes
+                      from every rank's files, resharded
   --seed N            seed of the model and the data (default 1)
   --log-every N       steps between log lines (default 10)
   --help              this text

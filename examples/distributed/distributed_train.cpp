@@ -107,7 +107,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
       make_model(a), options, groups,
       conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank).shard_optimizer_state(
           a.shard_optimizer));
-  conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank);
+  conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank, env.world_size);
   const int first = a.resume ? static_cast<int>(checkpoints.resume(pipe)) : 0;
   if (pipe.is_logging_rank()) {
     std::cout << "pipeline: " << workers << " workers x " << a.replicas << " replicas, schedule " << a.schedule << ", "

@@ -2,6 +2,7 @@
 
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
+#include "plugin/checkpoint/checkpoint_set.h"
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/optimizer_state.h"
 #include "plugin/model/sharded_state.h"
@@ -156,15 +157,26 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
     } else {
       s.insert("rng", c10::IValue());
     }
+    s.insert("optimizer", c10::IValue());
+    s.insert("optimizer_shard", c10::IValue());
     if (torch::optim::Optimizer* own = pipe.stage(k).optimizer()) {
-      // State split across replicas is saved whole (collective over them).
-      std::unique_ptr<torch::optim::Optimizer> whole;
-      if (auto* sharded = dynamic_cast<ShardedState*>(own)) whole = sharded->gather_state();
-      Dict o = optimizer_state_to_dict(whole ? *whole : *own, parameter_namer(names, stage_optimizer_label(k)));
-      o.insert_or_assign("stage", int64_t{k});
-      s.insert("optimizer", o);
-    } else {
-      s.insert("optimizer", c10::IValue());
+      if (auto* sharded = dynamic_cast<ShardedState*>(own)) {
+        // This replica's pieces only: no process holds the whole state.
+        const ParameterNamer weight_name = parameter_namer(names, stage_optimizer_label(k));
+        Dict o = optimizer_state_to_dict(sharded->shard(), [&](const at::Tensor& piece) {
+          return weight_name(sharded->weight_of_piece(piece));
+        });
+        o.insert_or_assign("stage", int64_t{k});
+        Dict part = new_dict();
+        part.insert("replica", int64_t{sharded->replica()});
+        part.insert("replicas", int64_t{sharded->replicas()});
+        part.insert("optimizer", o);
+        s.insert_or_assign("optimizer_shard", part);
+      } else {
+        Dict o = optimizer_state_to_dict(*own, parameter_namer(names, stage_optimizer_label(k)));
+        o.insert_or_assign("stage", int64_t{k});
+        s.insert_or_assign("optimizer", o);
+      }
     }
     stages.push_back(s);
   }
@@ -188,26 +200,29 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
   write_atomically(path, checkpoint_bytes(d));
 }
 
-int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
-                        const std::vector<torch::optim::Optimizer*>& optimizers) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("conveyor: cannot read checkpoint '" + path + "': no such file");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+namespace {
+
+// load_checkpoint of a checkpoint's dict; `path` names it in messages.
+int64_t load_dict(const Dict& d, const std::string& path, Pipeline& pipe,
+                  const std::vector<torch::optim::Optimizer*>& optimizers) {
   CheckpointTarget target;
   target.num_stages = pipe.num_stages();
   target.tensors = model_named_parameters(pipe);
   for (auto& b : model_named_buffers(pipe)) target.tensors.push_back(std::move(b));
   target.names = names_by_tensor(pipe);
-  // State split across replicas is restored whole, then each takes its part.
-  std::vector<std::pair<ShardedState*, std::unique_ptr<torch::optim::Optimizer>>> sharded;
+  // A whole state is restored into an optimizer over the whole weights, of
+  // which a sharded stage then takes its part; a part saved by the same
+  // replica goes straight into its shard (decode_checkpoint).
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> wholes;
   for (int k = 0; k < pipe.num_stages(); ++k) {
     CheckpointTarget::Stage stage;
     stage.local = pipe.is_local(k);
     if (stage.local) {
       stage.optimizer = pipe.stage(k).optimizer();
       if (auto* parts = dynamic_cast<ShardedState*>(stage.optimizer)) {
-        sharded.emplace_back(parts, parts->gather_state());
-        stage.optimizer = sharded.back().second.get();
+        wholes.push_back(parts->whole_without_state());
+        stage.optimizer = wholes.back().get();
+        stage.sharded = parts;
       }
       if (const StageRandom* random = pipe.stage(k).random()) stage.random = random->device();
     }
@@ -216,9 +231,8 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
   target.optimizers = optimizers;
   target.generators = generators();
   // Everything is checked first: only then is anything changed.
-  const CheckedCheckpoint checked = decode_checkpoint(bytes, path, target);
+  const CheckedCheckpoint checked = decode_checkpoint(d, path, target);
   apply_checkpoint(checked, target);
-  for (const auto& [parts, whole] : sharded) parts->take_shard(*whole);
   for (int k = 0; k < pipe.num_stages(); ++k) {
     if (checked.random[k]) pipe.stage(k).random()->set_state(*checked.random[k]);
   }
@@ -226,6 +240,23 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
   // A file without a scaler (or a pipeline without one) keeps the pipeline's.
   if (checked.loss_scaler && pipe.loss_scaler_state()) pipe.restore_loss_scaler(*checked.loss_scaler);
   return checked.step;
+}
+
+}  // namespace
+
+int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+                        const std::vector<torch::optim::Optimizer*>& optimizers) {
+  const std::vector<CheckpointFile> file = read_checkpoint_files({path});
+  return load_dict(read_checkpoint(file[0].bytes, path), path, pipe, optimizers);
+}
+
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+                              const std::vector<torch::optim::Optimizer*>& optimizers) {
+  return load_dict(merge_checkpoints(read_checkpoint_files(paths)), files_label(paths), pipe, optimizers);
+}
+
+void merge_checkpoint_files(const std::vector<std::string>& paths, const std::string& out) {
+  write_atomically(out, checkpoint_bytes(merge_checkpoints(read_checkpoint_files(paths))));
 }
 
 }  // namespace conveyor

@@ -8,7 +8,7 @@
 //
 // The file is the zip format of torch::pickle_save, which Python's
 // torch.load reads as a dict:
-//   format        "conveyor-checkpoint", version 3
+//   format        "conveyor-checkpoint", version 4
 //   step          the caller's step count
 //   completed_steps  Pipeline::completed_steps()
 //   num_stages    K
@@ -19,6 +19,8 @@
 //                 "parameters": [names], "buffers": [names], "updates": the
 //                 stage's optimizer steps, "optimizer": the state of the
 //                 stage's own optimizer (PipelineOptions::optimizer) or None,
+//                 "optimizer_shard": a replica's part of it when it is sharded
+//                 (below) or None,
 //                 "rng": the stage's own random streams {"cpu", "device"}
 //                 (PipelineOptions::stage_rng) or None}
 //                 ("local" false: the stage runs in another process, which
@@ -40,18 +42,24 @@
 // schedule reads: an asynchronous run resumes as exactly as a synchronous one.
 //
 // A pipeline that runs one stage of a multi-process pipeline saves and loads
-// that stage only: each process keeps its own file.
+// that stage only: each process keeps its own file, which it loads back at
+// the same layout; load_checkpoint_files puts every process's file together,
+// to resume at another number of stages or replicas.
 // A stage optimizer whose state is sharded across data-parallel replicas
-// (ShardedState, plugin/model/sharded_state.h) is saved whole, gathered from
-// the replicas, so every replica of the stage saves at the same time; loading
-// takes each replica's part, and loads into an unsharded optimizer as well.
+// (ShardedState, plugin/model/sharded_state.h) saves this replica's part only
+// ("optimizer_shard": {"replica", "replicas", "optimizer": the state of its
+// flat pieces, by the weights' names}, "optimizer" None): no process gathers
+// the whole state, and no collective runs. A part loads back into the same
+// replica of as many replicas; the parts of all replicas merged
+// (load_checkpoint_files) make the whole state, which loads into any number
+// of replicas, sharded or not.
 //
 // Loading checks that the checkpoint is of this model (the same parameter and
-// buffer names and shapes), and refuses otherwise. At another number of
-// stages it reshards (plugin/checkpoint/checkpoint_reshard.h): each stage's
-// own optimizer gets the state of the parameters it now holds; stage-owned
-// random streams, unequal update counts and a process's own file of a
-// multi-process pipeline are refused.
+// buffer names and shapes; a process's pipeline checks its own stages'), and
+// refuses otherwise. At another number of stages it reshards
+// (plugin/checkpoint/checkpoint_reshard.h): each stage's own optimizer gets
+// the state of the parameters it now holds; stage-owned random streams,
+// unequal update counts and one process's file alone are refused.
 //
 // Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
 
@@ -84,5 +92,22 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
 // optimizers that do not match; nothing is changed then.
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers = {});
+
+// A checkpoint that the processes of a multi-process pipeline wrote, one
+// file each (every rank's file of one step, in any order): merged in memory
+// (plugin/checkpoint/checkpoint_set.h), then loaded as load_checkpoint loads
+// one file, at any number of stages and replicas, in-process or into each
+// process's stages. Each process reads every file. Throws
+// std::invalid_argument, changing nothing, as load_checkpoint does, and for
+// files that are not one checkpoint (other steps or pipelines), a stage no
+// file holds, or a replica's part of a sharded optimizer state missing, each
+// named.
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+                              const std::vector<torch::optim::Optimizer*>& optimizers = {});
+
+// Writes the checkpoint of the whole pipeline that `paths` (a multi-process
+// pipeline's files) make together, atomically: one file that loads at any
+// layout (load_checkpoint) and into a plain model (load_model_state).
+void merge_checkpoint_files(const std::vector<std::string>& paths, const std::string& out);
 
 }  // namespace conveyor

@@ -1,5 +1,6 @@
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_reshard.h"
+#include "plugin/checkpoint/stage_optimizer.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_values.h"
@@ -165,9 +166,7 @@ c10::IValue read_pickled(const std::vector<char>& bytes, const std::string& path
   return value;
 }
 
-namespace {
-
-Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
+Dict read_checkpoint(const std::vector<char>& bytes, const std::string& path) {
   bool has_digest = false;
   const c10::IValue value = read_pickled(bytes, path, &has_digest);
   if (!value.isGenericDict() || !value.toGenericDict().contains("format") ||
@@ -187,10 +186,12 @@ Dict unpickle(const std::vector<char>& bytes, const std::string& path) {
   return d;
 }
 
-}  // namespace
+bool CheckpointTarget::every_stage_local() const {
+  return std::all_of(stages.begin(), stages.end(), [](const Stage& s) { return s.local; });
+}
 
 std::vector<at::Tensor> model_values(const Dict& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                     const std::string& what, const std::string& damaged) {
+                                     const std::string& what, const std::string& damaged, bool exactly) {
   std::vector<at::Tensor> values;
   for (const auto& [name, t] : tensors) {
     if (!checked::has(model, name)) {
@@ -203,7 +204,7 @@ std::vector<at::Tensor> model_values(const Dict& model, const std::vector<std::p
     }
     values.push_back(saved.to(t.dtype()));
   }
-  if (model.size() != tensors.size()) {
+  if (exactly && model.size() != tensors.size()) {
     for (const auto& entry : model) {
       const std::string& name = entry.key().toStringRef();
       const bool known = std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
@@ -248,12 +249,28 @@ ParameterNamer parameter_namer(const std::map<const void*, std::string>& names, 
 
 CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::string& path,
                                     const CheckpointTarget& target) {
-  const Dict d = unpickle(bytes, path);
+  return decode_checkpoint(read_checkpoint(bytes, path), path, target);
+}
+
+CheckedCheckpoint decode_checkpoint(const Dict& d, const std::string& path, const CheckpointTarget& target) {
   const std::string what = "conveyor: checkpoint '" + path + "' ";
   const std::string damaged = what + "is damaged: ";
   CheckedCheckpoint out;
   const int64_t stages = checked::int_field(d, "num_stages", damaged);
-  out.values = model_values(checked::dict_field(d, "model", damaged), target.tensors, what, damaged);
+  const List saved_stages = checked::list_field(d, "stages", damaged);
+  if (stages != target.num_stages || target.every_stage_local()) {
+    // One process's file: it has what that process ran only.
+    for (size_t k = 0; k < saved_stages.size(); ++k) {
+      const Dict s = checked::to_dict(saved_stages.get(k), c10::str("stage ", k), damaged);
+      if (checked::has(s, "local") && !checked::to_bool(s.at("local"), "local", damaged)) {
+        throw std::invalid_argument(c10::str(what, "holds only the stages one process ran (not stage ", k, " of ",
+                                             stages, "): load every process's file together "
+                                             "(load_checkpoint_files)"));
+      }
+    }
+  }
+  out.values = model_values(checked::dict_field(d, "model", damaged), target.tensors, what, damaged,
+                            target.every_stage_local());
   const List saved_optimizers = checked::list_field(d, "optimizers", damaged);
   check_argument(saved_optimizers.size() == target.optimizers.size(), what, "holds ", saved_optimizers.size(),
                  " optimizer states, but ", target.optimizers.size(), " optimizers were given");
@@ -266,7 +283,6 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
   }
   // Each stage's own optimizer, progress and random streams (format 2; a
   // version 1 file has none, and fits only a pipeline without them).
-  const List saved_stages = checked::list_field(d, "stages", damaged);
   check_argument(static_cast<int64_t>(saved_stages.size()) == stages, damaged, "it has ", saved_stages.size(),
                  " stages' entries for ", stages, " stages");
   out.updates.assign(target.num_stages, 0);
@@ -287,18 +303,8 @@ CheckedCheckpoint decode_checkpoint(const std::vector<char>& bytes, const std::s
     }
     if (checked::has(s, "updates")) out.updates[k] = checked::int_field(s, "updates", damaged + label + " ");
     if (out.updates[k] < 0) throw std::invalid_argument(damaged + label + " has a negative update count");
-    const bool saved_own = checked::has_value(s, "optimizer");
-    if ((stage.optimizer != nullptr) != saved_own) {
-      throw std::invalid_argument(c10::str(what, saved_own ? "holds" : "holds no", " state of stage ", k,
-                                           "'s own optimizer, but this pipeline ", stage.optimizer ? "has" : "has no",
-                                           " such optimizer (PipelineOptions::optimizer)"));
-    }
-    if (stage.optimizer) {
-      const std::string own = stage_optimizer_label(k);
-      out.restore_optimizers.push_back(optimizer_state_restorer(
-          *stage.optimizer, checked::dict_field(s, "optimizer", damaged), parameter_namer(target.names, own),
-          damaged + own + ": "));
-    }
+    std::function<void()> restore = stage_optimizer_restorer(s, stage, k, target.names, what, damaged);
+    if (restore) out.restore_optimizers.push_back(std::move(restore));
     // Its own random streams (PipelineOptions::stage_rng).
     const bool saved_rng = checked::has_value(s, "rng");
     if (stage.random.has_value() != saved_rng) {

@@ -1,6 +1,7 @@
 #include "plugin/checkpoint/checkpoint_reshard.h"
 
 #include "plugin/checkpoint/checked_ivalue.h"
+#include "plugin/checkpoint/stage_optimizer.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -23,7 +24,6 @@ ResharedStages reshard_stages(const List& saved_stages, const CheckpointTarget& 
                                          target.num_stages, ", and ", why));
   };
   for (const auto& s : target.stages) {
-    if (!s.local) refuse("a process running some stages resumes only at the stage count it saved");
     if (s.random) refuse("this pipeline has stage-owned random streams (stage_rng), which are per stage");
   }
   ResharedStages out;
@@ -36,7 +36,8 @@ ResharedStages reshard_stages(const List& saved_stages, const CheckpointTarget& 
     const Dict s = checked::to_dict(saved_stages.get(k), label, damaged);
     if (checked::has(s, "local") && !checked::to_bool(s.at("local"), label + " local", damaged)) {
       refuse(c10::str("it holds only the stages one process ran (not stage ", k,
-                      "): resharding needs every stage's state in one file"));
+                      "): resharding needs every stage's state: load every process's file together "
+                      "(load_checkpoint_files)"));
     }
     const int64_t updates = checked::has(s, "updates") ? checked::int_field(s, "updates", damaged + label + " ") : 0;
     if (k == 0) out.updates = updates;
@@ -45,6 +46,10 @@ ResharedStages reshard_stages(const List& saved_stages, const CheckpointTarget& 
                       updates, "; an asynchronous schedule's): resume at ", saved_count, " stages"));
     }
     if (checked::has_value(s, "rng")) refuse("it holds stage-owned random streams (stage_rng), which are per stage");
+    if (checked::has_value(s, "optimizer_shard")) {
+      refuse(c10::str("it holds one replica's part of stage ", k, "'s optimizer state (sharded): resharding needs ",
+                      "the whole state: load the files of every replica together (load_checkpoint_files)"));
+    }
     if (!checked::has_value(s, "optimizer")) continue;
     ++with_optimizer;
     const std::string own = damaged + stage_optimizer_label(static_cast<int>(k)) + ": ";
@@ -75,7 +80,7 @@ ResharedStages reshard_stages(const List& saved_stages, const CheckpointTarget& 
   // in its own groups, at the learning rate they were saved with.
   for (int k = 0; k < target.num_stages; ++k) {
     torch::optim::Optimizer* opt = target.stages[k].optimizer;
-    if (!opt) continue;
+    if (!target.stages[k].local || !opt) continue;
     const std::string label = stage_optimizer_label(k);
     const ParameterNamer name_of = parameter_namer(target.names, label);
     Dict regrouped = new_dict();
@@ -101,7 +106,8 @@ ResharedStages reshard_stages(const List& saved_stages, const CheckpointTarget& 
     }
     regrouped.insert("param_groups", groups);
     regrouped.insert("state", fields);
-    out.restore.push_back(optimizer_state_restorer(*opt, regrouped, name_of, damaged + label + ": "));
+    out.restore.push_back(
+        then_take_shard(optimizer_state_restorer(*opt, regrouped, name_of, damaged + label + ": "), target.stages[k]));
   }
   return out;
 }

@@ -3,11 +3,13 @@
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
+#include "plugin/checkpoint/checkpoint_set.h"
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/model_names.h"
 #include "plugin/support/atomic_file.h"
 
 #include <c10/core/GradMode.h>
+#include <torch/serialize/output-archive.h>
 
 #include <fstream>
 #include <iterator>
@@ -48,15 +50,11 @@ void save_model_state(const std::string& path, const Pipeline& pipe) {
 
 void save_model_state(const std::string& path, const torch::nn::Module& model) { write_state(path, named_state(model)); }
 
-void load_model_state(const std::string& path, torch::nn::Module& model) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument("conveyor: cannot read '" + path + "': no such file");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  bool has_digest = false;
-  const c10::IValue value = read_pickled(bytes, path, &has_digest);
+namespace {
+
+// Copies `d` (a state dict, or a checkpoint's dict: its model) into `model`.
+void load_dict(Dict d, bool has_digest, const std::string& path, torch::nn::Module& model) {
   const std::string what = "conveyor: '" + path + "' ";
-  if (!value.isGenericDict()) throw std::invalid_argument(what + "holds no dict of named tensors");
-  Dict d = value.toGenericDict();
   if (d.contains("format")) {  // a checkpoint: its model
     if (d.at("format") != c10::IValue(kCheckpointFormat) || !has_digest) {
       throw std::invalid_argument(what + "is neither a state dict nor an intact Conveyor checkpoint");
@@ -67,6 +65,37 @@ void load_model_state(const std::string& path, torch::nn::Module& model) {
   const std::vector<at::Tensor> values = model_values(d, tensors, what, what + "is damaged: ");
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].second.copy_(values[i]);
+}
+
+}  // namespace
+
+void load_model_state(const std::string& path, torch::nn::Module& model) {
+  const std::vector<CheckpointFile> file = read_checkpoint_files({path});
+  bool has_digest = false;
+  const c10::IValue value = read_pickled(file[0].bytes, path, &has_digest);
+  if (!value.isGenericDict()) throw std::invalid_argument("conveyor: '" + path + "' holds no dict of named tensors");
+  load_dict(value.toGenericDict(), has_digest, path, model);
+}
+
+void load_model_state_files(const std::vector<std::string>& paths, torch::nn::Module& model) {
+  load_dict(merge_checkpoints(read_checkpoint_files(paths)), true, files_label(paths), model);
+}
+
+void export_model_state(const std::vector<std::string>& paths, const std::string& out) {
+  const Dict merged = merge_checkpoints(read_checkpoint_files(paths));
+  const Dict model = checked::dict_field(merged, "model", "conveyor: '" + files_label(paths) + "' is damaged: ");
+  Named tensors;
+  for (const auto& entry : model) {
+    tensors.emplace_back(entry.key().toStringRef(), checked::to_tensor(entry.value(), entry.key().toStringRef(),
+                                                                       "conveyor: checkpoint model "));
+  }
+  write_state(out, tensors);
+}
+
+void save_model_archive(const std::string& path, const torch::nn::Module& model) {
+  torch::serialize::OutputArchive archive;
+  model.save(archive);
+  write_atomically(path, [&](std::ostream& out) { archive.save_to(out); });
 }
 
 }  // namespace conveyor

@@ -8,5 +8,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_decode.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_reshard.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint_set.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_state.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/optimizer_state.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/optimizer_state.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_optimizer.cpp)

@@ -233,26 +233,24 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   return {};
 }
 
-std::unique_ptr<torch::optim::Optimizer> ShardedOptimizer::gather_state() {
+const at::Tensor& ShardedOptimizer::weight_of_piece(const at::Tensor& piece) const {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (pieces_[i].unsafeGetTensorImpl() == piece.unsafeGetTensorImpl()) return weights_[i];
+  }
+  throw std::invalid_argument(c10::str("conveyor: a tensor of shape ", piece.sizes(),
+                                       " is not a piece of this sharded optimizer's weights"));
+}
+
+std::unique_ptr<torch::optim::Optimizer> ShardedOptimizer::whole_without_state() const {
   std::vector<torch::optim::OptimizerParamGroup> whole_groups;
   for (const auto& group : param_groups()) whole_groups.emplace_back(group.params(), group.options().clone());
-  std::unique_ptr<torch::optim::Optimizer> whole = remake(*inner_, whole_groups);
-  const int replicas = layout_.replicas;
-  for (size_t i = 0; i < weights_.size(); ++i) {
-    // Every replica has state for the same weights: they step together.
-    const torch::optim::OptimizerParamState* piece = state_of(*inner_, pieces_[i]);
-    if (!piece) continue;
-    std::unique_ptr<torch::optim::OptimizerParamState> state = piece->clone();
-    map_state_tensors(*state, [&](const at::Tensor& t) {
-      at::Tensor rows = at::empty({replicas, layout_.piece[i]}, t.options());
-      at::Tensor mine = t.contiguous();
-      all_gather(*groups_, group_for(*groups_, mine), mine, rows,
-                 c10::str("gathering the optimizer state of ", replicas_text(*groups_), " for a checkpoint"));
-      return rows.reshape({-1}).narrow(0, 0, layout_.numel[i]).view(weights_[i].sizes()).clone();
-    });
-    whole->state()[weights_[i].unsafeGetTensorImpl()] = std::move(state);
+  return remake(*inner_, whole_groups);
+}
+
+void ShardedOptimizer::shard_restored() {
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    param_groups()[g].options().set_lr(inner_->param_groups().at(g).options().get_lr());
   }
-  return whole;
 }
 
 void ShardedOptimizer::take_shard(const torch::optim::Optimizer& whole) {

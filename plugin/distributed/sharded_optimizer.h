@@ -18,9 +18,10 @@
 // whose update is elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, the only
 // ones accepted), so the weights equal the unsharded hybrid's.
 //
-// Checkpoints hold the whole state (ShardedState): saving gathers it from the
-// replicas, so every replica of the stage saves at the same time; loading
-// takes each replica's piece, at any number of replicas.
+// Checkpoints (ShardedState): each replica saves its own pieces' state, with
+// no collective; a file loads into the same replica of the same layout, and
+// the files of all replicas merged give the whole state, which loads at any
+// number of replicas (plugin/checkpoint/checkpoint.h).
 
 #include "plugin/distributed/process_groups.h"
 #include "plugin/model/sharded_state.h"
@@ -69,9 +70,13 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
   void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
-  // Over the stage's weights, with each state tensor all-gathered from the replicas.
-  std::unique_ptr<torch::optim::Optimizer> gather_state() override;
+  int replica() const override { return layout_.replica; }
+  int replicas() const override { return layout_.replicas; }
+  torch::optim::Optimizer& shard() override { return *inner_; }
+  const at::Tensor& weight_of_piece(const at::Tensor& piece) const override;
+  std::unique_ptr<torch::optim::Optimizer> whole_without_state() const override;
   void take_shard(const torch::optim::Optimizer& whole) override;
+  void shard_restored() override;
 
   // The optimizer over this replica's pieces.
   torch::optim::Optimizer& inner() { return *inner_; }

@@ -1,9 +1,12 @@
 #pragma once
 // An optimizer whose state is split across processes: the replicas' shards
-// of a ShardedOptimizer (plugin/distributed/sharded_optimizer.h). Checkpoints
-// save and load such state whole, so that a file does not depend on how it
-// was split (plugin/checkpoint/checkpoint.h).
+// of a ShardedOptimizer (plugin/distributed/sharded_optimizer.h). A
+// checkpoint saves each process's part as it is, flat pieces of the weights
+// (no process gathers the whole state); a checkpoint's whole state, or the
+// parts of all replicas merged, loads at any number of replicas
+// (plugin/checkpoint/checkpoint.h).
 
+#include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -13,12 +16,27 @@ namespace conveyor {
 class ShardedState {
  public:
   virtual ~ShardedState() = default;
-  // An optimizer of the same kind over the whole weights, holding the whole
-  // state, gathered from every process that holds a part. Collective.
-  virtual std::unique_ptr<torch::optim::Optimizer> gather_state() = 0;
-  // Takes this process's part of `whole`'s state (an optimizer that
-  // gather_state() made, over the same weights). Local.
+  // This process's index among the replicas that split the state, and their number.
+  virtual int replica() const = 0;
+  virtual int replicas() const = 0;
+  // The optimizer over this process's pieces: of each weight of n elements,
+  // elements [replica() * p, replica() * p + p) of the flattened weight, with
+  // p = ceil(n / replicas()), zero past n.
+  virtual torch::optim::Optimizer& shard() = 0;
+  // The weight whose piece `piece` (one of shard()'s tensors) is; throws
+  // std::invalid_argument for another tensor.
+  virtual const at::Tensor& weight_of_piece(const at::Tensor& piece) const = 0;
+  // An optimizer of the same kind over the whole weights, with the same
+  // groups and options and no state: what a whole state is restored into
+  // before take_shard. Local.
+  virtual std::unique_ptr<torch::optim::Optimizer> whole_without_state() const = 0;
+  // Takes this process's part of `whole`'s state (and its learning rates).
+  // Local.
   virtual void take_shard(const torch::optim::Optimizer& whole) = 0;
+  // After shard()'s state and learning rates were restored directly: the
+  // learning rates become this optimizer's (which it hands the pieces' at
+  // each step).
+  virtual void shard_restored() = 0;
 };
 
 }  // namespace conveyor

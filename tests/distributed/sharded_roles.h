@@ -88,9 +88,10 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
   return out;
 }
 
-// Adam, sharded: 3 steps, a checkpoint (each rank its own file, the state
-// gathered whole), 2 more; a fresh pipeline, sharded or not, that loads the
-// checkpoint takes the same 2 steps.
+// Adam, sharded: 3 steps, a checkpoint (each rank its own file, its replica's
+// part of the state), 2 more; a fresh sharded pipeline that loads its own
+// file, and a fresh unsharded one that loads every rank's files, take the
+// same 2 steps.
 inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
   const ShardedCase c = sharded_cases().front();
   const int d = groups->replica(), replicas = groups->layout().replicas;
@@ -109,7 +110,12 @@ inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
   for (const bool sharded : {true, false}) {
     torch::manual_seed(9);
     DistributedPipeline fresh(make_mlp(), c.options, groups, DistributedOptions().shard_optimizer_state(sharded));
-    const int64_t step = load_checkpoint(w.file("sharded-ckpt"), fresh.pipeline());
+    std::vector<std::string> every_rank;
+    for (int r = 0; r < w.env.world_size; ++r) {
+      every_rank.push_back(w.out + "/sharded-ckpt-rank" + std::to_string(r) + ".pt");
+    }
+    const int64_t step = sharded ? load_checkpoint(w.file("sharded-ckpt"), fresh.pipeline())
+                                 : load_checkpoint_files(every_rank, fresh.pipeline());
     run(fresh, static_cast<int>(step), kShardedSteps);
     write_tensors(w.file(sharded ? "resume-sharded" : "resume-unsharded"), values_of(fresh.named_parameters()));
   }

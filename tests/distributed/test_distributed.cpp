@@ -5,6 +5,7 @@
 
 #include "distributed_roles.h"
 #include "distributed_tensor_roles.h"
+#include "distributed/reshard_roles.h"
 #include "distributed/sharded_roles.h"
 #include "distributed/training_options_check.h"
 #include "error_of.h"

@@ -32,7 +32,7 @@ def run(binary: str, run_dir: str, state_dict: str, kill_after_step: int = 0) ->
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if kill_after_step:
-        marker = os.path.join(run_dir, f"step{kill_after_step}-rank1.ckpt")
+        marker = os.path.join(run_dir, f"step{kill_after_step}-rank1-of2.ckpt")
         deadline = time.monotonic() + 120
         while not os.path.exists(marker):
             assert job.poll() is None, "the job ended before the checkpoint of step %d" % kill_after_step

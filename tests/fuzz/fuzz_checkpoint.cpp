@@ -1,12 +1,14 @@
 // libFuzzer target: the checkpoint loader's checking half (decode_checkpoint,
 // plugin/checkpoint/checkpoint_decode.h), fed any bytes as a checkpoint file,
 // against the fixed pipeline of checkpoint_fixture.h in its set-ups, and cut
-// in three stages (a checkpoint of two is resharded).
+// in three stages (a checkpoint of two is resharded), and as two processes'
+// files merged (checkpoint_set.h).
 // Any file may be refused, with std::invalid_argument only, and then nothing
 // may have changed; a file it accepts must restore (apply_checkpoint) and
 // leave optimizers that can step. Nothing may crash, hang, leak or trip a
 // sanitizer.
 #include "plugin/checkpoint/checkpoint_decode.h"
+#include "plugin/checkpoint/checkpoint_set.h"
 #include "tests/fuzz/checkpoint_fixture.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -82,12 +84,16 @@ struct Snapshot {
   }
 };
 
-void run(const std::vector<char>& bytes, Setup setup) {
+// `merged`: the bytes as two processes' files of one checkpoint
+// (plugin/checkpoint/checkpoint_set.h), merged with each other first.
+void run(const std::vector<char>& bytes, Setup setup, bool merged = false) {
   Fixture f(setup);
   const Snapshot before(f);
   conveyor::CheckedCheckpoint checked;
   try {
-    checked = conveyor::decode_checkpoint(bytes, "fuzz.ckpt", f.target);
+    checked = merged ? conveyor::decode_checkpoint(conveyor::merge_checkpoints({{"a.ckpt", bytes}, {"b.ckpt", bytes}}),
+                                                   "a.ckpt, b.ckpt", f.target)
+                     : conveyor::decode_checkpoint(bytes, "fuzz.ckpt", f.target);
   } catch (const std::invalid_argument&) {
     if (!(Snapshot(f) == before)) fail("a refused checkpoint changed the pipeline");
     return;
@@ -118,5 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   run(bytes, Setup::kOwn);
   run(bytes, Setup::kOwnSync);
   run(bytes, Setup::kResharded);
+  run(bytes, Setup::kOwnSync, /*merged=*/true);
+  run(bytes, Setup::kResharded, /*merged=*/true);
   return 0;
 }
