@@ -81,11 +81,7 @@ inline TensorMap values_of(const std::vector<std::pair<std::string, at::Tensor>>
   return out;
 }
 
-inline TensorMap values_of(const torch::nn::Sequential& model) {
-  TensorMap out;
-  for (const auto& p : model->named_parameters()) out[p.key()] = p.value();
-  return out;
-}
+inline TensorMap values_of(const torch::nn::Sequential& model) { return values_of(model->named_parameters().pairs()); }
 
 // Stalls or exits the process at its n-th forward (CONVEYOR_TEST_TRIP="exit:3"
 // or "stall:2"), to play a peer that dies or hangs mid-step. Otherwise the identity.
@@ -293,8 +289,7 @@ inline void faulty(Worker& w) {
 
 inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
 inline void sharded(Worker& w);          // distributed/sharded_roles.h
-inline void reshard_save(Worker& w);     // distributed/reshard_roles.h
-inline void reshard_resume(Worker& w);
+inline void reshard(Worker& w);          // distributed/reshard_roles.h
 
 // ---------------------------------------------------------------------------
 // Training options over processes: K = 2 workers, and D = world / 2 replicas.
@@ -386,10 +381,8 @@ inline int run_worker(const std::string& role) {
       training_options(w);
     } else if (role == "sharded") {
       sharded(w);
-    } else if (role == "reshard_save") {
-      reshard_save(w);
-    } else if (role == "reshard_resume") {
-      reshard_resume(w);
+    } else if (role == "reshard") {
+      reshard(w);
     } else if (role == "faulty") {
       faulty(w);
     } else {
