@@ -4,6 +4,7 @@
 # after add_library(conveyor ...).
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/front_end.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/profile_model.cpp
@@ -16,4 +17,20 @@ endforeach()
 option(CONVEYOR_TORCHSCRIPT "Pipelines of TorchScript models and the Python class" ON)
 if(CONVEYOR_TORCHSCRIPT)
   include(${CMAKE_CURRENT_LIST_DIR}/script/sources.cmake)
+endif()
+# torch.export programs (.pt2) in the pipeline: needs LibTorch's ExportedProgram
+# schema header and nlohmann-json (Debian's nlohmann-json3-dev; set-up installs it).
+option(CONVEYOR_EXPORT "Pipelines of torch.export programs (.pt2)" ON)
+if(CONVEYOR_EXPORT)
+  find_path(CONVEYOR_NLOHMANN_JSON_DIR nlohmann/json.hpp)
+  find_path(CONVEYOR_EXPORT_SCHEMA_DIR torch/csrc/utils/generated_serialization_types.h HINTS ${TORCH_INCLUDE_DIRS}
+    NO_DEFAULT_PATH)
+  if(CONVEYOR_NLOHMANN_JSON_DIR AND CONVEYOR_EXPORT_SCHEMA_DIR)
+    include(${CMAKE_CURRENT_LIST_DIR}/export/sources.cmake)
+    target_include_directories(conveyor PRIVATE ${CONVEYOR_NLOHMANN_JSON_DIR})
+  else()
+    message(WARNING "conveyor: no nlohmann/json.hpp (${CONVEYOR_NLOHMANN_JSON_DIR}) or no ExportedProgram schema in "
+      "LibTorch (${CONVEYOR_EXPORT_SCHEMA_DIR}): building without torch.export programs")
+    set(CONVEYOR_EXPORT OFF)
+  endif()
 endif()

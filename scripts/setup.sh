@@ -17,8 +17,8 @@ source "$root/scripts/lib/choose_torch.sh"
 torch_version="$(conveyor_torch_version)"
 fallback_torch="$conveyor_cpu_torch"
 
-apt_packages=(libgtest-dev libgmock-dev googletest fortunes sentencepiece libsentencepiece-dev diatheke sword-text-kjv
-  sword-text-sparv)
+apt_packages=(libgtest-dev libgmock-dev googletest nlohmann-json3-dev fortunes sentencepiece libsentencepiece-dev diatheke
+  sword-text-kjv sword-text-sparv)
 # shellcheck source=lib/debian_packages.sh
 source "$root/scripts/lib/debian_packages.sh"
 install_debian_packages setup "${apt_packages[@]}"

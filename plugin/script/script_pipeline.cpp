@@ -6,6 +6,9 @@
 #include "plugin/script/python_options.h"
 #include "plugin/planner/search.h"
 #include "plugin/script/torchscript.h"
+#ifdef CONVEYOR_WITH_EXPORT
+#include "plugin/export/exported.h"
+#endif
 
 #include <c10/util/StringUtil.h>
 #include <torch/nn/functional/loss.h>
@@ -182,14 +185,22 @@ ScriptPipeline::ScriptPipeline(const c10::IValue& model, const ScriptOptions& op
 
 void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
                            std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed) {
+  bool exported_model = false;
+#ifdef CONVEYOR_WITH_EXPORT
+  std::optional<ExportedModel> exported;
+  if (model.isString() && holds_exported_program(model.toStringRef())) {
+    exported = load_exported(model.toStringRef());
+    exported_model = true;
+  } else
+#endif
   if (model.isString()) {
     model_ = load_script(model.toStringRef());
   } else if (model.isObject() && model.toObjectRef().type()->is_module()) {
     model_ = torch::jit::Module(model.toObject());
   } else {
     throw std::invalid_argument(std::string("conveyor.Pipeline: the model must be a TorchScript module ") +
-                                "(torch.jit.script or torch.jit.trace) or the path of one saved with " +
-                                "torch.jit.save, got " + python_type(model));
+                                "(torch.jit.script or torch.jit.trace), the path of one saved with " +
+                                "torch.jit.save, or the path of a torch.export program (.pt2), got " + python_type(model));
   }
   PipelineOptions opts;
   std::vector<std::string> split_points;
@@ -236,7 +247,11 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   }
   opts.optimizer(optimizer_from(options));
   if (customize) customize(opts, loss_);
-  if (fused_ops) fused_ops_report_ = swap_fused_ops(model_).to_string();
+  if (fused_ops) {
+    check_argument(!exported_model, "conveyor.Pipeline: fused_ops swaps TorchScript submodules; a torch.export ",
+                   "program runs the operators it was exported with");
+    fused_ops_report_ = swap_fused_ops(model_).to_string();
+  }
   if (sample) sample->loss = loss_;
   if (groups && opts.balance() == Balance::kTime && split_points.empty() && opts.boundaries().empty()) {
     throw std::invalid_argument("conveyor.Pipeline: balance \"time\" across processes would let each process "
@@ -266,8 +281,15 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   }
   // One worker per process: the pipeline group's size is the number of workers.
   if (groups && opts.workers() == 0) opts.workers(groups->layout().workers);
-  ScriptStages stages =
+#ifdef CONVEYOR_WITH_EXPORT
+  FrontEndStages stages =
+      exported ? export_stages(*exported, opts, split_points, tied_by_model_name, sample ? &*sample : nullptr)
+               : script_stages(model_, opts, split_points, layer_options, tied_by_model_name,
+                               sample ? &*sample : nullptr);
+#else
+  FrontEndStages stages =
       script_stages(model_, opts, split_points, layer_options, tied_by_model_name, sample ? &*sample : nullptr);
+#endif
   if (auto_plan) {
     const PlanSearch search = search_plans(stages.layers, stages.options, batch, space);
     stages.options = search.best().options(std::move(stages.options));

@@ -28,20 +28,6 @@ std::string layer_name(const std::string& path) {
   return name;
 }
 
-// "emb.weight" in the TorchScript model -> "stage0.emb.weight" among the layers.
-std::string layer_parameter_name(const torch::nn::Sequential& layers, const std::string& model_name) {
-  for (const auto& item : layers->named_children()) {
-    const auto* layer = dynamic_cast<const ScriptLayerImpl*>(item.value().get());
-    if (!layer) continue;
-    const std::string prefix = layer->prefix().empty() ? "" : layer->prefix() + ".";
-    if (model_name.rfind(prefix, 0) != 0) continue;
-    const std::string relative = model_name.substr(prefix.size());
-    if (item.value()->named_parameters().find(relative)) return item.key() + "." + relative;
-  }
-  throw std::invalid_argument("conveyor: tied_parameters names '" + model_name + "', which is no parameter that " +
-                              "the model's forward uses");
-}
-
 }  // namespace
 
 torch::jit::Module load_script(const std::string& path) {
@@ -97,65 +83,13 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model, const std
   return layers;
 }
 
-std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points) {
-  std::vector<int64_t> boundaries(split_points.size());
-  std::iota(boundaries.begin(), boundaries.end(), 1);
-  return boundaries;
-}
-
 ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
                            const std::vector<std::string>& split_points, ScriptLayerOptions layer_options,
                            const std::vector<std::vector<std::string>>& tied_parameters,
                            const ProfileBatch* profile_batch, std::string* plan_text) {
-  if (!split_points.empty()) {
-    const int stages = static_cast<int>(split_points.size()) + 1;
-    if (!options.boundaries().empty()) {
-      throw std::invalid_argument("conveyor: give either split points or boundaries, not both");
-    }
-    check_argument(options.workers() == 0 || options.workers() == stages, "conveyor: ", split_points.size(),
-                   " split points make ", stages, " stages, but the options ask for ", options.workers());
-    options.boundaries(split_point_boundaries(split_points));
-  }
+  apply_split_points(options, split_points);
   torch::nn::Sequential layers = sequential_from_script(std::move(model), split_points, layer_options);
-  auto tied = options.tied_parameters();
-  for (const auto& group : tied_parameters) {
-    std::vector<std::string> names;
-    for (const auto& name : group) names.push_back(layer_parameter_name(layers, name));
-    tied.push_back(std::move(names));
-  }
-  options.tied_parameters(std::move(tied));
-  if (options.balance() == Balance::kTime && !options.profile()) {
-    if (!profile_batch) {
-      throw std::invalid_argument("conveyor: balance by time profiles the model on a sample batch: give one");
-    }
-    // The first micro-batch of the sample, as the pipeline will split it.
-    const auto first = [&](const Tensors& batch, const std::vector<int64_t>& shared) {
-      Tensors out;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const bool whole = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
-        const at::Tensor& t = batch[i];
-        out.push_back(!t.defined() || whole || t.dim() <= options.batch_dim()
-                          ? t
-                          : t.tensor_split(options.microbatches(), options.batch_dim())[0]);
-      }
-      return out;
-    };
-    options.profile(std::make_shared<ModelProfile>(
-        profile_model(layers, first(profile_batch->inputs, options.shared_inputs()),
-                      first(profile_batch->targets, options.shared_targets()), profile_batch->loss,
-                      ProfileOptions().batch_dim(options.batch_dim()).optimizer(options.optimizer()))));
-    if (plan_text) {
-      int64_t batch = 0;
-      for (const auto& t : profile_batch->inputs) {
-        if (t.defined() && t.dim() > options.batch_dim()) {
-          batch = t.size(options.batch_dim());
-          break;
-        }
-      }
-      *plan_text = make_plan(layers, options, batch).str();
-    }
-  }
-  return ScriptStages{layers, std::move(options)};
+  return front_end_stages(layers, std::move(options), tied_parameters, profile_batch, plan_text);
 }
 
 std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,

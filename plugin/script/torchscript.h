@@ -34,6 +34,7 @@
 // A layer holds the parameters and buffers of the code it runs: those of a
 // submodule the forward never calls are in no layer, so not in the pipeline.
 
+#include "plugin/front_end.h"
 #include "plugin/model_names.h"
 #include "plugin/options.h"
 #include "plugin/pipeline.h"
@@ -64,10 +65,6 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model,
                                              const std::vector<std::string>& split_points = {},
                                              ScriptLayerOptions layer_options = {});
 
-// The PipelineOptions::boundaries that make each of sequential_from_script's
-// segments for `split_points` one stage (empty without split points).
-std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);
-
 // sequential_from_script + a Pipeline. With split points, options.workers()
 // must be 0 or split_points.size() + 1, and options.boundaries() empty.
 // `tied_parameters` are groups of parameters named as in the TorchScript
@@ -80,16 +77,11 @@ std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& spli
 // With Balance::kTime and no profile in `options`, `profile_batch` (a whole
 // batch: its first micro-batch is profiled, plugin/planner/profile.h) is required;
 // `plan_text` (if given) then receives the plan with its predictions.
-struct ProfileBatch {
-  Tensors inputs, targets;
-  TensorsLossFn loss;
-};
+// (ProfileBatch: plugin/front_end.h; split_point_boundaries there makes each
+// of sequential_from_script's segments one stage.)
 // The layers and options make_script_pipeline builds its Pipeline from, for
 // a caller that builds another runtime over them (a DistributedPipeline).
-struct ScriptStages {
-  torch::nn::Sequential layers;
-  PipelineOptions options;
-};
+using ScriptStages = FrontEndStages;
 ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
                            const std::vector<std::string>& split_points = {}, ScriptLayerOptions layer_options = {},
                            const std::vector<std::vector<std::string>>& tied_parameters = {},

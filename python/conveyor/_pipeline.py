@@ -4,6 +4,7 @@ import collections
 import difflib
 import inspect
 import os
+import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -38,8 +39,13 @@ class Pipeline:
     Args:
         model: an ``nn.Module`` (scripted here with ``torch.jit.script``, or
             traced with ``example_inputs``), a ``torch.jit.ScriptModule``, or
-            the path of one saved with ``torch.jit.save``. The pipeline trains
-            the model's own parameter tensors (on CPU).
+            the path of one saved with ``torch.jit.save``: the pipeline trains
+            the model's own parameter tensors (on CPU). Or a
+            ``torch.export.ExportedProgram`` (``torch.export.export(model,
+            args)``, in training mode, the batch dimension dynamic) or the
+            path of one saved with ``torch.export.save`` (``.pt2``): C++ runs
+            its graph, operator by operator with autograd, and trains its own
+            copy of the program's weights (``state_dict()`` gives them).
         split_points: submodule names whose calls begin a new stage
             (``["layers.2", "head"]``: three stages). Without them the
             forward must be a plain chain of submodules, cut into ``workers``
@@ -239,9 +245,25 @@ class Pipeline:
             python_loss = loss_fn
         local_rank = _check_groups(process_group, replica_group, workers)
         self._has_loss = loss_fn is not None
-        self._model = _script(model, example_inputs)
-        self._c = _C.Pipeline(self._model if isinstance(self._model, str) else self._model._c, options,
-                              python_loss, lr_schedule, process_group, replica_group, local_rank)
+        program_file = None
+        if isinstance(model, torch.export.ExportedProgram):
+            # The C++ front end reads the program from its .pt2 archive.
+            if example_inputs is not None or options.get("fused_ops"):
+                raise ValueError("conveyor.Pipeline: example_inputs and fused_ops are for nn.Modules; an "
+                                 "ExportedProgram runs the operators it was exported with")
+            fd, program_file = tempfile.mkstemp(suffix=".pt2")
+            os.close(fd)
+            torch.export.save(model, program_file)
+            self._model = model
+        else:
+            self._model = _script(model, example_inputs)
+        target = program_file or (self._model if isinstance(self._model, str) else self._model._c)
+        try:
+            self._c = _C.Pipeline(target, options, python_loss, lr_schedule, process_group, replica_group,
+                                  local_rank)
+        finally:
+            if program_file:
+                os.unlink(program_file)
         self._worker, self._replicas, self._replica = self._c.placement()
         self.training = True
 

@@ -1,0 +1,84 @@
+#pragma once
+// torch.export programs in a pipeline: a .pt2 archive (torch.export.save of
+// torch.export.export(model, args)) trained in C++, with no Python at run
+// time. Each node of the program's graph is an ATen operator called through
+// the dispatcher with autograd on, so the backward is autograd's, as in
+// eager PyTorch; the graph becomes a torch::nn::Sequential of ExportLayers,
+// so the Pipeline, its runtime, every schedule, checkpoints and the
+// distributed pipeline run it unchanged:
+//
+//   auto program = conveyor::load_exported("lm.pt2");
+//   auto pipe = conveyor::make_export_pipeline(program, PipelineOptions().microbatches(4),
+//                                              {"rnn2", "proj"});  // cut where those modules begin
+//
+// Without split points the layers are the modules the model calls (see
+// plugin/export/segments.h) and the options' partition policy (or balance by
+// time) chooses the stages. Parameters and buffers keep the model's names
+// ("rnn1.weight_ih_l0"). Export in training mode with the batch dimension
+// dynamic (dynamic_shapes={"x": {0: Dim("batch")}}) so micro-batches of any
+// size run; a static batch is refused with that advice. eval() turns off
+// dropout and batch norm's batch statistics as Module.eval() would.
+//
+// What the interpreter runs: ATen (and any loaded library's) operators with
+// arguments of every kind the schema has for them (tensors, lists and
+// optional lists of tensors, ints, floats, bools, strings and lists of them,
+// symbolic sizes and their arithmetic, dtypes, layouts, memory formats,
+// devices); parameters, buffers and lifted constants; buffer mutations in
+// place (training graphs) or in the signature (functional graphs). What it
+// refuses when the program is loaded, naming the node: higher-order operators
+// (cond, while_loop, wrapped subgraphs), operators no loaded library defines,
+// custom objects, effect tokens, joint forward-backward graphs.
+
+#include "plugin/export/export_layer.h"
+#include "plugin/export/program.h"
+#include "plugin/front_end.h"
+#include "plugin/options.h"
+#include "plugin/pipeline.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+// A loaded program: its graph and its tensors (parameters and buffers by the
+// model's names, on the CPU; constants), shared by the layers made from it.
+struct ExportedModel {
+  std::shared_ptr<const exported::Program> program;
+  std::map<std::string, at::Tensor> tensors;
+  std::string path;
+};
+
+// Reads a .pt2 archive. Throws std::invalid_argument naming the path and the
+// problem: no such file, no zip archive (truncated, corrupt), no
+// ExportedProgram in it (a TorchScript archive), a schema version this build
+// does not read, a node it cannot run (named, with its operator), weights
+// missing or unreadable.
+ExportedModel load_exported(const std::string& path);
+
+// Whether `path` is a zip archive holding an ExportedProgram (a .pt2).
+bool holds_exported_program(const std::string& path);
+
+// The program as layers (see above); split points name modules by path.
+torch::nn::Sequential sequential_from_export(const ExportedModel& model,
+                                             const std::vector<std::string>& split_points = {});
+
+// The layers and options a Pipeline (or DistributedPipeline) is built from:
+// with split points, each segment one stage (options.workers() 0 or
+// split_points.size() + 1). `tied_parameters` (groups of the model's names),
+// `profile_batch` and `plan_text` as for TorchScript (plugin/front_end.h).
+FrontEndStages export_stages(const ExportedModel& model, PipelineOptions options,
+                             const std::vector<std::string>& split_points = {},
+                             const std::vector<std::vector<std::string>>& tied_parameters = {},
+                             const ProfileBatch* profile_batch = nullptr, std::string* plan_text = nullptr);
+
+std::unique_ptr<Pipeline> make_export_pipeline(const ExportedModel& model, PipelineOptions options,
+                                               const std::vector<std::string>& split_points = {},
+                                               const std::vector<std::vector<std::string>>& tied_parameters = {},
+                                               const ProfileBatch* profile_batch = nullptr,
+                                               std::string* plan_text = nullptr);
+
+}  // namespace conveyor
