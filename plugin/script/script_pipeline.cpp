@@ -200,7 +200,8 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   } else {
     throw std::invalid_argument(std::string("conveyor.Pipeline: the model must be a TorchScript module ") +
                                 "(torch.jit.script or torch.jit.trace), the path of one saved with " +
-                                "torch.jit.save, or the path of a torch.export program (.pt2), got " + python_type(model));
+                                "torch.jit.save, or the path of a torch.export program (.pt2), got " +
+                                python_type(model));
   }
   PipelineOptions opts;
   std::vector<std::string> split_points;

@@ -183,7 +183,8 @@ TEST(ExportedProgram, BadSplitsAndBatchesAreRefusedByName) {
               AllOf(HasSubstr("split point 'body.9' names no module"), HasSubstr("body.0, body.1")));
   EXPECT_THAT(invalid_argument_of([&] { sequential_from_export(mlp, {"head", "body.2"}); }),
               HasSubstr("split point 'body.2' names no module the program calls after 'head'"));
-  EXPECT_THAT(invalid_argument_of([&] { sequential_from_export(mlp, {"body.0"}); }), HasSubstr("it begins the program"));
+  EXPECT_THAT(invalid_argument_of([&] { sequential_from_export(mlp, {"body.0"}); }),
+              HasSubstr("it begins the program"));
   const auto ref = reference("mlp");
   auto pipe = make_export_pipeline(load_exported(fixture("static_batch.pt2")), PipelineOptions().microbatches(4),
                                    {"head"});

@@ -140,7 +140,8 @@ def cases():
     tokens = lambda *s, v: torch.randint(0, v, s, generator=g)
     yield "mlp", Mlp(), (torch.randn(BATCH, 12, generator=g),), (torch.randn(BATCH, 5, generator=g),), mse
     yield "lstm_lm", LstmLm(), (tokens(BATCH, 7, v=23),), (tokens(BATCH, 7, v=23),), cross_entropy
-    yield "resblock", ResBlock(), (torch.randn(BATCH, 3, 6, 6, generator=g),), (torch.randn(BATCH, 4, generator=g),), mse
+    yield ("resblock", ResBlock(), (torch.randn(BATCH, 3, 6, 6, generator=g),), (torch.randn(BATCH, 4, generator=g),),
+           mse)
     yield ("transformer", Transformer(), (torch.randn(BATCH, 5, 6, generator=g),),
            (torch.randn(BATCH, 5, 3, generator=g),), mse)
     yield ("seq2seq", Seq2seq(), (tokens(BATCH, 6, v=17), tokens(BATCH, 5, v=17)), (tokens(BATCH, 5, v=17),),

@@ -84,6 +84,11 @@ def test_two_processes_train_as_one(tmp_path):
     assert names[0].isdisjoint(names[1]) and names[0] | names[1] == set(grads)
 
 
+def test_two_processes_train_an_exported_program_as_one(tmp_path):
+    """The model as a torch.export program: C++ runs its graph on each rank."""
+    check_ranks(torchrun(tmp_path, 2, "gpipe", mode="exported"), workers=2, replicas=1)
+
+
 def test_two_replicas_of_a_two_process_pipeline(tmp_path):
     check_ranks(torchrun(tmp_path, 4, "gpipe"), workers=2, replicas=2)
 

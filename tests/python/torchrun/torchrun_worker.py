@@ -2,8 +2,8 @@
 under torchrun:
     python -m torch.distributed.run --standalone --nproc-per-node=N torchrun_worker.py OUT_DIR SCHEDULE WORKERS
 Trains the model below (float64, the same on every rank) for STEPS steps of
-torch.optim.SGD over pipe.parameters(), each replica on its shard of the
-batch, and saves to OUT_DIR/rank<R>.pt this rank's first-step gradients,
+torch.optim.SGD over pipe.parameters() (mode "exported": the model as a
+torch.export program), each replica on its shard of the batch, and saves to OUT_DIR/rank<R>.pt this rank's first-step gradients,
 final weights (by the model's names) and losses."""
 import sys
 
@@ -91,6 +91,12 @@ def sharded(out_dir: str, schedule: str, process_group, replica_group):
     torch.save(weights, f"{out_dir}/rank{dist.get_rank()}.pt")
 
 
+def exported_model():
+    """make_model() as a torch.export program, its batch dimension dynamic."""
+    rows = torch.export.Dim("batch", min=1)
+    return torch.export.export(make_model(), batch(0)[0], dynamic_shapes=({0: rows}, {0: rows}))
+
+
 def main(out_dir: str, schedule: str, workers: int, mode: str = "sgd"):
     import torch.distributed as dist
 
@@ -103,7 +109,8 @@ def main(out_dir: str, schedule: str, workers: int, mode: str = "sgd"):
         dist.barrier()
         dist.destroy_process_group()
         return
-    pipe = conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
+    model = exported_model() if mode == "exported" else make_model()
+    pipe = conveyor.Pipeline(model, split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
                              loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120)
     grads, losses = train(pipe)
     out = pipe.forward(*batch(0)[0])
