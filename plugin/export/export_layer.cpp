@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace conveyor {
@@ -56,6 +57,8 @@ ExportLayerImpl::ExportLayerImpl(std::shared_ptr<const exported::Program> progra
     state_.emplace_back(st->slot, t);
     state_names_.push_back(name);
     constant_.push_back(constant);
+    mutated_.push_back(std::any_of(program_->buffer_mutations.begin(), program_->buffer_mutations.end(),
+                                   [&](const auto& m) { return m.first == name; }));
     if (constant) continue;
     const auto parts = split_name(name);
     torch::nn::Module* holder = this;
@@ -113,7 +116,9 @@ Tensors ExportLayerImpl::forward(Tensors inputs) {
   if (!placed && !inputs.empty() && inputs[0].defined()) device = inputs[0].device();
   for (size_t i = 0; i < state_.size(); ++i) {
     const at::Tensor& t = state_[i].second;
-    values[state_[i].first] = constant_[i] && t.device() != device ? t.to(device) : t;
+    // A buffer a functional graph returns anew is read from a copy: autograd
+    // may keep what the graph read, and the buffer is overwritten below.
+    values[state_[i].first] = constant_[i] && t.device() != device ? t.to(device) : mutated_[i] ? t.clone() : t;
   }
   for (const exported::UserInput& in : program_->inputs) {
     if (!in.tensor) values[in.slot] = in.constant;

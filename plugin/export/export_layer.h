@@ -59,6 +59,7 @@ class ExportLayerImpl : public torch::nn::Module, public ModelPath, public Tenso
   std::vector<std::pair<int, at::Tensor>> state_;  // (slot, registered tensor)
   std::vector<std::string> state_names_;           // by state_ entry
   std::vector<bool> constant_;                     // by state_ entry: not registered
+  std::vector<bool> mutated_;                      // by state_ entry: a buffer the signature returns anew
 };
 
 class ExportLayer : public torch::nn::ModuleHolder<ExportLayerImpl> {

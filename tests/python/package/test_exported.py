@@ -96,3 +96,79 @@ def test_a_static_batch_is_refused_with_advice():
     pipe = conveyor.Pipeline(program, split_points=["head"], microbatches=4, loss_fn=loss_fn)
     with pytest.raises(conveyor.PipelineError, match=r"exported with size 8 in dimension 0, got 2.*dynamic"):
         pipe.train_step((x, gate), y)
+
+
+class Normed(nn.Module):
+    """Batch norm in the first stage: its running statistics are buffers the graph updates."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x, gate):
+        return self.head(torch.relu(self.norm(self.embed(x))) * gate[:, :8].sigmoid())
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_batch_norm_statistics_follow_eager_in_training_and_functional_graphs(functional):
+    """A training graph updates running statistics in place; a functional one
+    (run_decompositions) returns them as buffer mutations in its signature."""
+    torch.manual_seed(2)
+    eager = Normed().double()
+    program = exported(copy.deepcopy(eager))
+    if functional:
+        program = program.run_decompositions()
+        assert any(s.kind.name == "BUFFER_MUTATION" for s in program.graph_signature.output_specs)
+    pipe = conveyor.Pipeline(program, split_points=["head"], microbatches=2, schedule="gpipe", loss_fn=loss_fn)
+    x, gate, y = batch(n=8, seed=4)
+    result = pipe.train_step((x, gate), y)
+    expected = sum(loss_fn(eager(a, b), t) for a, b, t in zip(x.chunk(2), gate.chunk(2), y.chunk(2))) / 2
+    expected.backward()
+    assert abs(result.loss - expected.item()) <= 1e-10
+    got = dict(pipe.named_parameters())
+    for name, p in eager.named_parameters():
+        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+    buffers = dict(pipe.named_buffers())
+    for name, b in eager.named_buffers():
+        assert torch.allclose(buffers[name].to(b.dtype), b, rtol=0, atol=1e-12), name
+    assert buffers["norm.num_batches_tracked"].item() == 2
+
+
+def test_a_checkpoint_resumes_an_exported_pipeline_as_if_never_stopped(tmp_path):
+    _, program = models(3)
+    x, gate, y = batch(seed=5)
+
+    def pipeline():
+        return conveyor.Pipeline(program, split_points=["block1"], microbatches=2, schedule="1f1b",
+                                 loss_fn=loss_fn, optimizer="adam", lr=1e-2)
+
+    whole = pipeline()
+    for _ in range(4):
+        whole.train_step((x, gate), y)
+    first = pipeline()
+    for _ in range(2):
+        first.train_step((x, gate), y)
+    first.save_checkpoint(tmp_path / "run.ckpt", step=2)
+    resumed = pipeline()
+    assert resumed.load_checkpoint(tmp_path / "run.ckpt") == 2
+    for _ in range(2):
+        resumed.train_step((x, gate), y)
+    for (name, p), (_, q) in zip(resumed.named_parameters(), whole.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_without_split_points_balance_by_time_chooses_the_stages():
+    eager, program = models(4)
+    x, gate, y = batch()
+    pipe = conveyor.Pipeline(program, workers=2, microbatches=2, schedule="1f1b", balance="time",
+                             sample=((x, gate), y), loss_fn=loss_fn)
+    assert pipe.num_stages == 2
+    assert "predicted" in pipe.plan.lower()
+    result = pipe.train_step((x, gate), y)
+    loss_fn(eager(x, gate), y).backward()
+    assert abs(result.loss - loss_fn(eager(x, gate), y).item()) <= 1e-10
+    got = dict(pipe.named_parameters())
+    for name, p in eager.named_parameters():
+        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
