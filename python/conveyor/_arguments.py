@@ -2,6 +2,7 @@
 them: each checked for its type and value (TypeError, ValueError naming the
 argument), and the model made TorchScript."""
 import os
+import tempfile
 import warnings
 
 import torch
@@ -64,6 +65,20 @@ def _tensors(name, value):
 def _first_line(error):
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
+
+
+def _program_file(model, example_inputs, options):
+    """For a torch.export program, a temporary .pt2 holding it (C++ reads the
+    program from its archive; the caller deletes it); None for other models."""
+    if not isinstance(model, torch.export.ExportedProgram):
+        return None
+    if example_inputs is not None or options.get("fused_ops"):
+        raise ValueError("conveyor.Pipeline: example_inputs and fused_ops are for nn.Modules; an "
+                         "ExportedProgram runs the operators it was exported with")
+    fd, path = tempfile.mkstemp(suffix=".pt2")
+    os.close(fd)
+    torch.export.save(model, path)
+    return path
 
 
 def _script(model, example_inputs):

@@ -4,14 +4,13 @@ import collections
 import difflib
 import inspect
 import os
-import tempfile
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from . import _C
-from ._arguments import _bool, _fail, _float, _int, _ints, _script, _str, _strs, _tensors
+from ._arguments import _bool, _fail, _float, _int, _ints, _program_file, _script, _str, _strs, _tensors
 from ._distributed import _check_groups, _shard
 
 __all__ = ["Pipeline"]
@@ -40,12 +39,8 @@ class Pipeline:
         model: an ``nn.Module`` (scripted here with ``torch.jit.script``, or
             traced with ``example_inputs``), a ``torch.jit.ScriptModule``, or
             the path of one saved with ``torch.jit.save``: the pipeline trains
-            the model's own parameter tensors (on CPU). Or a
-            ``torch.export.ExportedProgram`` (``torch.export.export(model,
-            args)``, in training mode, the batch dimension dynamic) or the
-            path of one saved with ``torch.export.save`` (``.pt2``): C++ runs
-            its graph, operator by operator with autograd, and trains its own
-            copy of the program's weights (``state_dict()`` gives them).
+            the model's own parameter tensors (on CPU). Or a torch.export
+            program (dynamic batch) or its ``.pt2``: C++ runs its graph, trains a copy of its weights.
         split_points: submodule names whose calls begin a new stage
             (``["layers.2", "head"]``: three stages). Without them the
             forward must be a plain chain of submodules, cut into ``workers``
@@ -245,22 +240,11 @@ class Pipeline:
             python_loss = loss_fn
         local_rank = _check_groups(process_group, replica_group, workers)
         self._has_loss = loss_fn is not None
-        program_file = None
-        if isinstance(model, torch.export.ExportedProgram):
-            # The C++ front end reads the program from its .pt2 archive.
-            if example_inputs is not None or options.get("fused_ops"):
-                raise ValueError("conveyor.Pipeline: example_inputs and fused_ops are for nn.Modules; an "
-                                 "ExportedProgram runs the operators it was exported with")
-            fd, program_file = tempfile.mkstemp(suffix=".pt2")
-            os.close(fd)
-            torch.export.save(model, program_file)
-            self._model = model
-        else:
-            self._model = _script(model, example_inputs)
+        program_file = _program_file(model, example_inputs, options)
+        self._model = model if program_file else _script(model, example_inputs)
         target = program_file or (self._model if isinstance(self._model, str) else self._model._c)
         try:
-            self._c = _C.Pipeline(target, options, python_loss, lr_schedule, process_group, replica_group,
-                                  local_rank)
+            self._c = _C.Pipeline(target, options, python_loss, lr_schedule, process_group, replica_group, local_rank)
         finally:
             if program_file:
                 os.unlink(program_file)
@@ -378,7 +362,7 @@ class Pipeline:
     # --- what it is -----------------------------------------------------------------------------------------------
     @property
     def model(self):
-        """The TorchScript model the pipeline runs (its parameters are the pipeline's on CPU)."""
+        """The TorchScript model (its parameters are the pipeline's on CPU) or ExportedProgram given."""
         return self._model
 
     @property
