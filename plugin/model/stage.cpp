@@ -151,4 +151,18 @@ void Stage::skip_step() {
   ++updates_;
 }
 
+void Stage::without_buffer_changes(const std::function<void()>& replay) const {
+  const std::vector<at::Tensor> buffers = module_->buffers();
+  std::vector<at::Tensor> saved;
+  {
+    c10::NoGradGuard no_grad;
+    for (const at::Tensor& b : buffers) saved.push_back(b.defined() ? b.clone() : b);
+  }
+  replay();
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].defined()) buffers[i].variable_data().copy_(saved[i]);
+  }
+}
+
 }  // namespace conveyor

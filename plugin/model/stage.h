@@ -23,6 +23,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -104,6 +105,15 @@ class Stage {
   // An update by zero (a loss scaler's skipped step): clears the gradients
   // and counts the update, leaving the weights and the optimizer's state.
   void skip_step();
+
+  // --- buffers a training forward changes in place (batch norm's running
+  // statistics and batch count) ---------------------------------------------
+  // Runs `replay` (a forward run again for its backward: recomputation,
+  // offloading, features replay) and puts the stage's buffers back as they
+  // were, so that a micro-batch counts once in them, as without replay. The
+  // values are written into the same storage without bumping autograd's
+  // version counters (batch norm does not bump them either).
+  void without_buffer_changes(const std::function<void()>& replay) const;
 
   // --- the stage's own random streams (PipelineOptions::stage_rng) -------
   void enable_random(uint64_t seed) { random_ = std::make_unique<StageRandom>(seed, device_); }

@@ -228,11 +228,13 @@ Tensors Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData
   std::vector<Tensors>* outputs = keep_layer_outputs ? &entry.layer_outputs : nullptr;
   const AutocastScope autocast(stage.device().type(), options_.autocast);
   Tensors y;
-  if (entry.random) {  // set only with the stage's own streams
-    stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.inputs, outputs); });
-  } else {
-    y = stage.forward(entry.inputs, outputs);
-  }
+  stage.without_buffer_changes([&] {
+    if (entry.random) {  // set only with the stage's own streams
+      stage.random()->replay(*entry.random, [&] { y = stage.forward(entry.inputs, outputs); });
+    } else {
+      y = stage.forward(entry.inputs, outputs);
+    }
+  });
   if (k + 1 == num_stages()) return {loss_of(mb, y, data) * data.loss_scale[mb]};
   return requiring_grad(y);
 }

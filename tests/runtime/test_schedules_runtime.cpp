@@ -180,6 +180,35 @@ TEST(NewSchedules, RecomputationReplaysDropout) {
   for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(kept[i].equal(replayed[i])) << "parameter " << i;
 }
 
+// A replayed forward (recomputation, offloading) leaves batch norm's running
+// statistics as the first forward left them: each micro-batch counts once, as
+// without replay, and the gradients are the same.
+TEST(NewSchedules, RecomputationCountsEachMicrobatchOnceInBatchNormStatistics) {
+  const auto run = [](bool recompute, bool offload) {
+    torch::manual_seed(3);
+    torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Tanh(),
+                            torch::nn::Linear(16, 16), torch::nn::BatchNorm1d(16), torch::nn::Linear(16, 3));
+    m->to(torch::kFloat64);
+    Pipeline pipe(m, PipelineOptions().workers(2).microbatches(4).schedule("1f1b").recompute(recompute).offload(
+                         offload));
+    const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);
+    std::vector<at::Tensor> out;
+    for (int step = 0; step < 2; ++step) pipe.train_step(x, y, testing::mse);
+    for (const auto& p : pipe.parameters()) out.push_back(p.grad().clone());
+    for (const auto& b : m->buffers()) out.push_back(b.clone());
+    EXPECT_EQ(m[1]->named_buffers()["num_batches_tracked"].item<int64_t>(), 8) << "2 steps of 4 micro-batches";
+    return out;
+  };
+  const auto kept = run(false, false);
+  for (const bool offload : {false, true}) {
+    const auto replayed = run(true, offload);
+    ASSERT_EQ(kept.size(), replayed.size());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      EXPECT_TRUE(kept[i].equal(replayed[i])) << (offload ? "offload" : "recompute") << ": tensor " << i;
+    }
+  }
+}
+
 // A user's schedule: torch.distributed.pipelining's CSV of a V placement
 // (worker 0 runs pieces 0 and 3, worker 1 pieces 1 and 2), split backwards.
 TEST(NewSchedules, ACustomVShapedCsvScheduleRuns) {
