@@ -2,6 +2,7 @@
 
 #include "plugin/errors.h"
 #include "plugin/model_names.h"
+#include "plugin/planner/partition.h"
 #include "plugin/planner/planner.h"
 #include "plugin/profile_model.h"
 
@@ -24,8 +25,12 @@ void apply_split_points(PipelineOptions& options, const std::vector<std::string>
   if (!options.boundaries().empty()) {
     throw std::invalid_argument("conveyor: give either split points or boundaries, not both");
   }
-  check_argument(options.workers() == 0 || options.workers() == stages, "conveyor: ", split_points.size(),
-                 " split points make ", stages, " stages, but the options ask for ", options.workers());
+  const int v = chunks_per_worker(options);
+  // A schedule's text says itself how many stages each worker runs.
+  const bool fits = options.workers() == 0 || !options.schedule_text().empty() || options.workers() * v == stages;
+  check_argument(fits, "conveyor: ", split_points.size(), " split points make ", stages,
+                 " stages, but the options ask for ", options.workers(),
+                 v > 1 ? c10::str(" workers of ", v, " chunks each") : "");
   options.boundaries(split_point_boundaries(split_points));
 }
 

@@ -95,6 +95,10 @@ std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, i
   return devices;
 }
 
+int chunks_per_worker(const PipelineOptions& options) {
+  return options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+}
+
 namespace {
 
 // How many workers (PipelineOptions::workers) and stages (pieces of the
@@ -125,7 +129,7 @@ Shape resolve_shape(const PipelineOptions& options) {
                    options.workers(), " workers and ", options.microbatches());
     return Shape{s.num_workers(), s.num_stages};
   }
-  const int v = options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+  const int v = chunks_per_worker(options);
   if (options.workers() > 0) {
     const Shape shape{options.workers(), options.workers() * v};
     if (b > 0 && b + 1 != shape.stages) {
@@ -192,7 +196,7 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
                  options.microbatches());
   schedules::Schedule schedule;
   if (options.schedule_text().empty()) {
-    const int v = options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+    const int v = chunks_per_worker(options);
     check_argument(num_stages % v == 0, "conveyor: ", num_stages, " stages do not make workers of ", v,
                    " chunks each");
     try {

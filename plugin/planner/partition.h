@@ -26,6 +26,10 @@ std::vector<int64_t> balanced_boundaries(const std::vector<double>& layer_costs,
 // each lies in (0, num_layers).
 void check_boundaries(const std::vector<int64_t>& boundaries, int64_t num_layers);
 
+// Stages per worker: options.chunks(), or the schedule's own (2 for the
+// interleaved ones, 1 for the others) when it is 0.
+int chunks_per_worker(const PipelineOptions& options);
+
 // One device per worker from PipelineOptions::devices; throws
 // std::invalid_argument naming the worker for an unknown or absent device.
 std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, int num_workers);

@@ -3,23 +3,20 @@
 // with a dynamic batch and records what eager PyTorch computes on a batch of
 // 10 split into 4 micro-batches (3, 3, 2, 2 samples): the loss, every
 // gradient, and every parameter and buffer after three SGD steps. The
-// pipeline, cut into K = 2..4 stages under GPipe and 1F1B, must match all of
-// it in float64 to 1e-10.
+// pipeline, cut into K = 2..4 stages under every synchronous schedule, must
+// match all of it in float64 to 1e-10; the asynchronous schedules must train
+// as they do a torch::nn twin of the model. The same models across processes:
+// test_export_ranks.cpp.
+#include "export/export_cases.h"
 #include "plugin/export/exported.h"
 #include "plugin/model_names.h"
 #include "error_of.h"
-#include "test_models.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
-#include <torch/serialize.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <map>
 
 namespace conveyor {
 namespace {
@@ -27,107 +24,117 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::error_of;
+using testing::export_case;
+using testing::export_loss;
+using testing::ExportCase;
 using testing::invalid_argument_of;
+using testing::numbered;
 
-std::string fixture(const std::string& name) {
-  const char* dir = std::getenv("CONVEYOR_EXPORT_FIXTURES");
-  return dir ? (std::filesystem::path(dir) / name).string() : std::string();
-}
-
-#define REQUIRE_EXPORT_FIXTURES()                                                                    \
-  if (!std::getenv("CONVEYOR_EXPORT_FIXTURES")) {                                                   \
-    GTEST_SKIP() << "CONVEYOR_EXPORT_FIXTURES is not set (ctest runs make_export_fixtures.py first)"; \
-  }
-
-// NAME.ref.pt: a dict of tensors, by the names the fixture script gives.
-std::map<std::string, at::Tensor> reference(const std::string& name) {
-  std::ifstream in(fixture(name + ".ref.pt"), std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::map<std::string, at::Tensor> ref;
-  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
-    ref.emplace(item.key().toStringRef(), item.value().toTensor());
-  }
-  return ref;
-}
-
-Tensors numbered(const std::map<std::string, at::Tensor>& ref, const std::string& prefix) {
-  Tensors out;
-  for (int i = 0; ref.count(prefix + std::to_string(i)); ++i) out.push_back(ref.at(prefix + std::to_string(i)));
-  return out;
-}
-
-struct Case {
-  std::string model;
-  bool cross_entropy;
-  std::vector<std::vector<std::string>> splits;  // for K = 2, 3, 4
-};
-
-const std::vector<Case>& cases() {
-  static const std::vector<Case> all = {
-      {"mlp", false, {{"body.4"}, {"body.2", "body.4"}, {"body.2", "body.4", "head"}}},
-      {"lstm_lm", true, {{"rnn2"}, {"rnn1", "rnn2"}, {"rnn1", "rnn2", "proj"}}},
-      {"resblock", false, {{"block"}, {"block", "block.conv2"}, {"block.bn1", "block.conv2", "head"}}},
-      {"transformer", false, {{"layers.1"}, {"layers.0", "layers.1"}, {"layers.0", "layers.1", "head"}}},
-      {"seq2seq", true, {{"decoder"}, {"tgt_embed", "attend"}, {"encoder", "decoder", "combine"}}}};
-  return all;
-}
-
-TensorsLossFn loss_of(bool cross_entropy) {
-  if (cross_entropy) return [](const Tensors& o, const Tensors& t) { return testing::lm_loss(o[0], t[0]); };
-  return [](const Tensors& o, const Tensors& t) { return torch::mse_loss(o[0], t[0]); };
-}
+std::string fixture(const std::string& name) { return testing::export_fixture(name); }
+testing::NamedTensors reference(const std::string& model) { return testing::export_reference(model); }
 
 // Three SGD steps of the pipeline against eager PyTorch's.
-void check_against_eager(const Case& c, const std::vector<std::string>& split, const std::string& schedule) {
-  const std::string where = c.model + " cut at " + c10::Join(",", split) + " under " + schedule;
+void check_against_eager(const ExportCase& c, const std::vector<std::string>& split, const PipelineOptions& options,
+                         const std::string& label) {
+  const std::string where = c.model + " cut at " + c10::Join(",", split) + " under " + label;
   const auto ref = reference(c.model);
   const Tensors inputs = numbered(ref, "input."), targets = numbered(ref, "target.");
-  auto pipe = make_export_pipeline(load_exported(fixture(c.model + ".pt2")),
-                                   PipelineOptions().microbatches(4).schedule(schedule), split);
+  auto pipe = make_export_pipeline(load_exported(fixture(c.model + ".pt2")), options, split);
   ASSERT_EQ(pipe->num_stages(), static_cast<int>(split.size()) + 1) << where;
   torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(0.05));
   for (int step = 0; step < 3; ++step) {
     sgd.zero_grad();
-    const StepResult r = pipe->train_step(inputs, targets, loss_of(c.cross_entropy));
+    const StepResult r = pipe->train_step(inputs, targets, export_loss(c.cross_entropy));
     if (step == 0) {
       EXPECT_NEAR(r.loss, ref.at("loss").item<double>(), 1e-10) << where;
-      const auto params = model_named_parameters(*pipe);
-      ASSERT_FALSE(params.empty()) << where;
-      for (const auto& [name, p] : params) {
-        ASSERT_TRUE(ref.count("grad." + name)) << where << ": eager PyTorch has no parameter " << name;
-        ASSERT_TRUE(p.grad().defined()) << where << ": no gradient for " << name;
-        EXPECT_LE((p.grad() - ref.at("grad." + name)).abs().max().item<double>(), 1e-10) << where << ": " << name;
-      }
+      std::vector<std::pair<std::string, at::Tensor>> grads;
+      for (const auto& [name, p] : model_named_parameters(*pipe)) grads.emplace_back(name, p.grad());
+      EXPECT_EQ(grads.size(), testing::count_prefixed(ref, "grad.")) << where << ": every parameter, once";
+      testing::expect_like_reference(grads, ref, "grad.", where);
     }
     sgd.step();
   }
   auto state = model_named_parameters(*pipe);
   for (auto& b : model_named_buffers(*pipe)) state.push_back(b);
-  size_t expected = 0;
-  for (const auto& [key, t] : ref) expected += key.rfind("step3.", 0) == 0;
-  EXPECT_EQ(state.size(), expected) << where << ": every parameter and buffer of the model, once";
-  for (const auto& [name, t] : state) {
-    ASSERT_TRUE(ref.count("step3." + name)) << where << ": eager PyTorch has no " << name;
-    const at::Tensor want = ref.at("step3." + name);
-    EXPECT_LE((t.to(want.scalar_type()) - want).abs().max().item<double>(), 1e-10) << where << ": " << name
-                                                                                   << " after 3 steps";
-  }
+  EXPECT_EQ(state.size(), testing::count_prefixed(ref, "step3.")) << where << ": every parameter and buffer, once";
+  testing::expect_like_reference(state, ref, "step3.", where + " after 3 steps");
 }
 
 class ExportedModels : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExportedModels, TrainLikeEagerPyTorchUnderGpipeAnd1f1bAtTwoToFourStages) {
   REQUIRE_EXPORT_FIXTURES();
-  for (const Case& c : cases()) {
-    if (c.model != GetParam()) continue;
-    for (const auto& split : c.splits) {
-      for (const std::string schedule : {"gpipe", "1f1b"}) check_against_eager(c, split, schedule);
+  const ExportCase& c = export_case(GetParam());
+  for (const auto& split : c.splits) {
+    for (const std::string schedule : {"gpipe", "1f1b"}) {
+      check_against_eager(c, split, PipelineOptions().microbatches(4).schedule(schedule), schedule);
     }
+  }
+}
+
+// The other synchronous schedules, with recomputation and offloading: K = 3,
+// or 2 workers of 2 chunks each for the interleaved ones.
+TEST_P(ExportedModels, TrainLikeEagerPyTorchUnderEveryOtherSynchronousSchedule) {
+  REQUIRE_EXPORT_FIXTURES();
+  const ExportCase& c = export_case(GetParam());
+  const PipelineOptions m4 = PipelineOptions().microbatches(4);
+  const std::vector<std::pair<std::string, PipelineOptions>> schedules = {
+      {"sequential", PipelineOptions(m4).schedule("sequential")},
+      {"eager-1f1b", PipelineOptions(m4).schedule("eager-1f1b").lookahead(1)},
+      {"zb-h1", PipelineOptions(m4).schedule("zb-h1")},
+      {"1f1b+recompute", PipelineOptions(m4).schedule("1f1b").recompute(true)},
+      {"1f1b+offload", PipelineOptions(m4).schedule("1f1b").offload(true)},
+      {"interleaved", PipelineOptions(m4).schedule("interleaved").workers(2)},
+      {"zb-interleaved", PipelineOptions(m4).schedule("zb-interleaved").workers(2)}};
+  for (const auto& [label, options] : schedules) {
+    const bool interleaved = label.find("interleaved") != std::string::npos;
+    check_against_eager(c, c.splits[interleaved ? 2 : 1], options, label);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ExportedModels,
                          ::testing::Values("mlp", "lstm_lm", "resblock", "transformer", "seq2seq"));
+
+// The exported MLP as torch::nn layers with its weights: body.0 .. body.5, head.
+torch::nn::Sequential nn_twin_of_mlp(const ExportedModel& model) {
+  torch::nn::Sequential twin(torch::nn::Linear(12, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                             torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(), torch::nn::Linear(16, 5));
+  twin->to(torch::kFloat64);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : twin->named_parameters().pairs()) {  // "6.weight" is "head.weight", "2.bias" "body.2.bias"
+    const std::string layer = name.substr(0, name.find('.'));
+    p.copy_(model.tensors.at((layer == "6" ? "head" : "body." + layer) + name.substr(name.find('.'))));
+  }
+  return twin;
+}
+
+TEST(ExportedProgram, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
+  REQUIRE_EXPORT_FIXTURES();
+  const auto sgd = [](std::vector<at::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+  const auto ref = reference("mlp");
+  const Tensors x = numbered(ref, "input."), y = numbered(ref, "target.");
+  for (const char* schedule : {"pipedream", "ddg", "fr"}) {
+    const auto options = PipelineOptions().microbatches(4).schedule(schedule).optimizer(sgd);
+    const ExportedModel model = load_exported(fixture("mlp.pt2"));
+    Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).boundaries({4}));
+    const auto pipe = make_export_pipeline(model, options, {"body.4"});
+    for (int step = 0; step < 3; ++step) {
+      pipe->train_step(x, y, export_loss(false));
+      twin.train_step(x, y, export_loss(false));
+    }
+    const auto got = model_named_parameters(*pipe);
+    const auto want = twin.named_parameters();
+    ASSERT_EQ(got.size(), want.size()) << schedule;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE((got[i].second - want[i].second).abs().max().item<double>(), 1e-10)
+          << schedule << ": " << got[i].first << " vs " << want[i].first;
+    }
+    const at::Tensor initial = load_exported(fixture("mlp.pt2")).tensors.at("body.0.weight");
+    EXPECT_GT((got[0].second - initial).abs().max().item<double>(), 1e-4) << schedule << ": the weights did not move";
+  }
+}
 
 TEST(ExportedProgram, WithoutSplitPointsEachCalledModuleIsALayer) {
   REQUIRE_EXPORT_FIXTURES();
@@ -139,7 +146,7 @@ TEST(ExportedProgram, WithoutSplitPointsEachCalledModuleIsALayer) {
   // Balanced by parameters over 3 workers, the step is eager PyTorch's.
   const auto ref = reference("seq2seq");
   auto pipe = std::make_unique<Pipeline>(layers, PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
-  const StepResult r = pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), loss_of(true));
+  const StepResult r = pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), export_loss(true));
   EXPECT_NEAR(r.loss, ref.at("loss").item<double>(), 1e-10);
   for (const auto& [name, p] : model_named_parameters(*pipe)) {
     EXPECT_LE((p.grad() - ref.at("grad." + name)).abs().max().item<double>(), 1e-10) << name;
@@ -185,10 +192,15 @@ TEST(ExportedProgram, BadSplitsAndBatchesAreRefusedByName) {
               HasSubstr("split point 'body.2' names no module the program calls after 'head'"));
   EXPECT_THAT(invalid_argument_of([&] { sequential_from_export(mlp, {"body.0"}); }),
               HasSubstr("it begins the program"));
+  EXPECT_THAT(invalid_argument_of([&] {
+                make_export_pipeline(mlp, PipelineOptions().schedule("interleaved").workers(3), {"body.2", "head"});
+              }),
+              HasSubstr("2 split points make 3 stages, but the options ask for 3 workers of 2 chunks each"));
   const auto ref = reference("mlp");
   auto pipe = make_export_pipeline(load_exported(fixture("static_batch.pt2")), PipelineOptions().microbatches(4),
                                    {"head"});
-  EXPECT_THAT(error_of([&] { pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), loss_of(false)); }),
+  const auto step = [&] { pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), export_loss(false)); };
+  EXPECT_THAT(error_of(step),
               AllOf(HasSubstr("exported with size 8 in dimension 0, got 3"), HasSubstr("dynamic")));
 }
 
