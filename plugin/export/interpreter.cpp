@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <type_traits>
 #include <utility>
 
 namespace conveyor::exported {
@@ -18,33 +19,13 @@ int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
-c10::IValue symbolic(SymOp op, const c10::IValue& a, const c10::IValue& b) {
-  if (op == SymOp::kNeg) return a.isDouble() ? c10::IValue(-a.toDouble()) : c10::IValue(-a.toInt());
-  if (a.isDouble() || b.isDouble()) {
-    const double x = a.isDouble() ? a.toDouble() : static_cast<double>(a.toInt());
-    const double y = b.isDouble() ? b.toDouble() : static_cast<double>(b.toInt());
-    switch (op) {
-      case SymOp::kAdd: return x + y;
-      case SymOp::kSub: return x - y;
-      case SymOp::kMul: return x * y;
-      case SymOp::kMax: return std::max(x, y);
-      case SymOp::kMin: return std::min(x, y);
-      case SymOp::kEq: return x == y;
-      case SymOp::kNe: return x != y;
-      case SymOp::kLt: return x < y;
-      case SymOp::kLe: return x <= y;
-      case SymOp::kGt: return x > y;
-      case SymOp::kGe: return x >= y;
-      default: TORCH_CHECK(false, "this arithmetic of symbolic floats is not supported");
-    }
-  }
-  const int64_t x = a.isBool() ? a.toBool() : a.toInt(), y = b.isBool() ? b.toBool() : b.toInt();
+// Python's arithmetic on sizes (int64_t) or symbolic floats (double).
+template <typename T>
+c10::IValue arithmetic(SymOp op, T x, T y) {
   switch (op) {
     case SymOp::kAdd: return x + y;
     case SymOp::kSub: return x - y;
     case SymOp::kMul: return x * y;
-    case SymOp::kFloorDiv: return floor_div(x, y);
-    case SymOp::kMod: return x - floor_div(x, y) * y;
     case SymOp::kMax: return std::max(x, y);
     case SymOp::kMin: return std::min(x, y);
     case SymOp::kEq: return x == y;
@@ -53,8 +34,26 @@ c10::IValue symbolic(SymOp op, const c10::IValue& a, const c10::IValue& b) {
     case SymOp::kLe: return x <= y;
     case SymOp::kGt: return x > y;
     case SymOp::kGe: return x >= y;
-    default: TORCH_CHECK(false, "unknown arithmetic of symbolic sizes");
+    case SymOp::kFloorDiv:
+      if constexpr (std::is_integral_v<T>) return floor_div(x, y);
+      break;
+    case SymOp::kMod:
+      if constexpr (std::is_integral_v<T>) return x - floor_div(x, y) * y;
+      break;
+    default: break;
   }
+  TORCH_CHECK(false, "this arithmetic of symbolic ", std::is_integral_v<T> ? "sizes" : "floats", " is not supported");
+}
+
+c10::IValue symbolic(SymOp op, const c10::IValue& a, const c10::IValue& b) {
+  if (op == SymOp::kNeg) return a.isDouble() ? c10::IValue(-a.toDouble()) : c10::IValue(-a.toInt());
+  if (a.isDouble() || b.isDouble()) {
+    const double x = a.isDouble() ? a.toDouble() : static_cast<double>(a.toInt());
+    const double y = b.isDouble() ? b.toDouble() : static_cast<double>(b.toInt());
+    return arithmetic(op, x, y);
+  }
+  const int64_t x = a.isBool() ? a.toBool() : a.toInt(), y = b.isBool() ? b.toBool() : b.toInt();
+  return arithmetic(op, x, y);
 }
 
 }  // namespace
