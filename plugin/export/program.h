@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace conveyor::exported {
@@ -34,6 +35,12 @@ struct Arg {
   int slot = -1;
   std::vector<int> slots;
   std::vector<int64_t> ints;
+
+  static Arg with_constant(c10::IValue value) {
+    Arg a;
+    a.constant = std::move(value);
+    return a;
+  }
 };
 
 // Where one of an operator's returns goes.

@@ -221,7 +221,7 @@ class Reader {
         if (!sa.default_value()) {
           throw std::invalid_argument(where_ + ": " + who + " gives no argument '" + sa.name() + "'");
         }
-        node.args.push_back(Arg{Arg::Kind::kConstant, *sa.default_value()});
+        node.args.push_back(Arg::with_constant(*sa.default_value()));
       } else {
         node.args.push_back(convert(*it->second, sa, who));
         given.erase(it);
@@ -298,12 +298,12 @@ class Reader {
   Arg sym_arg(const ser::Argument& a, const std::string& who) const {
     using Tag = ser::Argument::Tag;
     switch (a.tag()) {
-      case Tag::AS_INT: return Arg{Arg::Kind::kConstant, a.get_as_int()};
-      case Tag::AS_FLOAT: return Arg{Arg::Kind::kConstant, a.get_as_float().get()};
-      case Tag::AS_BOOL: return Arg{Arg::Kind::kConstant, a.get_as_bool()};
+      case Tag::AS_INT: return Arg::with_constant(a.get_as_int());
+      case Tag::AS_FLOAT: return Arg::with_constant(a.get_as_float().get());
+      case Tag::AS_BOOL: return Arg::with_constant(a.get_as_bool());
       case Tag::AS_SYM_INT:
         if (a.get_as_sym_int().tag() == ser::SymIntArgument::Tag::AS_INT) {
-          return Arg{Arg::Kind::kConstant, a.get_as_sym_int().get_as_int()};
+          return Arg::with_constant(a.get_as_sym_int().get_as_int());
         }
         return value_arg(a.get_as_sym_int().get_as_name(), who);
       default: return value_arg(value_name(a, who), who);
