@@ -65,9 +65,18 @@ Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options
   const Batch b = global_batch(m, 0);
   const int parts = options.microbatches();
   ModelProfile profile = profile_model(make_model(m), b.x.tensor_split(parts)[0], b.y.tensor_split(parts)[0],
-                                       cross_entropy, ProfileOptions().optimizer(options.optimizer()));
+                                       cross_entropy, ProfileOptions().optimizer(options.optimizer()).count_cores(true));
   profile.link = measure_c10d_link();
-  return make_plan(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(profile)), m.batch);
+  const auto plan_of = [&](const ModelProfile& p) {
+    return make_plan(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(p)), m.batch);
+  };
+  ModelProfile without = profile;
+  without.link.cpu_seconds_per_transfer = 0;
+  std::cout << "c10d link: " << profile.link.latency_seconds * 1e6 << " us latency, "
+            << profile.link.cpu_seconds_per_transfer * 1e6 << " us of CPU a transfer; " << profile.cores
+            << " cores; predicted without the transfers' CPU time: " << plan_of(without).step_seconds() * 1e3
+            << " ms\n";
+  return plan_of(profile);
 }
 
 }  // namespace conveyor::examples

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <time.h>
+
 #include <algorithm>
 #include <exception>
 #include <stdexcept>
@@ -54,6 +56,14 @@ void wait_all(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
   for (const auto& w : works) w->wait();
 }
 
+// Processor time this process has used, every thread of it (the two ranks'
+// and Gloo's), in seconds.
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
 LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::milliseconds timeout) {
@@ -62,8 +72,12 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
   }
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
-  // Round trips of each payload size, seen from rank 0.
+  // Round trips of each payload size, seen from rank 0, and the processor
+  // time both ranks used for the small ones (from rank 0's first timed trip
+  // to its last: rank 1 runs its side meanwhile).
   std::vector<double> small_trips, large_trips;
+  double small_cpu_seconds = 0, large_cpu_seconds = 0;
+  const int small_repeats = std::max(repeats, 64);  // more of the cheap ones: the processor time is short
   std::exception_ptr failure;
   const auto rank = [&](int r) {
     try {
@@ -75,16 +89,20 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
         // Both ranks post the first receive, then meet, so that it is posted before its send.
         auto pending = transfer.post_recv(*group, peer, base);
         group->barrier()->wait();
-        for (int i = 0; i <= repeats; ++i) {  // the first round trip warms the connection
+        double cpu_start = 0;
+        const int rounds = bytes == 4 ? small_repeats : repeats;
+        for (int i = 0; i <= rounds; ++i) {  // the first round trip warms the connection
+          if (i == 1) cpu_start = process_cpu_seconds();
           const auto start = Clock::now();
           const int tag = base + 2 * i, next = base + 2 * (i + 1);
           if (r == 0) transfer.send(*group, peer, tag);
           wait_all(pending);
-          if (i < repeats) pending = transfer.post_recv(*group, peer, next);
+          if (i < rounds) pending = transfer.post_recv(*group, peer, next);
           if (r == 1) transfer.send(*group, peer, tag);
           const double trip = std::chrono::duration<double>(Clock::now() - start).count();
           if (r == 0 && i > 0) (bytes == 4 ? small_trips : large_trips).push_back(trip);
         }
+        if (r == 0) (bytes == 4 ? small_cpu_seconds : large_cpu_seconds) = process_cpu_seconds() - cpu_start;
       }
     } catch (...) {
       if (r == 0) failure = std::current_exception();
@@ -99,6 +117,10 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
   link.latency_seconds = median(small_trips) / 2;
   const double extra = median(large_trips) / 2 - link.latency_seconds;
   link.bytes_per_second = extra > 0 ? static_cast<double>(large_bytes) / extra : 0.0;
+  // Two transfers a round trip.
+  link.cpu_seconds_per_transfer = small_cpu_seconds / (2.0 * small_repeats);
+  const double large_cpu = large_cpu_seconds / (2.0 * repeats) - link.cpu_seconds_per_transfer;
+  link.cpu_seconds_per_byte = std::max(0.0, large_cpu) / static_cast<double>(large_bytes);
   return link;
 }
 

@@ -19,7 +19,9 @@ namespace conveyor {
 // transport sends one: a header message, then the payload. Latency: half the
 // round trip of a one-float payload; bandwidth: `large_bytes` over the extra
 // one-way time a payload of that size takes. Medians of `repeats` round
-// trips. Throws std::runtime_error if the ranks cannot connect within
+// trips (at least 64 of the small one). Processor time: what the process
+// (both ranks, Gloo's threads) used per transfer during the small round
+// trips, and per byte beyond that during the large ones. Throws std::runtime_error if the ranks cannot connect within
 // `timeout`.
 LinkProfile measure_c10d_link(int64_t large_bytes = 4 << 20, int repeats = 9,
                               std::chrono::milliseconds timeout = std::chrono::seconds(30));

@@ -20,6 +20,10 @@ double LinkProfile::seconds(int64_t bytes) const {
   return latency_seconds + (bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second : 0.0);
 }
 
+double LinkProfile::cpu_seconds(int64_t bytes) const {
+  return cpu_seconds_per_transfer + cpu_seconds_per_byte * static_cast<double>(bytes);
+}
+
 LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
   LinkProfile link;
   if (from == to) {

@@ -126,6 +126,14 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   for (const auto& spec : stages.stages) shared_cpu = shared_cpu && spec.device.is_cpu();
   const bool crowded = shared_cpu && s.num_workers() > p.cores && p.crowded_action_overhead_seconds > 0;
   const double overhead = crowded ? p.crowded_action_overhead_seconds : p.action_overhead_seconds;
+  // Workers that keep every core busy pay a transfer's processor time out of
+  // their compute: half on the sending stage, half on the receiving one.
+  const bool busy_cores = shared_cpu && s.num_workers() >= p.cores;
+  const auto message = [&](int64_t layer, bool gradient) {
+    if (!busy_cores || p.link.cpu_seconds_per_transfer <= 0) return 0.0;
+    const int64_t bytes = gradient ? p.layers[layer].output_grad_bytes : p.layers[layer].output_bytes;
+    return p.link.cpu_seconds(static_cast<int64_t>(static_cast<double>(bytes) * scale)) / 2;
+  };
   schedules::StageCosts costs;
   bool split_measured = true;  // every layer's I and W (else half the backward each)
   const bool guard = o.divergence_guard() && !o.loss_scaling();  // as the Pipeline sets its runtime
@@ -160,8 +168,16 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
       costs.transfers.push_back(sp.transfer_seconds);
     }
     predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
-    sp.forward_seconds += overhead;
-    sp.backward_seconds += overhead;
+    // A forward receives its inputs and sends its outputs, a backward (or a
+    // split backward's I) receives and sends the gradients.
+    const bool first = k == 0, last = k + 1 == num;
+    const auto messages = [&](bool gradient) {
+      return (first ? 0.0 : message(spec.begin - 1, gradient)) + (last ? 0.0 : message(spec.end - 1, gradient));
+    };
+    const double forward_messages = messages(false), backward_messages = messages(true);
+    sp.forward_seconds += overhead + forward_messages;
+    sp.backward_seconds += overhead + backward_messages;
+    input += backward_messages;
     // An offloaded entry goes out after its forward and comes back during the
     // action before its backward, on a side stream beside the compute (the
     // forward, its replay and the backward): the backward waits for copies

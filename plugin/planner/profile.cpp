@@ -252,6 +252,10 @@ std::string ModelProfile::str() const {
   os << "profile on " << device << ", " << batch_size << " samples per micro-batch; link: " << link.kind << ", "
      << link.latency_seconds * 1e6 << " us";
   if (link.bytes_per_second > 0) os << " + " << link.bytes_per_second / 1e9 << " GB/s";
+  if (link.cpu_seconds_per_transfer > 0) {
+    os << ", " << link.cpu_seconds_per_transfer * 1e6 << " us + " << link.cpu_seconds_per_byte * 1e9
+       << " ns/byte of CPU a transfer";
+  }
   if (!host_link.kind.empty()) {
     os << "; to host memory " << host_link.latency_seconds * 1e6 << " us + " << host_link.bytes_per_second / 1e9
        << " GB/s";

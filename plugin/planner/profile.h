@@ -57,7 +57,15 @@ struct LinkProfile {
   std::string kind;               // "in-process handoff (same device)", "cpu -> cuda:1 copy"
   double latency_seconds = 0;
   double bytes_per_second = 0;    // 0: the bytes cost nothing (nothing is copied)
+  // The processor time a transfer costs the two processes together (the
+  // sender's and the receiver's c10d work, Gloo's I/O threads included), not
+  // counting waits: time taken from the compute when the workers keep every
+  // core busy, as the link's latency (measured between idle ranks) is not.
+  // 0: not measured, or nothing to pay (the in-process handoff).
+  double cpu_seconds_per_transfer = 0;
+  double cpu_seconds_per_byte = 0;  // and per byte of payload
   double seconds(int64_t bytes) const;
+  double cpu_seconds(int64_t bytes) const;
 };
 
 struct ModelProfile {

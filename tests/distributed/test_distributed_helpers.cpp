@@ -29,6 +29,11 @@ TEST(DistributedHelpers, TheC10dLinkIsMeasured) {
   EXPECT_THAT(link.kind, HasSubstr("c10d Gloo"));
   EXPECT_GT(link.latency_seconds, 0);
   EXPECT_LT(link.latency_seconds, 1.0);
+  // Sending and receiving take the processes' processor time too.
+  EXPECT_GT(link.cpu_seconds_per_transfer, 0);
+  EXPECT_LT(link.cpu_seconds_per_transfer, 1.0);
+  EXPECT_GE(link.cpu_seconds_per_byte, 0);
+  EXPECT_GT(link.cpu_seconds(64 << 20), link.cpu_seconds_per_transfer * (1 - 1e-12));
   // On a busy machine the wake-ups can hide the bytes' cost (0: not measurable).
   EXPECT_GE(link.bytes_per_second, 0);
   EXPECT_GE(link.seconds(64 << 20), link.seconds(1 << 10));

@@ -192,5 +192,43 @@ TEST(BalanceTime, PlanStagesSplitsAProfileByTime) {
   EXPECT_THAT(predicted.str(), HasSubstr("alone bounds the speed"));
 }
 
+// Across processes whose workers keep every core busy, a transfer's
+// processor time comes out of the compute: half on each side of a cut, on the
+// forward and on the backward. With a core to spare, or none measured, it
+// costs the compute nothing.
+TEST(BalanceTime, ATransfersProcessorTimeIsPaidByBothStagesWhenTheCoresAreBusy) {
+  const auto profile = [](int cores, double cpu) {
+    auto p = std::make_shared<ModelProfile>();
+    p->batch_size = 2;
+    p->cores = cores;
+    for (int i = 0; i < 7; ++i) {
+      LayerProfile l;
+      l.forward_seconds = 1e-3;
+      l.backward_seconds = 2e-3;
+      l.output_bytes = l.output_grad_bytes = 64;
+      p->layers.push_back(l);
+    }
+    p->link.latency_seconds = 1e-4;
+    p->link.cpu_seconds_per_transfer = cpu;
+    return p;
+  };
+  const auto plan = [&](int workers, int cores, double cpu) {
+    const auto options = PipelineOptions().workers(workers).microbatches(4).schedule("1f1b").profile(
+        profile(cores, cpu));
+    return make_plan(testing::make_mlp(), options, 8);
+  };
+  const Plan free = plan(3, 2, 0), paid = plan(3, 2, 4e-4);
+  ASSERT_EQ(paid.predicted.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    const double neighbours = k == 1 ? 2 : 1;
+    EXPECT_NEAR(paid.predicted[k].forward_seconds - free.predicted[k].forward_seconds, 2e-4 * neighbours, 1e-12);
+    EXPECT_NEAR(paid.predicted[k].backward_seconds - free.predicted[k].backward_seconds, 2e-4 * neighbours, 1e-12);
+  }
+  EXPECT_GT(paid.step_seconds(), free.step_seconds());
+  for (const Plan& spare : {plan(3, 4, 4e-4), plan(3, 0, 4e-4)}) {  // a core to spare; cores not counted
+    for (size_t k = 0; k < 3; ++k) EXPECT_EQ(spare.predicted[k].forward_seconds, free.predicted[k].forward_seconds);
+  }
+}
+
 }  // namespace
 }  // namespace conveyor
