@@ -5,9 +5,8 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/distributed/distributed_pipeline.h"
+#include "tensor_files.h"
 #include "test_models.h"
-
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <unistd.h>
 
@@ -21,8 +20,6 @@
 #include <thread>
 
 namespace conveyor::testing {
-
-using TensorMap = std::map<std::string, at::Tensor>;
 
 constexpr int kBatch = 8;
 constexpr int kMicrobatches = 4;
@@ -49,24 +46,6 @@ inline OptimizerFactory sgd_momentum() {
   return [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
   };
-}
-
-inline void write_tensors(const std::string& path, const TensorMap& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().clone());
-  const std::vector<char> bytes = torch::pickle_save(dict);
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-inline TensorMap read_tensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  TensorMap out;
-  if (bytes.empty()) return out;
-  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
-    out[item.key().toStringRef()] = item.value().toTensor();
-  }
-  return out;
 }
 
 inline TensorMap grads_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {

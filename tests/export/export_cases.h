@@ -5,15 +5,13 @@
 // K = 2, 3, 4 stages, and their losses.
 
 #include "plugin/types.h"
+#include "tensor_files.h"
 #include "test_models.h"
 
 #include <gtest/gtest.h>
-#include <torch/serialize.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,30 +28,11 @@ inline std::string export_fixture(const std::string& name) {
     GTEST_SKIP() << "CONVEYOR_EXPORT_FIXTURES is not set (ctest runs make_export_fixtures.py first)"; \
   }
 
-using NamedTensors = std::map<std::string, at::Tensor>;
-
-// A torch.save'd (or pickle_save'd) dict of tensors; empty if there is no file.
-inline NamedTensors read_named_tensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  NamedTensors out;
-  if (bytes.empty()) return out;
-  for (const auto& item : torch::pickle_load(bytes).toGenericDict()) {
-    out.emplace(item.key().toStringRef(), item.value().toTensor());
-  }
-  return out;
-}
-
-inline void write_named_tensors(const std::string& path, const NamedTensors& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().clone());
-  const std::vector<char> bytes = torch::pickle_save(dict);
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using NamedTensors = TensorMap;
 
 // NAME.ref.pt: input.I, target.I, loss, grad.PARAM, step3.PARAM_OR_BUFFER.
 inline NamedTensors export_reference(const std::string& model) {
-  return read_named_tensors(export_fixture(model + ".ref.pt"));
+  return read_tensors(export_fixture(model + ".ref.pt"));
 }
 
 inline Tensors numbered(const NamedTensors& ref, const std::string& prefix) {

@@ -82,7 +82,7 @@ int run_rank() {
         }
         for (const auto& [name, t] : model_named_parameters(pipe.pipeline())) result["step3." + name] = t;
         for (const auto& [name, t] : model_named_buffers(pipe.pipeline())) result["step3." + name] = t;
-        write_named_tensors(result_file(out, c.model, schedule, env.rank), result);
+        write_tensors(result_file(out, c.model, schedule, env.rank), result);
       }
     }
     groups->barrier();
@@ -97,7 +97,7 @@ int run_rank() {
 NamedTensors merged(const std::string& out, const std::string& model, const std::string& schedule, int world) {
   NamedTensors all;
   for (int r = 0; r < world; ++r) {
-    for (auto& [name, t] : read_named_tensors(result_file(out, model, schedule, r))) all[name] = t;
+    for (auto& [name, t] : read_tensors(result_file(out, model, schedule, r))) all[name] = t;
   }
   return all;
 }
@@ -138,7 +138,7 @@ void expect_ranks_like_eager(int world) {
       }
       std::vector<std::pair<std::string, at::Tensor>> grads, state;
       for (int r = 0; r < world; ++r) {
-        const NamedTensors got = read_named_tensors(result_file(out, c.model, schedule, r));
+        const NamedTensors got = read_tensors(result_file(out, c.model, schedule, r));
         ASSERT_TRUE(got.count("loss")) << where << ": rank " << r << " wrote no loss";
         EXPECT_NEAR(got.at("loss").item<double>(), ref.at("loss").item<double>(), 1e-10) << where << ", rank " << r;
         for (const auto& [name, t] : got) {

@@ -25,6 +25,16 @@ def models(seed=0):
     return eager, exported(copy.deepcopy(eager))
 
 
+def step_like_eager(pipe, eager, x, gate, y):
+    """One step of the pipeline: its loss and every gradient are eager PyTorch's."""
+    result = pipe.train_step((x, gate), y)
+    loss_fn(eager(x, gate), y).backward()
+    assert abs(result.loss - loss_fn(eager(x, gate), y).item()) <= 1e-10
+    got = dict(pipe.named_parameters())
+    for name, p in eager.named_parameters():
+        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+
+
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_an_exported_program_trains_as_eager_pytorch(schedule):
     eager, program = models()
@@ -66,12 +76,7 @@ def test_a_saved_program_is_read_from_its_path(tmp_path):
     pipe = conveyor.Pipeline(str(path), workers=2, microbatches=2, schedule="1f1b", loss_fn=loss_fn)
     assert pipe.num_stages == 2
     x, gate, y = batch()
-    result = pipe.train_step((x, gate), y)
-    loss_fn(eager(x, gate), y).backward()
-    assert abs(result.loss - loss_fn(eager(x, gate), y).item()) <= 1e-10
-    got = dict(pipe.named_parameters())
-    for name, p in eager.named_parameters():
-        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+    step_like_eager(pipe, eager, x, gate, y)
 
 
 class Branchy(nn.Module):
@@ -166,9 +171,4 @@ def test_without_split_points_balance_by_time_chooses_the_stages():
                              sample=((x, gate), y), loss_fn=loss_fn)
     assert pipe.num_stages == 2
     assert "predicted" in pipe.plan.lower()
-    result = pipe.train_step((x, gate), y)
-    loss_fn(eager(x, gate), y).backward()
-    assert abs(result.loss - loss_fn(eager(x, gate), y).item()) <= 1e-10
-    got = dict(pipe.named_parameters())
-    for name, p in eager.named_parameters():
-        assert torch.allclose(got[name].grad, p.grad, rtol=0, atol=1e-10), name
+    step_like_eager(pipe, eager, x, gate, y)
