@@ -259,7 +259,7 @@ inline void faulty(Worker& w) {
   model->to(torch::kFloat64);
   DistributedPipeline pipe(
       model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout),
-      groups);
+      groups, DistributedOptions().shared_memory(std::getenv("CONVEYOR_TEST_SHARED_MEMORY") != nullptr));
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);

@@ -70,6 +70,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --keep-sent         pipeline: a stage keeps its outputs' data after sending
                       them (by default it releases it, keeping their graph);
                       rank 0 prints its stages' peak stash either way
+  --shared-memory     pipeline: neighbouring processes on this machine pass
+                      activations and gradients through shared memory
+                      rather than Gloo's sockets
   --model NAME        mlp (default) | lm
   --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
   --vocab N, --embed N, --length N   the lm's words, embedding, tokens (2000, 64, 20)
@@ -122,6 +125,7 @@ Args parse(int argc, char** argv) {
     const std::map<std::string, bool*> switches = {{"scale-lr", &a.scale_lr},
                                                    {"predict", &a.predict},
                                                    {"keep-sent", &a.keep_sent},
+                                                   {"shared-memory", &a.shared_memory},
                                                    {"shard-optimizer", &a.shard_optimizer}};
     if (const auto it = switches.find(flag); it != switches.end()) {
       *it->second = true;

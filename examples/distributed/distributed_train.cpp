@@ -102,11 +102,11 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                      });
   std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
   if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
-  if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options);
+  if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
   conveyor::DistributedPipeline pipe(
       make_model(a), options, groups,
       conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank).shard_optimizer_state(
-          a.shard_optimizer));
+          a.shard_optimizer).shared_memory(a.shared_memory));
   conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank, env.world_size);
   const int first = a.resume ? static_cast<int>(checkpoints.resume(pipe)) : 0;
   if (pipe.is_logging_rank()) {

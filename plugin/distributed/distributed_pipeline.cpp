@@ -119,6 +119,7 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   transport_options.ranks = layout.pipeline_ranks(groups_->replica());
   transport_options.timeout = options.timeout();
   transport_options.activation_shapes = distributed_.activation_shapes();
+  transport_options.shared_memory = distributed_.shared_memory();
   const c10::intrusive_ptr<c10d::Backend> device_group =
       transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
   auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);

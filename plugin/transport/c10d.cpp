@@ -35,6 +35,15 @@ C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::Backend> group, c10::intru
   state_->options = std::move(options);
   for (int w = 0; w < static_cast<int>(state_->options.ranks.size()); ++w) state_->placement.push_back(w);
   state_->prefix = state_->stage_name(k);
+  if (state_->options.shared_memory) {
+    try {
+      state_->links = std::make_unique<SharedMemoryLinks>(state_->group, state_->options.shared_memory_bytes,
+                                                          state_->options.timeout);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(c10::str("conveyor: ", state_->prefix, ": could not set up the shared-memory links [",
+                                        message_of(e), "]"));
+    }
+  }
 }
 
 bool C10dTransport::copies(int /*from*/, int to) const { return !state_->is_local(to); }
@@ -119,13 +128,18 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
   FaultInjector* faults = fault_injector();
   if (faults) faults->before_send(channel, from, to, mb, h);
   const int tag = s.tag(channel, from, mb), peer = s.worker_of(to);
+  const bool shared = s.links && s.links->sends_to(peer);
   try {
     std::vector<at::Tensor> list{first};
-    message.works.push_back(s.group->send(list, peer, tag));
-    message.buffers.push_back(first);
+    if (shared) {  // copied into the ring: delivered, nothing to wait for
+      s.links->send(peer, tag, base, first.numel(), Clock::now() + s.options.timeout);
+    } else {
+      message.works.push_back(s.group->send(list, peer, tag));
+      message.buffers.push_back(first);
+    }
     if (faults) {
       faults->after_header(channel, from, to, mb, [&] {
-        s.wait(message.works.front(), Clock::now() + s.options.timeout, to, message.what + " to be taken");
+        if (!shared) s.wait(message.works.front(), Clock::now() + s.options.timeout, to, message.what + " to be taken");
       });
     }
     for (size_t i = 0; i < payloads.size(); ++i) {
@@ -140,7 +154,8 @@ void C10dTransport::send(Channel channel, int from, int to, int mb, const Tensor
   }
   std::lock_guard<std::mutex> lock(s.mutex);
   ++s.counts.messages;
-  s.counts.wire_messages += static_cast<int64_t>(message.works.size());
+  s.counts.wire_messages += static_cast<int64_t>(message.works.size()) + (shared ? 1 : 0);
+  s.counts.shared_memory_messages += shared ? 1 : 0;
   s.posted.push_back(std::move(message));
 }
 

@@ -74,6 +74,16 @@ struct C10dTransportOptions {
   std::vector<std::vector<int64_t>> activation_shapes;
   // When set, every floating activation tensor must have this dtype.
   std::optional<c10::ScalarType> activation_dtype;
+  // Messages between neighbouring workers on this machine go through shared
+  // memory (plugin/transport/shared_memory.h) rather than Gloo's sockets:
+  // the header and payloads up to c10d_wire::kMessageBytes; larger payloads,
+  // accelerator payloads, barriers and ties stay on the groups. Making the
+  // transport is then collective (every worker of the group at once).
+  // Workers on other machines, or that cannot map each other's segments,
+  // keep Gloo.
+  bool shared_memory = false;
+  // Each direction's ring (at least twice the largest message).
+  int64_t shared_memory_bytes = int64_t{8} << 20;
 };
 
 class C10dTransport final : public Transport {
@@ -119,7 +129,10 @@ class C10dTransport final : public Transport {
   struct Counts {
     int64_t messages = 0;
     int64_t wire_messages = 0;
+    int64_t shared_memory_messages = 0;  // of the wire messages, those through shared memory
   };
+  // Links to neighbouring workers through shared memory (0 unless options.shared_memory).
+  int shared_memory_links() const;
   Counts counts() const;
 
   // The first failure, empty while there has been none.

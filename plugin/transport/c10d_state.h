@@ -6,6 +6,7 @@
 #include "plugin/support/timing.h"
 #include "plugin/transport/c10d.h"
 #include "plugin/transport/c10d_header.h"
+#include "plugin/transport/shared_memory.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -57,6 +58,7 @@ struct C10dTransport::State {
   };
 
   c10::intrusive_ptr<c10d::Backend> group, device_group;
+  std::unique_ptr<SharedMemoryLinks> links;  // null: every message on the groups
   C10dTransportOptions options;
   std::string prefix;  // "rank 3 (stage 1)"
 
@@ -100,8 +102,13 @@ struct C10dTransport::State {
   // Posts the receive of the first part of micro-batch `mb`'s message on `channel`.
   Ahead post_receive(Channel channel, int from, int mb) {
     Ahead posted{take_buffer(), {}};
+    const int peer = worker_of(from);
+    if (links && links->receives_from(peer)) {
+      posted.work = links->receive(peer, tag(channel, from, mb), posted.buffer);
+      return posted;
+    }
     std::vector<at::Tensor> list{posted.buffer};
-    posted.work = group->recv(list, worker_of(from), tag(channel, from, mb));
+    posted.work = group->recv(list, peer, tag(channel, from, mb));
     return posted;
   }
 

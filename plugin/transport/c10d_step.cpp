@@ -51,6 +51,8 @@ void C10dTransport::expect(Channel channel, int from, int to, int mb) {
   s.post_ahead(channel);
 }
 
+int C10dTransport::shared_memory_links() const { return state_->links ? state_->links->links() : 0; }
+
 C10dTransport::Counts C10dTransport::counts() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->counts;
@@ -74,6 +76,7 @@ void C10dTransport::abort() {
     s.posted.clear();
     s.expected.clear();
   }
+  if (s.links) s.links->abort();
   for (const auto& work : pending) {
     try {
       if (work) work->abort();

@@ -8,4 +8,5 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/c10d.cpp
   ${CMAKE_CURRENT_LIST_DIR}/c10d_header.cpp
   ${CMAKE_CURRENT_LIST_DIR}/c10d_step.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/c10d_ties.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/c10d_ties.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/shared_memory.cpp)
