@@ -3,6 +3,7 @@
 #include "plugin/distributed/gloo_group.h"
 #include "plugin/support/timing.h"
 #include "plugin/transport/c10d_header.h"
+#include "plugin/transport/shared_memory.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -33,9 +34,11 @@ struct Transfer {
     first = at::zeros({fits ? kHeaderBytes + aligned_payload(bytes) : kHeaderBytes}, at::kByte);
     if (!fits) payload = at::zeros({bytes}, at::kByte);
   }
+  SharedMemoryLinks* links = nullptr;  // the first part through shared memory when set
   std::vector<c10::intrusive_ptr<c10d::Work>> post_recv(c10d::Backend& group, int from, int tag) {
     std::vector<at::Tensor> f{first};
-    std::vector<c10::intrusive_ptr<c10d::Work>> works{group.recv(f, from, tag)};
+    std::vector<c10::intrusive_ptr<c10d::Work>> works{links ? links->receive(from, tag, first)
+                                                            : group.recv(f, from, tag)};
     if (payload.defined()) {
       std::vector<at::Tensor> p{payload};
       works.push_back(group.recv(p, from, tag + 1));
@@ -44,7 +47,11 @@ struct Transfer {
   }
   void send(c10d::Backend& group, int to, int tag) {
     std::vector<at::Tensor> f{first};
-    group.send(f, to, tag)->wait();
+    if (links) {
+      links->send(to, tag, first.const_data_ptr(), first.numel(), Clock::now() + std::chrono::minutes(1));
+    } else {
+      group.send(f, to, tag)->wait();
+    }
     if (payload.defined()) {
       std::vector<at::Tensor> p{payload};
       group.send(p, to, tag + 1)->wait();
@@ -52,8 +59,10 @@ struct Transfer {
   }
 };
 
-void wait_all(const std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-  for (const auto& w : works) w->wait();
+void wait_all(const std::vector<c10::intrusive_ptr<c10d::Work>>& works, std::chrono::milliseconds timeout) {
+  for (const auto& w : works) {
+    if (!w->wait(timeout)) throw std::runtime_error("conveyor: measure_c10d_link: a transfer was aborted");
+  }
 }
 
 // Processor time this process has used, every thread of it (the two ranks'
@@ -66,7 +75,8 @@ double process_cpu_seconds() {
 
 }  // namespace
 
-LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::milliseconds timeout) {
+LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::milliseconds timeout,
+                              bool shared_memory) {
   if (large_bytes < 1024 || repeats < 1) {
     throw std::invalid_argument("conveyor: measure_c10d_link needs at least 1 KiB and 1 repeat");
   }
@@ -82,8 +92,11 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
   const auto rank = [&](int r) {
     try {
       auto group = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("link", store), r, 2, timeout, timeout);
+      std::unique_ptr<SharedMemoryLinks> links;
+      if (shared_memory) links = std::make_unique<SharedMemoryLinks>(group, int64_t{8} << 20, timeout);
       for (const int64_t bytes : {int64_t{4}, large_bytes}) {
         Transfer transfer(bytes);
+        if (links && links->sends_to(1 - r) && links->receives_from(1 - r)) transfer.links = links.get();
         const int base = bytes == 4 ? 0 : 1 << 20;  // each size its own tags
         const int peer = 1 - r;
         // Both ranks post the first receive, then meet, so that it is posted before its send.
@@ -96,7 +109,7 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
           const auto start = Clock::now();
           const int tag = base + 2 * i, next = base + 2 * (i + 1);
           if (r == 0) transfer.send(*group, peer, tag);
-          wait_all(pending);
+          wait_all(pending, timeout);
           if (i < rounds) pending = transfer.post_recv(*group, peer, next);
           if (r == 1) transfer.send(*group, peer, tag);
           const double trip = std::chrono::duration<double>(Clock::now() - start).count();
@@ -113,7 +126,8 @@ LinkProfile measure_c10d_link(int64_t large_bytes, int repeats, std::chrono::mil
   peer.join();
   if (failure) std::rethrow_exception(failure);
   LinkProfile link;
-  link.kind = "c10d Gloo over TCP loopback (one message per transfer up to 1 MiB)";
+  link.kind = shared_memory ? "c10d, messages up to 1 MiB through shared memory, larger payloads over Gloo"
+                            : "c10d Gloo over TCP loopback (one message per transfer up to 1 MiB)";
   link.latency_seconds = median(small_trips) / 2;
   const double extra = median(large_trips) / 2 - link.latency_seconds;
   link.bytes_per_second = extra > 0 ? static_cast<double>(large_bytes) / extra : 0.0;
