@@ -14,7 +14,7 @@ same weights and see the same data, K = 2 stages cut as Conveyor cuts them
        batch 64 sequences of 20 tokens, each target a fixed function of its
        token, learning rate 0.5.
 
-Three contestants, one intra-op thread per stage, CPU:
+Four contestants, one intra-op thread per stage, CPU:
 
   pippy     torch.distributed.pipelining (ScheduleGPipe / Schedule1F1B), one
             process per stage, Gloo (spawned here); against Conveyor's
@@ -22,13 +22,15 @@ Three contestants, one intra-op thread per stage, CPU:
             lookahead of N) it runs Schedule1F1B, the schedule it replaces;
   c10d      Conveyor, one process per stage over c10d/Gloo
             (torchrun ... distributed_train --parallel=pipeline);
+  shm       the same, neighbouring processes passing activations and
+            gradients through shared memory (--shared-memory);
   threads   Conveyor in one process, a thread per stage
             (distributed_train --parallel=threads).
 
 Each runs --steps steps; samples/s counts the steps after the first (as
 distributed_train does). The contestants take turns, --rounds times; the
 table gives the median samples/s of each and the ratios to pippy, and checks
-that the losses of the first and last step agree across all three.
+that the losses of the first and last step agree across all of them.
 
   python benchmarks/bench_vs_pippy.py --binary build/examples/distributed_train
 """
@@ -188,9 +190,10 @@ def conveyor_schedule_flags(schedule):
     return [f"--schedule={name}"] + ([f"--lookahead={lookahead}"] if lookahead else [])
 
 
-def run_conveyor(args, kind, mode, schedule, microbatches):
+def run_conveyor(args, kind, mode, schedule, microbatches, extra=()):
     spec = MODELS[kind]
     flags = [f"--parallel={mode}", "--workers=2", f"--microbatches={microbatches}"] + conveyor_schedule_flags(schedule)
+    flags += list(extra)
     flags += [f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
               f"--log-every={args.steps - 1}"] + spec["flags"]
     if mode == "pipeline":
@@ -235,6 +238,7 @@ def main():
     contestants = {
         "pippy": lambda k, s, m: run_pippy(args, k, s, m),
         "c10d": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m),
+        "shm": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m, ["--shared-memory"]),
         "threads": lambda k, s, m: run_conveyor(args, k, "threads", s, m),
     }
     configs = [(k, s, m) for k in args.models for s in args.schedules for m in args.microbatches]
@@ -249,14 +253,16 @@ def main():
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"K = 2, {args.steps} steps, {os.cpu_count()} CPUs, one intra-op thread per stage; median samples/s "
           f"over {args.rounds} alternated rounds\n")
-    print("| model | schedule | M | pippy | Conveyor c10d | Conveyor threads | c10d / pippy | threads / pippy "
-          "| losses agree (max diff) |\n|---|---|---|---|---|---|---|---|---|")
+    print("| model | schedule | M | pippy | Conveyor c10d | c10d, shared memory | Conveyor threads | c10d / pippy "
+          "| shared memory / pippy | threads / pippy | losses agree (max diff) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
     for config in configs:
-        p, c, t = (statistics.median(rates[config + (n,)]) for n in ("pippy", "c10d", "threads"))
+        p, c, h, t = (statistics.median(rates[config + (n,)]) for n in ("pippy", "c10d", "shm", "threads"))
         pairs = losses[config]
         diff = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a in pairs for b in pairs)
         kind, schedule, m = config
-        print(f"| {kind} | {schedule} | {m} | {p:.0f} | {c:.0f} | {t:.0f} | {c / p:.2f} | {t / p:.2f} | {diff:.1e} |")
+        print(f"| {kind} | {schedule} | {m} | {p:.0f} | {c:.0f} | {h:.0f} | {t:.0f} | {c / p:.2f} | {h / p:.2f} "
+              f"| {t / p:.2f} | {diff:.1e} |")
 
 
 if __name__ == "__main__":

@@ -116,14 +116,15 @@ for kind in "${kinds[@]}"; do
       # not export (c10::DynamicType): libconveyor.so would not link.
       configure "$dir" "-fsanitize=address,undefined -fno-sanitize=vptr"
       build "$dir" test_schedules test_conveyor test_schedules_runtime test_faults test_planner test_script \
-        test_distributed test_wire_faults test_fused_lstm test_fused_attention
+        test_distributed test_wire_faults test_shared_memory test_fused_lstm test_fused_attention
       "$py" "$root/tests/python/make_fixtures.py" "$dir/fixtures" >"$dir/fixtures.log" 2>&1
       # The options and why: tests/sanitizers/README.md.
       export ASAN_OPTIONS="detect_leaks=1:log_path=$dir/sanitizer-logs/asan"
       export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
       export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$dir/sanitizer-logs/ubsan"
       CONVEYOR_FIXTURES="$dir/fixtures" run_tests "$dir" test_schedules test_conveyor:2 test_schedules_runtime \
-        test_faults test_planner test_script test_fused_lstm test_fused_attention test_distributed test_wire_faults ||
+        test_faults test_planner test_script test_fused_lstm test_fused_attention test_distributed test_wire_faults \
+        test_shared_memory ||
         status=1
       unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
       ;;

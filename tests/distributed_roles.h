@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -340,13 +342,30 @@ inline void training_options(Worker& w) {
   groups->barrier();
 }
 
-inline int run_worker(const std::string& role) {
+// A rank's life in every multi-process test binary: its launch environment
+// and the job's store, then `role`; exit status 1, the error printed, if it throws.
+inline int run_rank(const std::function<void(Worker&)>& role) {
   torch::set_num_threads(1);
   Worker w;
   try {
     w.env = LaunchEnvironment::from_environment();
     w.out = std::getenv("CONVEYOR_TEST_OUT");
     w.store = connect_store(w.env, std::chrono::seconds(30));
+    role(w);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+inline int run_worker(const std::string& role) {
+  const std::set<std::string> roles = {"two", "four", "sharded", "reshard", "faulty"};
+  if (!roles.count(role)) {
+    std::cerr << "unknown role " << role << "\n";
+    return 2;
+  }
+  return run_rank([&](Worker& w) {
     if (role == "two") {
       pipelines(w);
       data_parallel(w);
@@ -362,17 +381,10 @@ inline int run_worker(const std::string& role) {
       sharded(w);
     } else if (role == "reshard") {
       reshard(w);
-    } else if (role == "faulty") {
-      faulty(w);
     } else {
-      std::cerr << "unknown role " << role << "\n";
-      return 2;
+      faulty(w);
     }
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << std::endl;
-    return 1;
-  }
-  return 0;
+  });
 }
 
 }  // namespace conveyor::testing

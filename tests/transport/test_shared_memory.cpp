@@ -212,28 +212,12 @@ TEST(SharedMemoryFaults, AStalledPeerTimesOut) {
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("CONVEYOR_TEST_ROLE")) {
-    const std::string name = role;
-    torch::set_num_threads(1);
-    conveyor::testing::Worker w;
-    try {
-      w.env = conveyor::LaunchEnvironment::from_environment();
-      w.out = std::getenv("CONVEYOR_TEST_OUT");
-      w.store = conveyor::connect_store(w.env, std::chrono::seconds(30));
-      if (name == "shm-exact") {
-        conveyor::testing::exact(w);
-      } else if (name == "shm-counts") {
-        conveyor::testing::counted(w);
-      } else if (name == "faulty") {
-        conveyor::testing::faulty(w);
-      } else {
-        std::cerr << "unknown role " << name << "\n";
-        return 2;
-      }
-    } catch (const std::exception& e) {
-      std::cerr << e.what() << std::endl;
-      return 1;
-    }
-    return 0;
+    const std::map<std::string, void (*)(conveyor::testing::Worker&)> roles = {
+        {"shm-exact", conveyor::testing::exact},
+        {"shm-counts", conveyor::testing::counted},
+        {"faulty", conveyor::testing::faulty}};
+    const auto it = roles.find(role);
+    return it == roles.end() ? 2 : conveyor::testing::run_rank(it->second);
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -187,19 +187,7 @@ TEST(WireFaults, APeersClosedSocketIsAnErrorNotASilentDeath) {
 
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("CONVEYOR_TEST_ROLE")) {
-    if (std::string(role) != "wire") return 2;
-    torch::set_num_threads(1);
-    conveyor::testing::Worker w;
-    try {
-      w.env = conveyor::LaunchEnvironment::from_environment();
-      w.out = std::getenv("CONVEYOR_TEST_OUT");
-      w.store = conveyor::connect_store(w.env, std::chrono::seconds(30));
-      conveyor::testing::wire_fault(w);
-    } catch (const std::exception& e) {
-      std::cerr << e.what() << std::endl;
-      return 1;
-    }
-    return 0;
+    return std::string(role) == "wire" ? conveyor::testing::run_rank(conveyor::testing::wire_fault) : 2;
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
