@@ -205,7 +205,7 @@ class SharedMemoryReceive final : public c10d::Work {
     auto checked = Clock::now();
     for (;;) {
       if (take()) return true;
-      if (aborted_.load()) return false;
+      if (aborted_.load() || state_->aborted.load()) return false;  // the transport's abort: no error of its own
       state_->check(*link_, deadline, "a message from", checked);
       ring.reader_waiting.store(1);
       const uint32_t seen = ring.written.load();
