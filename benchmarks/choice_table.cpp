@@ -43,7 +43,7 @@ struct Cell {
   int devices = 2;
   int64_t budget = 0;
   std::vector<std::string> fits;  // keys of the plans that fit
-  std::string chosen, chosen_cores;
+  std::string chosen, chosen_cores, tuned;  // tuned: the counted search's finalists measured (tune_plan)
 };
 
 PlanSpace grid_space(int devices, int64_t budget) {
@@ -59,7 +59,7 @@ PlanSpace grid_space(int devices, int64_t budget) {
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 struct Tally {
-  int cells = 0, within = 0, within_cores = 0;
+  int cells = 0, within = 0, within_cores = 0, within_tuned = 0;
   int plans = 0, predicted_within = 0, shared_within = 0;
 };
 
@@ -99,10 +99,11 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
                open.ranked.size(), mib(budgets[1]), mib(budgets[2]));
 
   std::map<std::string, Measured> plans;
+  std::map<std::string, PlanChoice> tunings;  // by the finalists' keys
   std::vector<Cell> cells;
   for (int64_t budget : budgets) {
     for (int devices : {2, 4}) {
-      Cell cell{devices, budget, {}, {}, {}};
+      Cell cell{devices, budget, {}, {}, {}, {}};
       const PlanSearch search = search_plans(reference, base, batch, grid_space(devices, budget));
       for (const PlanChoice& c : search.ranked) {
         const std::string key = plan_key(c);
@@ -114,6 +115,21 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
           search_plans(reference, PipelineOptions().profile(with_cores), batch, grid_space(devices, budget));
       cell.chosen_cores = plan_key(counted.best());
       if (!plans.count(cell.chosen_cores)) plans[cell.chosen_cores].choice = counted.best();
+      // The planner's tuned choice: its first plans timed on the batch
+      // (cells with the same finalists share one tuning).
+      std::string finalists;
+      for (size_t i = 0; i < counted.ranked.size() && i < static_cast<size_t>(TuneOptions().finalists()); ++i) {
+        finalists += plan_key(counted.ranked[i]) + "; ";
+      }
+      if (!tunings.count(finalists)) {
+        const TensorsLossFn tensors_loss = [loss](const Tensors& out, const Tensors& t) { return loss(out[0], t[0]); };
+        const PlanTuning tuning =
+            tune_plan(reference, counted, PipelineOptions().profile(with_cores), {x}, {y}, tensors_loss);
+        std::fprintf(stderr, "%s", tuning.str().c_str());
+        tunings[finalists] = tuning.best();
+      }
+      cell.tuned = plan_key(tunings.at(finalists));
+      if (!plans.count(cell.tuned)) plans[cell.tuned].choice = tunings.at(finalists);
       cells.push_back(std::move(cell));
     }
   }
@@ -146,6 +162,7 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
     for (size_t i = 0; i < fits.size() && i < 3; ++i) deciding.insert(fits[i]);
     deciding.insert(cell.chosen);
     deciding.insert(cell.chosen_cores);
+    deciding.insert(cell.tuned);
   }
   for (int s = 0; s < 3 * steps; ++s) {
     for (const std::string& key : deciding) {
@@ -173,21 +190,26 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
               kind.c_str(), static_cast<long long>(batch), plans.size(), predicted_within, plans.size(),
               100 * median(errors), shared_within, 100 * median(shared_errors));
   std::printf("| workers <= | budget MiB | plans that fit | planner's choice | predicted ms | measured ms | x best "
-              "| choice, CPU sharing counted | measured ms | x best | best measured | ms |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "| choice, CPU sharing counted | measured ms | x best | tuned choice | measured ms | x best "
+              "| best measured | ms |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cell& cell : cells) {
     const auto best = std::min_element(cell.fits.begin(), cell.fits.end(), [&](const auto& a, const auto& b) {
       return plans.at(a).ms() < plans.at(b).ms();
     });
     const Measured &b = plans.at(*best), &c = plans.at(cell.chosen), &cc = plans.at(cell.chosen_cores);
-    const double ratio = c.ms() / b.ms(), ratio_cores = cc.ms() / b.ms();
+    const Measured& t = plans.at(cell.tuned);
+    const double ratio = c.ms() / b.ms(), ratio_cores = cc.ms() / b.ms(), ratio_tuned = t.ms() / b.ms();
     ++tally.cells;
     tally.within += ratio <= 1.05;
     tally.within_cores += ratio_cores <= 1.05;
-    std::printf("| %d | %s | %zu | %s | %.1f | %.1f | %.3f | %s | %.1f | %.3f | %s | %.1f |\n", cell.devices,
+    tally.within_tuned += ratio_tuned <= 1.05;
+    std::printf("| %d | %s | %zu | %s | %.1f | %.1f | %.3f | %s | %.1f | %.3f | %s | %.1f | %.3f | %s | %.1f |\n",
+                cell.devices,
                 cell.budget ? std::to_string(static_cast<int>(std::lround(mib(cell.budget)))).c_str() : "none",
                 cell.fits.size(), c.choice.describe().c_str(), c.predicted, c.ms(), ratio,
                 cell.chosen_cores == cell.chosen ? "same" : cc.choice.describe().c_str(), cc.ms(), ratio_cores,
+                cell.tuned == cell.chosen_cores ? "same" : t.choice.describe().c_str(), t.ms(), ratio_tuned,
                 b.choice.describe().c_str(), b.ms());
   }
   std::vector<const Measured*> fastest;
@@ -225,9 +247,10 @@ int choice_table(int steps, const std::string& only, int sharing) {
     if (only.empty() || only == kind) run_model(kind, batch, steps, sharing, tally);
   }
   std::printf("\nChoice within 5 %% of the best measured plan: %d of %d cells (profile as measured), %d of %d (CPU "
-              "sharing counted). Predictions within 10 %%: %d of %d plans (%d with the CPU's sharing counted).\n",
-              tally.within, tally.cells, tally.within_cores, tally.cells, tally.predicted_within, tally.plans,
-              tally.shared_within);
+              "sharing counted), %d of %d (tuned: the first %d plans timed). Predictions within 10 %%: %d of %d "
+              "plans (%d with the CPU's sharing counted).\n",
+              tally.within, tally.cells, tally.within_cores, tally.cells, tally.within_tuned, tally.cells,
+              TuneOptions().finalists(), tally.predicted_within, tally.plans, tally.shared_within);
   return 0;
 }
 

@@ -9,7 +9,7 @@ set(CONVEYOR_EXPORT_HEADERS plugin/export/exported.h plugin/export/export_layer.
   plugin/export/segments.h)
 set(CONVEYOR_PUBLIC_HEADERS
   plugin/conveyor.h plugin/errors.h plugin/front_end.h plugin/model_names.h plugin/options.h plugin/pipeline.h plugin/profile_model.h
-  plugin/step_result.h plugin/types.h plugin/version.h
+  plugin/step_result.h plugin/tune_plan.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
   plugin/model/sharded_state.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h

@@ -16,6 +16,7 @@
 #include "plugin/step_result.h"
 #include "plugin/support/atomic_file.h"
 #include "plugin/trace/timeline.h"
+#include "plugin/tune_plan.h"
 #include "plugin/types.h"
 #include "plugin/version.h"
 #include "schedules/generators.h"

@@ -9,7 +9,8 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/profile_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tune_plan.cpp)
 foreach(folder support model trace planner runtime transport checkpoint distributed)
   include(${CMAKE_CURRENT_LIST_DIR}/${folder}/sources.cmake)
 endforeach()

@@ -37,19 +37,26 @@ void apply_balance(const std::string& balance, const std::vector<double>& estima
 }
 
 PipelineOptions plan_options(const std::string& plan, const torch::nn::Sequential& model, int64_t batch,
-                             int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out) {
+                             int max_workers, int64_t memory_budget_mib, PipelineOptions options, std::ostream& out,
+                             const TuningBatch* tuning) {
   if (plan == "given") return options;
-  if (plan != "auto") throw std::invalid_argument("--plan expects given or auto, got '" + plan + "'");
+  if (plan != "auto" && plan != "tuned") {
+    throw std::invalid_argument("--plan expects given, auto or tuned, got '" + plan + "'");
+  }
+  if (plan == "tuned" && !tuning) throw std::invalid_argument("--plan tuned is not available here: use auto");
   if (!schedules::make_schedule(options.schedule(), 1, 1).synchronous()) {
-    throw std::invalid_argument("--plan auto searches the synchronous schedules: leave out --schedule " +
+    throw std::invalid_argument("--plan " + plan + " searches the synchronous schedules: leave out --schedule " +
                                 options.schedule());
   }
   PlanSpace space;
   space.max_workers = max_workers;
   space.memory_budget = memory_budget_mib << 20;
   const PlanSearch search = search_plans(model, options, batch, space);
-  out << "--plan auto: " << search.str();
-  return search.best().options(std::move(options));
+  out << "--plan " << plan << ": " << search.str();
+  if (plan == "auto") return search.best().options(std::move(options));
+  const PlanTuning tuned = tune_plan(model, search, options, tuning->inputs, tuning->targets, tuning->loss);
+  out << "--plan tuned: " << tuned.str();
+  return tuned.best().options(std::move(options));
 }
 
 void report_step(std::ostream& out, const Plan& plan, const StepResult& step, const std::string& timeline) {

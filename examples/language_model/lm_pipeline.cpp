@@ -84,8 +84,9 @@ Flags (--flag VALUE or --flag=VALUE):
                     counts) | flops (an estimate of each layer's arithmetic)
   --plan P          given (default): the flags decide | auto: search workers
                     (up to --workers), synchronous schedule, chunks, micro-
-                    batches, recomputation and split for the fastest step
-  --memory-budget N with --plan auto: MiB each worker may hold (default: any)
+                    batches, recomputation and split for the fastest step |
+                    tuned: then time the 6 predicted fastest, take the fastest
+  --memory-budget N with --plan auto or tuned: MiB a worker may hold (any)
   --device D        auto (default): cuda when available, else cpu | cpu |
                     cuda: worker k on cuda:(k mod GPU count)
   --threads N       intra-op CPU threads of each worker (default cores / workers)
@@ -293,9 +294,11 @@ int run(const Config& c) {
       ex::make_language_model(static_cast<int64_t>(data.corpus.vocab.size()), c.embed, c.hidden, c.dropout);
   ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
+  const auto [first_input, first_target] = window_tensors(data.train, 0, c.bptt);
+  const ex::TuningBatch first_window{{first_input}, {first_target}, kLoss};
   const conveyor::PipelineOptions options =
       ex::plan_options(c.plan, model.layers, c.batch, static_cast<int>(c.workers), c.memory_budget,
-                       pipeline_options(c, model, data, devices, synchronous), std::cout);
+                       pipeline_options(c, model, data, devices, synchronous), std::cout, &first_window);
   const conveyor::Plan plan = conveyor::make_plan(model.layers, options, c.batch);
   conveyor::Pipeline pipe(model.layers, options);
   const int64_t windows = data.train.num_windows(c.bptt);

@@ -6,6 +6,7 @@
 #include "plugin/script/python_options.h"
 #include "plugin/planner/search.h"
 #include "plugin/script/torchscript.h"
+#include "plugin/tune_plan.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
@@ -209,7 +210,7 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   bool fused_ops = false;
   std::vector<std::vector<std::string>> tied_by_model_name;
   std::optional<ProfileBatch> sample;
-  bool auto_plan = false;
+  bool auto_plan = false, tuned_plan = false;
   PlanSpace space;
   loss_ = mse;
   for (const auto& entry : options) {
@@ -229,8 +230,10 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
     if (key == "loss") loss_ = loss_from(v);
     if (key == "fused_ops") fused_ops = as_bool(key, v);
     if (key == "plan") {
-      if (as_string(key, v) != "auto") throw bad_option(key, "\"auto\"", v);
+      const std::string plan = as_string(key, v);
+      if (plan != "auto" && plan != "tuned") throw bad_option(key, "\"auto\" or \"tuned\"", v);
       auto_plan = true;
+      tuned_plan = plan == "tuned";
     }
     if (key == "max_workers") space.max_workers = static_cast<int>(as_int(key, v));
     if (key == "memory_budget") space.memory_budget = as_int(key, v);
@@ -293,8 +296,15 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
 #endif
   if (auto_plan) {
     const PlanSearch search = search_plans(stages.layers, stages.options, batch, space);
-    stages.options = search.best().options(std::move(stages.options));
     search_text_ = search.str();
+    if (tuned_plan) {  // the first plans timed on the sample
+      check_argument(static_cast<bool>(loss_), "conveyor.Pipeline: plan \"tuned\" trains on the sample: give loss_fn");
+      const PlanTuning tuning = tune_plan(stages.layers, search, stages.options, sample->inputs, sample->targets, loss_);
+      search_text_ += tuning.str();
+      stages.options = tuning.best().options(std::move(stages.options));
+    } else {
+      stages.options = search.best().options(std::move(stages.options));
+    }
   }
   if (groups) {
     distributed_ = std::make_unique<DistributedPipeline>(stages.layers, std::move(stages.options), std::move(groups),

@@ -29,7 +29,8 @@
 //   schedule, chunks, micro-batches, recomputation and the split) on the
 //   profile of `sample`, within max_workers (default: workers, else 4) and
 //   memory_budget (bytes per worker; default none); the other options
-//   stand.
+//   stand. "tuned" then times the plans predicted fastest on `sample` with
+//   the loss (plugin/tune_plan.h) and takes the fastest measured.
 // Every error in the options is a std::invalid_argument naming the option.
 //
 // Across processes: given ProcessGroups (torch.distributed's groups, handed

@@ -65,11 +65,11 @@ class Pipeline:
         sample: an ``(inputs, target)`` batch for ``balance="time"`` and
             ``plan="auto"``.
         plan: ``"auto"``: search the whole plan on the profile of ``sample``
-            (workers, schedule, chunks, micro-batches, recomputation and the
-            split by time) for the fastest predicted step within
-            ``max_workers`` (default ``workers``, else 4) and
-            ``memory_budget`` (bytes per worker); ``pipe.plan`` prints the
-            choice and the runners-up. Synchronous schedules only.
+            (workers, schedule, chunks, micro-batches, recomputation, split)
+            for the fastest predicted step within ``max_workers`` (default
+            ``workers``, else 4) and ``memory_budget`` (bytes per worker);
+            ``"tuned"``: then time the six predicted fastest on ``sample``,
+            take the fastest measured. ``pipe.plan`` prints them.
         batch_dim: the dimension batches are split along.
         shared_inputs, shared_targets: indices of inputs or targets passed
             whole to every micro-batch (a ``[T, T]`` mask).
@@ -201,7 +201,7 @@ class Pipeline:
                 _fail(TypeError, "sample", "an (inputs, target) tuple", sample)
             options["sample"] = (_tensors("sample", sample[0]), _tensors("sample", sample[1]))
         if plan is not None:
-            options["plan"] = _str("plan", plan, ("auto",))
+            options["plan"] = _str("plan", plan, ("auto", "tuned"))
         if max_workers is not None:
             options["max_workers"] = _int("max_workers", max_workers, 1)
         if memory_budget is not None:

@@ -112,13 +112,15 @@ def test_torch_optim_over_parameters_trains_as_eager_does():
     assert losses[-1] < losses[0]
 
 
-def test_plan_auto_searches_the_whole_plan_and_trains_exactly():
+@pytest.mark.parametrize("plan", ["auto", "tuned"])
+def test_plan_auto_searches_the_whole_plan_and_trains_exactly(plan):
     torch.manual_seed(3)
     eager = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5)).double()
     model = copy.deepcopy(eager)
     x, _, y = batch(16)
-    pipe = conveyor.Pipeline(model, plan="auto", sample=(x, y), max_workers=2, loss_fn=loss_fn)
+    pipe = conveyor.Pipeline(model, plan=plan, sample=(x, y), max_workers=2, loss_fn=loss_fn)
     assert "searched" in pipe.plan and "rank" in pipe.plan, pipe.plan
+    assert ("chose the fastest measured" in pipe.plan) == (plan == "tuned"), pipe.plan
     assert 1 <= pipe.num_workers <= 2
     assert pipe.prediction is not None
     result = pipe.train_step(x, y)
