@@ -52,12 +52,17 @@ PipelineOptions profiled(const torch::nn::Sequential& model, const Sample& s) {
                     ProfileOptions().repeats(2).warmup(1).two_sizes(false))));
 }
 
+// The model, a batch, its profile and the search over two workers.
+struct Searched {
+  torch::nn::Sequential model = (torch::manual_seed(0), tuned_model());
+  Sample s;
+  PipelineOptions options = profiled(model, s);
+  PlanSearch search = search_for(model, options);
+};
+
 TEST(TunePlan, MeasuresTheFirstPlansAndChoosesTheFastestMeasured) {
-  torch::manual_seed(0);
-  const auto model = tuned_model();
-  const Sample s;
-  const PipelineOptions options = profiled(model, s);
-  const PlanSearch search = search_for(model, options);
+  const Searched searched;
+  const auto& [model, s, options, search] = searched;
   ASSERT_GE(search.ranked.size(), 4u);
   // The plans with the predicted-fastest plan's micro-batch size are made
   // slow: 20 ms in every loss call, far beyond this model's step.
@@ -124,11 +129,8 @@ TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
 }
 
 TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
-  torch::manual_seed(0);
-  const auto model = tuned_model();
-  const Sample s;
-  const PipelineOptions options = profiled(model, s);
-  const PlanSearch search = search_for(model, options);
+  const Searched searched;
+  const auto& [model, s, options, search] = searched;
   const int64_t failing = 32 / search.best().plan.schedule.num_microbatches;
   const TensorsLossFn picky = [failing](const Tensors& out, const Tensors& t) {
     if (out[0].size(0) == failing) throw std::runtime_error("no micro-batches of " + std::to_string(failing));
