@@ -115,12 +115,10 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
           search_plans(reference, PipelineOptions().profile(with_cores), batch, grid_space(devices, budget));
       cell.chosen_cores = plan_key(counted.best());
       if (!plans.count(cell.chosen_cores)) plans[cell.chosen_cores].choice = counted.best();
-      // The planner's tuned choice: its first plans timed on the batch
+      // The planner's tuned choice: plans of its search raced on the batch
       // (cells with the same finalists share one tuning).
       std::string finalists;
-      for (size_t i = 0; i < counted.ranked.size() && i < static_cast<size_t>(TuneOptions().finalists()); ++i) {
-        finalists += plan_key(counted.ranked[i]) + "; ";
-      }
+      for (size_t i : tune_candidates(counted)) finalists += plan_key(counted.ranked[i]) + "; ";
       if (!tunings.count(finalists)) {
         const TensorsLossFn tensors_loss = [loss](const Tensors& out, const Tensors& t) { return loss(out[0], t[0]); };
         const PlanTuning tuning =
@@ -247,7 +245,7 @@ int choice_table(int steps, const std::string& only, int sharing) {
     if (only.empty() || only == kind) run_model(kind, batch, steps, sharing, tally);
   }
   std::printf("\nChoice within 5 %% of the best measured plan: %d of %d cells (profile as measured), %d of %d (CPU "
-              "sharing counted), %d of %d (tuned: the first %d plans timed). Predictions within 10 %%: %d of %d "
+              "sharing counted), %d of %d (tuned: up to %d plans raced). Predictions within 10 %%: %d of %d "
               "plans (%d with the CPU's sharing counted).\n",
               tally.within, tally.cells, tally.within_cores, tally.cells, tally.within_tuned, tally.cells,
               TuneOptions().finalists(), tally.predicted_within, tally.plans, tally.shared_within);

@@ -9,9 +9,11 @@
 #include <c10/core/GradMode.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <iomanip>
-#include <limits>
 #include <mutex>
+#include <numeric>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -87,18 +89,65 @@ void run_round(const torch::nn::Sequential& model, const PipelineOptions& option
 
 }  // namespace
 
+std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions& tune) {
+  if (search.ranked.empty()) return {};
+  const double limit = search.best().plan.step_seconds() * tune.within();
+  size_t eligible = 0;
+  while (eligible < search.ranked.size() && search.ranked[eligible].plan.step_seconds() <= limit) ++eligible;
+  eligible = std::max<size_t>(eligible, 1);
+  const size_t wanted = std::min(eligible, static_cast<size_t>(tune.finalists()));
+  const auto schedule_of = [&](size_t i) { return search.ranked[i].plan.schedule.name; };
+  const auto shape_of = [&](size_t i) {
+    return std::pair{search.ranked[i].workers, search.ranked[i].plan.schedule.num_microbatches};
+  };
+  std::vector<bool> picked(eligible, false);
+  std::set<std::string> schedules;
+  std::set<std::pair<int, int>> shapes;
+  size_t count = 0;
+  const auto pick = [&](size_t i) {
+    picked[i] = true, ++count;
+    schedules.insert(schedule_of(i));
+    shapes.insert(shape_of(i));
+  };
+  for (size_t i = 0; i < eligible && count < wanted && i < static_cast<size_t>(tune.leaders()); ++i) pick(i);
+  // Taking turns: a new schedule, then a new shape, while either is left.
+  bool progress = true;
+  while (count < wanted && progress) {
+    progress = false;
+    for (int turn = 0; turn < 2 && count < wanted; ++turn) {
+      for (size_t i = 0; i < eligible; ++i) {
+        const bool fresh = turn == 0 ? !schedules.count(schedule_of(i)) : !shapes.count(shape_of(i));
+        if (!picked[i] && fresh) {
+          pick(i);
+          progress = true;
+          break;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < eligible && count < wanted; ++i) {
+    if (!picked[i]) pick(i);
+  }
+  std::vector<size_t> out;
+  for (size_t i = 0; i < eligible; ++i) {
+    if (picked[i]) out.push_back(i);
+  }
+  return out;
+}
+
 double TunedPlan::measured_seconds() const { return error.empty() ? median(step_seconds) : 0.0; }
 
 std::string PlanTuning::str() const {
   std::ostringstream os;
-  os << std::fixed << std::setprecision(2) << "measured the " << finalists.size()
-     << " plans predicted fastest; chose the fastest measured:\n";
+  os << std::fixed << std::setprecision(2) << "raced " << finalists.size() << " plans over " << rounds
+     << (rounds == 1 ? " round" : " rounds") << " (the slower half dropped after each); chose the fastest measured:\n";
   for (size_t i = 0; i < finalists.size(); ++i) {
     const TunedPlan& f = finalists[i];
     os << (i == best_index ? "  * " : "    ") << f.choice.describe() << ": predicted " << f.predicted_seconds * 1e3
        << " ms";
     if (f.error.empty()) {
-      os << ", measured " << f.measured_seconds() * 1e3 << " ms (median of " << f.step_seconds.size() << ")\n";
+      os << ", measured " << f.measured_seconds() * 1e3 << " ms (median of " << f.step_seconds.size() << ", "
+         << f.rounds << (f.rounds == 1 ? " round" : " rounds") << ")\n";
     } else {
       os << ", failed: " << f.error << "\n";
     }
@@ -110,42 +159,48 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
                      const TuneOptions& tune) {
   check_argument(!search.ranked.empty(), "conveyor: tune_plan: the search found no plan to measure");
-  check_argument(tune.finalists() >= 1 && tune.steps() >= 1 && tune.rounds() >= 1,
-                 "conveyor: tune_plan: finalists, steps and rounds must be positive, got ", tune.finalists(), ", ",
-                 tune.steps(), " and ", tune.rounds());
+  check_argument(tune.finalists() >= 1 && tune.steps() >= 1 && tune.rounds() >= 0 && tune.leaders() >= 0 &&
+                     tune.within() >= 1,
+                 "conveyor: tune_plan: finalists and steps must be positive, leaders and rounds non-negative and "
+                 "within at least 1, got ",
+                 tune.finalists(), ", ", tune.steps(), ", ", tune.leaders(), ", ", tune.rounds(), " and ",
+                 tune.within());
   check_argument(static_cast<bool>(loss_fn), "conveyor: tune_plan: no loss function given");
   PlanTuning tuning;
-  const size_t count = std::min(search.ranked.size(), static_cast<size_t>(tune.finalists()));
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i : tune_candidates(search, tune)) {
     const PlanChoice& c = search.ranked[i];
-    tuning.finalists.push_back(TunedPlan{c, c.plan.step_seconds(), {}, ""});
+    tuning.finalists.push_back(TunedPlan{c, c.plan.step_seconds(), {}, "", 0});
   }
   const KeptModel kept(model);
-  for (int r = 0; r < tune.rounds(); ++r) {
-    for (size_t k = 0; k < count; ++k) {
-      TunedPlan& f = tuning.finalists[r % 2 == 0 ? k : count - 1 - k];
-      if (!f.error.empty()) continue;
+  std::vector<size_t> alive(tuning.finalists.size());
+  std::iota(alive.begin(), alive.end(), size_t{0});
+  const auto faster = [&](size_t a, size_t b) {
+    return tuning.finalists[a].measured_seconds() < tuning.finalists[b].measured_seconds();
+  };
+  do {
+    const bool backwards = tuning.rounds % 2 == 1;
+    for (size_t k = 0; k < alive.size(); ++k) {
+      TunedPlan& f = tuning.finalists[alive[backwards ? alive.size() - 1 - k : k]];
       try {
         run_round(model, options, inputs, targets, loss_fn, tune.steps(), f);
       } catch (const std::exception& e) {
         f.error = e.what();
         f.step_seconds.clear();
       }
+      ++f.rounds;
       kept.restore();
     }
-  }
-  double fastest = std::numeric_limits<double>::infinity();
-  bool any = false;
-  for (size_t i = 0; i < count; ++i) {
-    const TunedPlan& f = tuning.finalists[i];
-    if (!f.error.empty()) continue;
-    any = true;
-    if (f.measured_seconds() < fastest) fastest = f.measured_seconds(), tuning.best_index = i;
-  }
-  if (!any) {
+    ++tuning.rounds;
+    alive.erase(std::remove_if(alive.begin(), alive.end(), [&](size_t i) { return !tuning.finalists[i].error.empty(); }),
+                alive.end());
+    std::stable_sort(alive.begin(), alive.end(), faster);
+    if (alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds())) alive.resize((alive.size() + 1) / 2);
+  } while (alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds()));
+  if (alive.empty()) {
     throw std::runtime_error("conveyor: tune_plan: every finalist failed; the first, " +
                              tuning.finalists.front().choice.describe() + ": " + tuning.finalists.front().error);
   }
+  tuning.best_index = alive.front();
   return tuning;
 }
 

@@ -1,12 +1,16 @@
 #pragma once
-// Choosing among the planner's best plans by running them. The search
+// Choosing among the planner's plans by running them. The search
 // (plugin/planner/search.h) ranks every plan by its predicted step; on a CPU
-// shared by the workers a prediction misses by 5-25 % (benchmarks/results/
-// choice.md), more than separates the first few of the ranking. tune_plan
-// builds those few on the model, times some training steps of each on the
-// real batch, the finalists taking turns, and returns the fastest measured,
-// with every finalist's prediction and measurement. It costs
-// finalists x rounds x (steps + 1) training steps before the run.
+// shared by the workers a prediction misses by 5-30 % (benchmarks/results/
+// choice.md), more than separates the first plans of the ranking, and a
+// profile that misprices one micro-batch size or crowded cores can rank the
+// fastest plan far down. tune_plan races a diverse set of plans on the model
+// and the real batch: the first of the ranking, then the best predicted of
+// each other number of workers and micro-batches; each round every plan
+// still in is built and timed (the plans taking turns), the slower half is
+// dropped, until one is left. It returns every finalist's prediction and
+// measurement, the fastest measured chosen. With the defaults (12 plans,
+// 2 timed steps a round) it costs about 70 training steps before the run.
 //
 //   const conveyor::PlanSearch search = conveyor::search_plans(model, options, batch, space);
 //   const conveyor::PlanTuning tuning = conveyor::tune_plan(model, search, options, {x}, {y}, loss);
@@ -26,13 +30,21 @@
 namespace conveyor {
 
 struct TuneOptions {
-  // The first this many plans of the search's ranking (fewer if it has fewer).
-  TORCH_ARG(int, finalists) = 6;
-  // Per round, each finalist is built, runs one step to warm up, then this
-  // many timed steps; the rounds take the finalists in turn, forwards then
+  // Plans timed in the first round (fewer if the search found fewer).
+  TORCH_ARG(int, finalists) = 12;
+  // Of them, the ranking's first this many; then, taking turns, the best
+  // predicted plan of a schedule and of a (workers, micro-batches) shape not
+  // yet among them, each in the ranking's order; then the ranking's next.
+  TORCH_ARG(int, leaders) = 4;
+  // Plans predicted slower than this times the fastest prediction are not timed.
+  TORCH_ARG(double, within) = 1.5;
+  // Per round, each plan still in is built, runs one step to warm up, then
+  // this many timed steps; the rounds take the plans in turn, forwards then
   // backwards, so that a machine slowing down or speeding up favours none.
+  // After a round the slower half (by the median of all their steps) is dropped.
   TORCH_ARG(int, steps) = 2;
-  TORCH_ARG(int, rounds) = 2;
+  // At most this many rounds; 0: until one plan is left.
+  TORCH_ARG(int, rounds) = 0;
 };
 
 struct TunedPlan {
@@ -40,26 +52,33 @@ struct TunedPlan {
   double predicted_seconds = 0;
   std::vector<double> step_seconds;  // every timed step
   std::string error;                 // why building or running it failed ("" when it ran)
+  int rounds = 0;                    // rounds it ran (it was dropped after the last, unless chosen)
   double measured_seconds() const;   // the median step; 0 when it failed
 };
 
 struct PlanTuning {
   std::vector<TunedPlan> finalists;  // in the ranking's order
-  size_t best_index = 0;             // the fastest measured
+  size_t best_index = 0;             // the fastest measured of the last round
+  int rounds = 0;
   const PlanChoice& best() const { return finalists.at(best_index).choice; }
   // One line per finalist: the plan, predicted and measured step, the chosen one marked.
   std::string str() const;
 };
 
-// Measures the first options.finalists() plans of `search` (which searched
-// `model` with `options`) on a batch of `inputs` and `targets` with `loss_fn`
-// and returns them, the fastest measured chosen. Each finalist's pipeline is
+// The plans tune_plan races, as TuneOptions says: indices into
+// search.ranked, in its order.
+std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions& tune = {});
+
+// Races tune.finalists() plans of `search` (which searched `model` with
+// `options`), chosen as TuneOptions says, on a batch of `inputs` and
+// `targets` with `loss_fn` and returns them, the fastest measured of the
+// last round chosen. Each finalist's pipeline is
 // built from the model as PlanChoice::options(options) says and trained, its
 // gradients cleared after every step; the model is then left as it was found:
 // its weights, gradients, buffers and device placement, and the random
 // generators' states. A finalist that fails to build or run is skipped, its
 // error kept; when every one fails, throws the first finalist's error.
-// Throws std::invalid_argument for an empty search or non-positive options.
+// Throws std::invalid_argument for an empty search or options out of range.
 PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& search, const PipelineOptions& options,
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
                      const TuneOptions& tune = {});

@@ -68,8 +68,10 @@ class Pipeline:
             (workers, schedule, chunks, micro-batches, recomputation, split)
             for the fastest predicted step within ``max_workers`` (default
             ``workers``, else 4) and ``memory_budget`` (bytes per worker);
-            ``"tuned"``: then time the six predicted fastest on ``sample``,
-            take the fastest measured. ``pipe.plan`` prints them.
+            ``"tuned"``: then race up to twelve of them on ``sample`` (the
+            first predicted, then other schedules and shapes; the slower
+            half dropped each round), take the fastest measured.
+            ``pipe.plan`` prints them.
         batch_dim: the dimension batches are split along.
         shared_inputs, shared_targets: indices of inputs or targets passed
             whole to every micro-batch (a ``[T, T]`` mask).

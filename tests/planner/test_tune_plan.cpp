@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <map>
+#include <tuple>
 #include <thread>
 
 namespace conveyor {
@@ -60,7 +61,46 @@ struct Searched {
   PlanSearch search = search_for(model, options);
 };
 
-TEST(TunePlan, MeasuresTheFirstPlansAndChoosesTheFastestMeasured) {
+// A ranking made by hand: schedule, workers, micro-batches, predicted ms.
+PlanSearch ranking(const std::vector<std::tuple<std::string, int, int, double>>& plans) {
+  PlanSearch search;
+  for (const auto& [schedule, workers, m, ms] : plans) {
+    PlanChoice c;
+    c.workers = workers;
+    c.plan.schedule.name = schedule;
+    c.plan.schedule.num_microbatches = m;
+    c.plan.simulation.makespan = ms / 1e3;
+    search.ranked.push_back(c);
+  }
+  return search;
+}
+
+TEST(TunePlan, RacesTheFirstPlansThenANewScheduleAndANewShapeInTurn) {
+  const PlanSearch search = ranking({{"1f1b", 2, 4, 10},
+                                     {"1f1b", 2, 8, 10.5},
+                                     {"1f1b", 2, 4, 11},  // recomputed: nothing new
+                                     {"gpipe", 2, 4, 11.5},
+                                     {"1f1b", 3, 4, 12},
+                                     {"gpipe", 2, 8, 12.5},
+                                     {"zb-h1", 4, 2, 13},
+                                     {"zb-h1", 4, 1, 14},
+                                     {"sequential", 1, 1, 16}});  // over 1.5 x the fastest
+  using Picked = std::vector<size_t>;
+  // Two leaders, then gpipe (a new schedule), 3 workers x 4 (a new shape), zb-h1.
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 3, 4, 6}));
+  // No new schedule left: new shapes, then the ranking's next.
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 3, 4, 6, 7}));
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(7).leaders(2)), (Picked{0, 1, 2, 3, 4, 6, 7}));
+  // Never past 1.5 x the fastest prediction (within()), however many are asked for.
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(20)), (Picked{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(20).within(2)).size(), 9u);
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(3).leaders(3)), (Picked{0, 1, 2}));
+  // No leaders: the fastest is still first (its schedule is new), then the fastest new shape.
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(2).leaders(0)), (Picked{0, 1}));
+  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(1).within(1)), (Picked{0}));
+}
+
+TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   const Searched searched;
   const auto& [model, s, options, search] = searched;
   ASSERT_GE(search.ranked.size(), 4u);
@@ -71,23 +111,57 @@ TEST(TunePlan, MeasuresTheFirstPlansAndChoosesTheFastestMeasured) {
     if (out[0].size(0) == slow_size) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return torch::mse_loss(out[0], t[0]);
   };
-  bool another_size = false;
-  for (size_t i = 1; i < 4; ++i) another_size |= 32 / search.ranked[i].plan.schedule.num_microbatches != slow_size;
-  ASSERT_TRUE(another_size) << search.str();
-  const PlanTuning tuning = tune_plan(model, search, options, {s.x}, {s.y}, slowed, TuneOptions().finalists(4));
+  int other_sizes = 0;
+  for (size_t i = 1; i < 4; ++i) other_sizes += 32 / search.ranked[i].plan.schedule.num_microbatches != slow_size;
+  ASSERT_GE(other_sizes, 1) << search.str();
+  const TuneOptions four = TuneOptions().finalists(4).leaders(4).within(1e9);
+  const PlanTuning tuning = tune_plan(model, search, options, {s.x}, {s.y}, slowed, four);
   SCOPED_TRACE(tuning.str());
   ASSERT_EQ(tuning.finalists.size(), 4u);
+  EXPECT_EQ(tuning.rounds, 2);  // 4 plans, then 2, then the faster one
+  int second_round = 0;
   for (size_t i = 0; i < 4; ++i) {
     const TunedPlan& f = tuning.finalists[i];
     EXPECT_EQ(f.choice.describe(), search.ranked[i].describe());
     EXPECT_EQ(f.predicted_seconds, search.ranked[i].plan.step_seconds());
     EXPECT_TRUE(f.error.empty()) << f.error;
-    EXPECT_EQ(f.step_seconds.size(), 4u);  // 2 rounds x 2 steps
-    EXPECT_GE(f.measured_seconds(), tuning.finalists[tuning.best_index].measured_seconds());
+    EXPECT_EQ(f.step_seconds.size(), 2u * f.rounds);  // 2 timed steps a round
+    second_round += f.rounds == 2;
+    const bool slow = 32 / f.choice.plan.schedule.num_microbatches == slow_size;
+    if (slow && other_sizes >= 2) {
+      EXPECT_EQ(f.rounds, 1) << "a slow plan went on: " << f.choice.describe();
+    }
   }
-  const PlanChoice& best = tuning.best();
-  EXPECT_NE(32 / best.plan.schedule.num_microbatches, slow_size) << best.describe();
-  EXPECT_THAT(tuning.str(), HasSubstr("* " + best.describe() + ": predicted"));
+  EXPECT_EQ(second_round, 2);
+  // Those dropped after the first round were the slower half in it.
+  // The median of a plan's first round's two steps.
+  const auto first_round = [](const TunedPlan& f) { return (f.step_seconds[0] + f.step_seconds[1]) / 2; };
+  for (const TunedPlan& dropped : tuning.finalists) {
+    for (const TunedPlan& kept : tuning.finalists) {
+      if (dropped.rounds == 1 && kept.rounds == 2) {
+        EXPECT_GE(first_round(dropped), first_round(kept));
+      }
+    }
+  }
+  const TunedPlan& chosen = tuning.finalists[tuning.best_index];
+  EXPECT_EQ(chosen.rounds, 2);
+  for (const TunedPlan& f : tuning.finalists) {
+    if (f.rounds == 2) {
+      EXPECT_GE(f.measured_seconds(), chosen.measured_seconds());
+    }
+  }
+  EXPECT_NE(32 / tuning.best().plan.schedule.num_microbatches, slow_size) << tuning.best().describe();
+  EXPECT_THAT(tuning.str(), AllOf(HasSubstr("raced 4 plans over 2 rounds"),
+                                  HasSubstr("* " + tuning.best().describe() + ": predicted")));
+
+  // One round: every plan timed once, the fastest of all chosen.
+  const PlanTuning once = tune_plan(model, search, options, {s.x}, {s.y}, slowed, TuneOptions(four).rounds(1));
+  EXPECT_EQ(once.rounds, 1);
+  for (const TunedPlan& f : once.finalists) {
+    EXPECT_EQ(f.rounds, 1);
+    EXPECT_GE(f.measured_seconds(), once.finalists[once.best_index].measured_seconds());
+  }
+  EXPECT_NE(32 / once.best().plan.schedule.num_microbatches, slow_size) << once.best().describe();
 }
 
 TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
@@ -150,7 +224,10 @@ TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
               AllOf(HasSubstr("every finalist failed"), HasSubstr("the loss is broken")));
   EXPECT_THAT(testing::invalid_argument_of(
                   [&] { tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().steps(0)); }),
-              HasSubstr("finalists, steps and rounds must be positive"));
+              HasSubstr("finalists and steps must be positive"));
+  EXPECT_THAT(testing::invalid_argument_of(
+                  [&] { tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().within(0.5)); }),
+              HasSubstr("within at least 1, got 12, 2, 4, 0 and 0.5"));
   EXPECT_THAT(testing::invalid_argument_of([&] { tune_plan(model, PlanSearch{}, options, {s.x}, {s.y}, kMse); }),
               HasSubstr("the search found no plan to measure"));
   // Nothing failed to leave behind: the weights still train.
