@@ -1,17 +1,15 @@
 #include "plugin/tune_plan.h"
 
 #include "plugin/errors.h"
+#include "plugin/model/model_snapshot.h"
 #include "plugin/pipeline.h"
 #include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <iomanip>
-#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -20,57 +18,6 @@
 namespace conveyor {
 
 namespace {
-
-// What training the finalists changes and tuning puts back: each weight's and
-// buffer's values and device (the pipelines move layers to their stages'
-// devices; an optimizer of theirs steps), the gradients, and the random
-// generators (dropout draws).
-class KeptModel {
- public:
-  explicit KeptModel(const torch::nn::Sequential& model) : model_(model) {
-    for (const auto& p : model->parameters()) {
-      weights_.push_back(p.detach().clone());
-      grads_.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
-    }
-    for (const auto& b : model->buffers()) buffers_.push_back(b.defined() ? b.detach().clone() : at::Tensor());
-    generators_.push_back(at::detail::getDefaultCPUGenerator());
-    if (torch::cuda::is_available()) {
-      for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(torch::cuda::device_count()); ++i) {
-        generators_.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i)));
-      }
-    }
-    for (auto& g : generators_) {
-      std::lock_guard<std::mutex> lock(g.mutex());
-      states_.push_back(g.get_state());
-    }
-  }
-  // The values as they were, on the devices they were on; the same tensors
-  // (an optimizer the caller holds over the model's parameters still steps them).
-  void restore() const {
-    torch::NoGradGuard no_grad;
-    const auto params = model_->parameters();
-    for (size_t i = 0; i < params.size() && i < weights_.size(); ++i) {
-      at::Tensor p = params[i];
-      p.set_data(weights_[i].clone());
-      p.mutable_grad() = grads_[i].defined() ? grads_[i].clone() : at::Tensor();
-    }
-    const auto buffers = model_->buffers();
-    for (size_t i = 0; i < buffers.size() && i < buffers_.size(); ++i) {
-      at::Tensor b = buffers[i];
-      if (buffers_[i].defined()) b.set_data(buffers_[i].clone());
-    }
-    for (size_t i = 0; i < generators_.size(); ++i) {
-      at::Generator g = generators_[i];
-      std::lock_guard<std::mutex> lock(g.mutex());
-      g.set_state(states_[i]);
-    }
-  }
-
- private:
-  torch::nn::Sequential model_;
-  std::vector<at::Tensor> weights_, grads_, buffers_, states_;
-  std::vector<at::Generator> generators_;
-};
 
 // One round of a finalist: build, warm up, time `steps` steps.
 void run_round(const torch::nn::Sequential& model, const PipelineOptions& options, const Tensors& inputs,
@@ -96,35 +43,43 @@ std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions&
   while (eligible < search.ranked.size() && search.ranked[eligible].plan.step_seconds() <= limit) ++eligible;
   eligible = std::max<size_t>(eligible, 1);
   const size_t wanted = std::min(eligible, static_cast<size_t>(tune.finalists()));
-  const auto schedule_of = [&](size_t i) { return search.ranked[i].plan.schedule.name; };
-  const auto shape_of = [&](size_t i) {
-    return std::pair{search.ranked[i].workers, search.ranked[i].plan.schedule.num_microbatches};
+  // What a plan is, by what the profile misprices most: the number of
+  // workers (beyond the cores), of micro-batches (their size), the schedule;
+  // then the two sizes together.
+  const auto key = [&](size_t i, int which) {
+    const PlanChoice& c = search.ranked[i];
+    const int m = c.plan.schedule.num_microbatches;
+    switch (which) {
+      case 0: return std::to_string(c.workers);
+      case 1: return std::to_string(m);
+      case 2: return c.plan.schedule.name;
+      default: return std::to_string(c.workers) + " x " + std::to_string(m);
+    }
   };
+  constexpr int kKeys = 4;
   std::vector<bool> picked(eligible, false);
-  std::set<std::string> schedules;
-  std::set<std::pair<int, int>> shapes;
+  std::vector<std::set<std::string>> seen(kKeys);
   size_t count = 0;
   const auto pick = [&](size_t i) {
     picked[i] = true, ++count;
-    schedules.insert(schedule_of(i));
-    shapes.insert(shape_of(i));
+    for (int k = 0; k < kKeys; ++k) seen[k].insert(key(i, k));
+  };
+  // The first of the plans not yet picked whose `which` is new.
+  const auto first_new = [&](int which) {
+    for (size_t i = 0; i < eligible; ++i) {
+      if (!picked[i] && !seen[which].count(key(i, which))) return i;
+    }
+    return eligible;
   };
   for (size_t i = 0; i < eligible && count < wanted && i < static_cast<size_t>(tune.leaders()); ++i) pick(i);
-  // Taking turns: a new schedule, then a new shape, while either is left.
-  bool progress = true;
-  while (count < wanted && progress) {
+  // Taking turns: new workers, micro-batches, schedule; then a new pair of sizes.
+  for (bool progress = true; count < wanted && progress;) {
     progress = false;
-    for (int turn = 0; turn < 2 && count < wanted; ++turn) {
-      for (size_t i = 0; i < eligible; ++i) {
-        const bool fresh = turn == 0 ? !schedules.count(schedule_of(i)) : !shapes.count(shape_of(i));
-        if (!picked[i] && fresh) {
-          pick(i);
-          progress = true;
-          break;
-        }
-      }
+    for (int which = 0; which < kKeys - 1 && count < wanted; ++which) {
+      if (const size_t i = first_new(which); i < eligible) pick(i), progress = true;
     }
   }
+  for (size_t i = first_new(kKeys - 1); count < wanted && i < eligible; i = first_new(kKeys - 1)) pick(i);
   for (size_t i = 0; i < eligible && count < wanted; ++i) {
     if (!picked[i]) pick(i);
   }
@@ -171,7 +126,8 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
     const PlanChoice& c = search.ranked[i];
     tuning.finalists.push_back(TunedPlan{c, c.plan.step_seconds(), {}, "", 0});
   }
-  const KeptModel kept(model);
+  // Training the finalists moves and steps the weights, buffers and random streams.
+  const RestoredOnExit kept(model, /*weights=*/true);
   std::vector<size_t> alive(tuning.finalists.size());
   std::iota(alive.begin(), alive.end(), size_t{0});
   const auto faster = [&](size_t a, size_t b) {
@@ -188,7 +144,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
         f.step_seconds.clear();
       }
       ++f.rounds;
-      kept.restore();
+      kept.snapshot().restore();
     }
     ++tuning.rounds;
     alive.erase(std::remove_if(alive.begin(), alive.end(), [&](size_t i) { return !tuning.finalists[i].error.empty(); }),

@@ -33,8 +33,10 @@ struct TuneOptions {
   // Plans timed in the first round (fewer if the search found fewer).
   TORCH_ARG(int, finalists) = 12;
   // Of them, the ranking's first this many; then, taking turns, the best
-  // predicted plan of a schedule and of a (workers, micro-batches) shape not
-  // yet among them, each in the ranking's order; then the ranking's next.
+  // predicted plan with a number of workers, with a number of micro-batches
+  // and with a schedule not yet among them (what a profile misprices most:
+  // crowded cores, small micro-batches, close calls), then with a new pair
+  // of the two numbers; then the ranking's next.
   TORCH_ARG(int, leaders) = 4;
   // Plans predicted slower than this times the fastest prediction are not timed.
   TORCH_ARG(double, within) = 1.5;

@@ -5,16 +5,15 @@
 #include "plugin/checkpoint/checkpoint_set.h"
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/optimizer_state.h"
+#include "plugin/model/model_snapshot.h"
 #include "plugin/model/sharded_state.h"
 #include "plugin/model/stage.h"
 #include "plugin/model_names.h"
 #include "plugin/support/atomic_file.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <torch/cuda.h>
 #include <torch/serialize.h>
 
 #include <fcntl.h>
@@ -61,18 +60,8 @@ std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
 
 // --- random number generators --------------------------------------------------
 
-std::vector<at::Generator> generators() {
-  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
-  if (torch::cuda::is_available()) {
-    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(torch::cuda::device_count()); ++i) {
-      gens.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, i)));
-    }
-  }
-  return gens;
-}
-
 Dict rng_to_dict() {
-  const auto gens = generators();
+  const auto gens = default_generators();
   Dict d = new_dict();
   List cuda = new_list();
   for (size_t i = 0; i < gens.size(); ++i) {
@@ -227,7 +216,7 @@ int64_t load_dict(const Dict& d, const std::string& path, Pipeline& pipe,
     target.stages.push_back(stage);
   }
   target.optimizers = optimizers;
-  target.generators = generators();
+  target.generators = default_generators();
   // Everything is checked first: only then is anything changed.
   const CheckedCheckpoint checked = decode_checkpoint(d, path, target);
   apply_checkpoint(checked, target);

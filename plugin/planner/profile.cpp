@@ -5,12 +5,12 @@
 #include "plugin/planner/update_timing.h"
 
 #include "plugin/errors.h"
+#include "plugin/model/model_snapshot.h"
 #include "plugin/model/stage.h"
 #include "plugin/support/tensors.h"
 #include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/linear.h>
@@ -129,34 +129,6 @@ class CoRunners {
  private:
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
-};
-
-// What profiling changes and must put back: gradients, buffers, the random stream.
-class ModelState {
- public:
-  explicit ModelState(const torch::nn::Sequential& model) : model_(model) {
-    for (const auto& p : model->parameters()) grads_.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
-    for (const auto& b : model->buffers()) buffers_.push_back(b.clone());
-    rng_ = at::detail::getDefaultCPUGenerator().get_state();
-  }
-  ~ModelState() {
-    torch::NoGradGuard no_grad;
-    const auto params = model_->parameters();
-    for (size_t i = 0; i < params.size() && i < grads_.size(); ++i) {
-      params[i].mutable_grad() = grads_[i].defined() ? grads_[i].to(params[i].device()) : at::Tensor();
-    }
-    const auto buffers = model_->buffers();
-    for (size_t i = 0; i < buffers.size() && i < buffers_.size(); ++i) {
-      if (buffers[i].defined()) buffers[i].copy_(buffers_[i]);
-    }
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(rng_);
-  }
-
- private:
-  torch::nn::Sequential model_;
-  std::vector<at::Tensor> grads_, buffers_;
-  at::Tensor rng_;
 };
 
 std::string layer_name(const std::string& index, const torch::nn::AnyModule& layer) {
@@ -299,7 +271,7 @@ ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& i
   }
   check_argument(batch >= 1, "conveyor: profile_model: no input has samples along dimension ", o.batch_dim());
   const c10::Device device(o.device());
-  ModelState restore(model);
+  const RestoredOnExit restore(model, /*weights=*/false);  // profiling changes no weight
   std::vector<std::shared_ptr<Stage>> layers;  // one single-layer stage each: the runtime's way of calling a layer
   ModelProfile profile;
   profile.device = device.str();

@@ -75,7 +75,7 @@ PlanSearch ranking(const std::vector<std::tuple<std::string, int, int, double>>&
   return search;
 }
 
-TEST(TunePlan, RacesTheFirstPlansThenANewScheduleAndANewShapeInTurn) {
+TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
   const PlanSearch search = ranking({{"1f1b", 2, 4, 10},
                                      {"1f1b", 2, 8, 10.5},
                                      {"1f1b", 2, 4, 11},  // recomputed: nothing new
@@ -86,9 +86,9 @@ TEST(TunePlan, RacesTheFirstPlansThenANewScheduleAndANewShapeInTurn) {
                                      {"zb-h1", 4, 1, 14},
                                      {"sequential", 1, 1, 16}});  // over 1.5 x the fastest
   using Picked = std::vector<size_t>;
-  // Two leaders, then gpipe (a new schedule), 3 workers x 4 (a new shape), zb-h1.
+  // Two leaders, then 3 workers, 2 micro-batches (zb-h1 on 4 workers), gpipe.
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 3, 4, 6}));
-  // No new schedule left: new shapes, then the ranking's next.
+  // No new worker count or schedule left: 1 micro-batch, then the ranking's next.
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 3, 4, 6, 7}));
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(7).leaders(2)), (Picked{0, 1, 2, 3, 4, 6, 7}));
   // Never past 1.5 x the fastest prediction (within()), however many are asked for.
@@ -98,6 +98,16 @@ TEST(TunePlan, RacesTheFirstPlansThenANewScheduleAndANewShapeInTurn) {
   // No leaders: the fastest is still first (its schedule is new), then the fastest new shape.
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(2).leaders(0)), (Picked{0, 1}));
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(1).within(1)), (Picked{0}));
+
+  // A new number of workers before a new pair of numbers already seen.
+  const PlanSearch crowded = ranking({{"1f1b", 4, 2, 10},
+                                      {"1f1b", 4, 4, 10.5},
+                                      {"1f1b", 3, 2, 11},
+                                      {"1f1b", 3, 4, 11.5},
+                                      {"1f1b", 4, 8, 12},
+                                      {"1f1b", 2, 2, 13}});
+  EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 2, 4, 5}));
+  EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 2, 3, 4, 5}));
 }
 
 TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
