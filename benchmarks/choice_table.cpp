@@ -34,9 +34,11 @@ std::string plan_key(const PlanChoice& c) {
 struct Measured {
   PlanChoice choice;
   std::unique_ptr<Pipeline> pipe;
-  std::vector<double> wall;
+  std::vector<double> wall;     // screening: every plan in turn
+  std::vector<double> decided;  // the plans that decide a cell, alone in turn
   double predicted = 0, predicted_shared = 0;  // ms: each worker a device of its own; sharing the CPU
-  double ms() const { return median(wall) * 1e3; }
+  double screened_ms() const { return median(wall) * 1e3; }
+  double ms() const { return median(decided.empty() ? wall : decided) * 1e3; }
 };
 
 struct Cell {
@@ -148,24 +150,29 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
     }
   }
 
-  // The fastest of hundreds of noisy medians is biased low (the winner's
-  // curse): the plans that decide a cell (its choices and its three fastest)
-  // take turns for three times as many steps again, and their medians are
-  // of all their steps.
+  // The screening picks, and the fastest of hundreds of noisy medians is
+  // biased low (the winner's curse): the plans that decide a cell (its
+  // choices and its three fastest screened) are measured again, the others'
+  // pipelines released (as a run has one pipeline alive, not hundreds),
+  // taking turns for nine times as many steps; a cell's best is the fastest
+  // of its deciding plans in that measurement.
   std::set<std::string> deciding;
-  for (const Cell& cell : cells) {
-    std::vector<std::string> fits = cell.fits;
-    std::sort(fits.begin(), fits.end(),
-              [&](const auto& a, const auto& b) { return plans.at(a).ms() < plans.at(b).ms(); });
-    for (size_t i = 0; i < fits.size() && i < 3; ++i) deciding.insert(fits[i]);
+  for (Cell& cell : cells) {
+    std::sort(cell.fits.begin(), cell.fits.end(), [&](const auto& a, const auto& b) {
+      return plans.at(a).screened_ms() < plans.at(b).screened_ms();
+    });
+    for (size_t i = 0; i < cell.fits.size() && i < 3; ++i) deciding.insert(cell.fits[i]);
     deciding.insert(cell.chosen);
     deciding.insert(cell.chosen_cores);
     deciding.insert(cell.tuned);
   }
-  for (int s = 0; s < 3 * steps; ++s) {
+  for (auto& [key, m] : plans) {
+    if (!deciding.count(key)) m.pipe.reset();
+  }
+  for (int s = 0; s < 9 * steps; ++s) {
     for (const std::string& key : deciding) {
       Measured& m = plans.at(key);
-      m.wall.push_back(m.pipe->train_step(x, y, loss).wall_seconds);
+      m.decided.push_back(m.pipe->train_step(x, y, loss).wall_seconds);
       for (const auto& p : m.pipe->parameters()) p.mutable_grad() = at::Tensor();
     }
   }
@@ -193,7 +200,8 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Cell& cell : cells) {
     const auto best = std::min_element(cell.fits.begin(), cell.fits.end(), [&](const auto& a, const auto& b) {
-      return plans.at(a).ms() < plans.at(b).ms();
+      const bool da = deciding.count(a), db = deciding.count(b);
+      return da != db ? da : plans.at(a).ms() < plans.at(b).ms();
     });
     const Measured &b = plans.at(*best), &c = plans.at(cell.chosen), &cc = plans.at(cell.chosen_cores);
     const Measured& t = plans.at(cell.tuned);
@@ -229,12 +237,14 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
 }  // namespace
 
 int choice_table(int steps, const std::string& only, int sharing) {
-  std::printf("How the planner chooses: per cell, every plan of the space that fits measured (median of %d steps, "
-              "a model's plans taking turns), %u hardware threads, %d intra-op thread(s) per worker; each layer "
-              "profiled beside %d other thread(s) running it.\n"
+  std::printf("How the planner chooses: per cell, every plan of the space that fits screened (median of %d steps, "
+              "a model's plans taking turns), then the plans deciding a cell (the choices, the three fastest "
+              "screened) measured again with the others released (median of %d steps, taking turns); "
+              "%u hardware threads, %d intra-op thread(s) per worker; each layer profiled beside %d other "
+              "thread(s) running it.\n"
               "Space: every synchronous built-in schedule; 1..workers stages; interleaved with 2 chunks; "
               "eager-1f1b lookahead 1, 2; M = 1, 2, 4, 8, 16; with and without recomputation; split by time.\n",
-              steps, std::thread::hardware_concurrency(), torch::get_num_threads(), sharing - 1);
+              steps, 9 * steps, std::thread::hardware_concurrency(), torch::get_num_threads(), sharing - 1);
   if (!only.empty() && only != "mlp" && only != "lstm" && only != "resnet" && only != "transformer") {
     std::fprintf(stderr, "--choose --model expects mlp, lstm, resnet or transformer, got '%s'\n", only.c_str());
     return 2;

@@ -14,11 +14,13 @@ namespace conveyor::bench {
 // quarter of the batch) and with the space below: budgets none, halfway
 // between the one-worker plan's peak and the leanest plan's, and just above
 // the leanest plan's; up to 2 and up to 4 workers (threads of this CPU).
-// Every distinct plan any cell's search finds fitting is measured (median of
-// `steps` steps, all of a model's plans taking turns step by step); per
-// cell, the planner's choice (the profile as measured, and with the CPU's
-// cores counted: ProfileOptions::count_cores) against the best measured plan
-// that fits. `only`: that model alone (empty: all four); `sharing`:
+// Every distinct plan any cell's search finds fitting is screened (median of
+// `steps` steps, all of a model's plans taking turns step by step); the plans
+// that decide a cell (its choices and its three fastest screened) are then
+// measured again with the other pipelines released (median of 9 x `steps`
+// steps, taking turns). Per cell, the planner's choice (the profile as
+// measured, with the CPU's cores counted: ProfileOptions::count_cores, and
+// tuned: tune_plan) against the best of those plans that fits. `only`: that model alone (empty: all four); `sharing`:
 // ProfileOptions::sharing_stages of the profile. Prints markdown tables;
 // returns 0.
 int choice_table(int steps, const std::string& only, int sharing);

@@ -138,7 +138,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
     for (size_t k = 0; k < alive.size(); ++k) {
       TunedPlan& f = tuning.finalists[alive[backwards ? alive.size() - 1 - k : k]];
       try {
-        run_round(model, options, inputs, targets, loss_fn, tune.steps(), f);
+        run_round(model, options, inputs, targets, loss_fn, tune.steps() * (tuning.rounds + 1), f);
       } catch (const std::exception& e) {
         f.error = e.what();
         f.step_seconds.clear();
