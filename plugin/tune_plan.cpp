@@ -19,15 +19,17 @@ namespace conveyor {
 
 namespace {
 
-// One round of a finalist: build, warm up, time `steps` steps.
+// One round of a finalist: build, warm up for `warmup` steps, time `steps` steps.
 void run_round(const torch::nn::Sequential& model, const PipelineOptions& options, const Tensors& inputs,
-               const Tensors& targets, const TensorsLossFn& loss_fn, int steps, TunedPlan& finalist) {
+               const Tensors& targets, const TensorsLossFn& loss_fn, int warmup, int steps, TunedPlan& finalist) {
   Pipeline pipe(model, finalist.choice.options(options));
   const auto clear = [&] {
     for (const auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
   };
-  pipe.train_step(inputs, targets, loss_fn);
-  clear();
+  for (int s = 0; s < warmup; ++s) {
+    pipe.train_step(inputs, targets, loss_fn);
+    clear();
+  }
   for (int s = 0; s < steps; ++s) {
     finalist.step_seconds.push_back(pipe.train_step(inputs, targets, loss_fn).wall_seconds);
     clear();
@@ -115,11 +117,11 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
                      const TuneOptions& tune) {
   check_argument(!search.ranked.empty(), "conveyor: tune_plan: the search found no plan to measure");
   check_argument(tune.finalists() >= 1 && tune.steps() >= 1 && tune.rounds() >= 0 && tune.leaders() >= 0 &&
-                     tune.within() >= 1,
-                 "conveyor: tune_plan: finalists and steps must be positive, leaders and rounds non-negative and "
-                 "within at least 1, got ",
-                 tune.finalists(), ", ", tune.steps(), ", ", tune.leaders(), ", ", tune.rounds(), " and ",
-                 tune.within());
+                     tune.warmup() >= 0 && tune.within() >= 1,
+                 "conveyor: tune_plan: finalists and steps must be positive, leaders, rounds and warmup "
+                 "non-negative and within at least 1, got ",
+                 tune.finalists(), ", ", tune.steps(), ", ", tune.leaders(), ", ", tune.rounds(), ", ", tune.warmup(),
+                 " and ", tune.within());
   check_argument(static_cast<bool>(loss_fn), "conveyor: tune_plan: no loss function given");
   PlanTuning tuning;
   for (size_t i : tune_candidates(search, tune)) {
@@ -138,7 +140,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
     for (size_t k = 0; k < alive.size(); ++k) {
       TunedPlan& f = tuning.finalists[alive[backwards ? alive.size() - 1 - k : k]];
       try {
-        run_round(model, options, inputs, targets, loss_fn, tune.steps() * (tuning.rounds + 1), f);
+        run_round(model, options, inputs, targets, loss_fn, tune.warmup(), tune.steps() * (tuning.rounds + 1), f);
       } catch (const std::exception& e) {
         f.error = e.what();
         f.step_seconds.clear();

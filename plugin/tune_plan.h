@@ -10,8 +10,8 @@
 // still in is built and timed (the plans taking turns), the slower half is
 // dropped, until one is left. It returns every finalist's prediction and
 // measurement, the fastest measured chosen. With the defaults (12 plans,
-// then 6, 3, 2; 2, 4, 6, 8 timed steps) it costs about 100 training steps
-// before the run.
+// then 6, 3, 2; 2, 4, 6, 8 timed steps after 2 warm-up steps each) it costs
+// about 130 training steps before the run.
 //
 //   const conveyor::PlanSearch search = conveyor::search_plans(model, options, batch, space);
 //   const conveyor::PlanTuning tuning = conveyor::tune_plan(model, search, options, {x}, {y}, loss);
@@ -41,13 +41,15 @@ struct TuneOptions {
   TORCH_ARG(int, leaders) = 4;
   // Plans predicted slower than this times the fastest prediction are not timed.
   TORCH_ARG(double, within) = 1.5;
-  // Per round, each plan still in is built, runs one step to warm up, then
-  // this many timed steps in the first round, twice as many in the second,
+  // Per round, each plan still in is built, runs `warmup` steps (a new
+  // pipeline's second step is still 10-15 % slow on a CPU: its allocations
+  // settle), then this many timed steps in the first round, twice as many in the second,
   // three times in the third... (the closer the plans left, the more steps
   // tell them apart); the rounds take the plans in turn, forwards then
   // backwards, so that a machine slowing down or speeding up favours none.
   // After a round the slower half (by the median of all their steps) is dropped.
   TORCH_ARG(int, steps) = 2;
+  TORCH_ARG(int, warmup) = 2;
   // At most this many rounds; 0: until one plan is left.
   TORCH_ARG(int, rounds) = 0;
 };

@@ -237,7 +237,7 @@ TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
               HasSubstr("finalists and steps must be positive"));
   EXPECT_THAT(testing::invalid_argument_of(
                   [&] { tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().within(0.5)); }),
-              HasSubstr("within at least 1, got 12, 2, 4, 0 and 0.5"));
+              HasSubstr("within at least 1, got 12, 2, 4, 0, 2 and 0.5"));
   EXPECT_THAT(testing::invalid_argument_of([&] { tune_plan(model, PlanSearch{}, options, {s.x}, {s.y}, kMse); }),
               HasSubstr("the search found no plan to measure"));
   // Nothing failed to leave behind: the weights still train.
