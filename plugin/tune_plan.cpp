@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <map>
 #include <numeric>
-#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -59,29 +59,31 @@ std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions&
     }
   };
   constexpr int kKeys = 4;
+  // Per key, each value's best predicted plan: the first in the ranking.
+  std::vector<std::map<std::string, size_t>> best_of(kKeys);
+  for (size_t i = 0; i < eligible; ++i) {
+    for (int k = 0; k < kKeys; ++k) best_of[k].emplace(key(i, k), i);
+  }
   std::vector<bool> picked(eligible, false);
-  std::vector<std::set<std::string>> seen(kKeys);
   size_t count = 0;
-  const auto pick = [&](size_t i) {
-    picked[i] = true, ++count;
-    for (int k = 0; k < kKeys; ++k) seen[k].insert(key(i, k));
-  };
-  // The first of the plans not yet picked whose `which` is new.
-  const auto first_new = [&](int which) {
-    for (size_t i = 0; i < eligible; ++i) {
-      if (!picked[i] && !seen[which].count(key(i, which))) return i;
+  // The best predicted of the plans that are the best of their `which` and not picked yet.
+  const auto next_best = [&](int which) {
+    size_t first = eligible;
+    for (const auto& [value, i] : best_of[which]) {
+      if (!picked[i]) first = std::min(first, i);
     }
-    return eligible;
+    return first;
   };
+  const auto pick = [&](size_t i) { picked[i] = true, ++count; };
   for (size_t i = 0; i < eligible && count < wanted && i < static_cast<size_t>(tune.leaders()); ++i) pick(i);
-  // Taking turns: new workers, micro-batches, schedule; then a new pair of sizes.
+  // Taking turns: workers, micro-batches, schedule; then pairs of the two numbers.
   for (bool progress = true; count < wanted && progress;) {
     progress = false;
     for (int which = 0; which < kKeys - 1 && count < wanted; ++which) {
-      if (const size_t i = first_new(which); i < eligible) pick(i), progress = true;
+      if (const size_t i = next_best(which); i < eligible) pick(i), progress = true;
     }
   }
-  for (size_t i = first_new(kKeys - 1); count < wanted && i < eligible; i = first_new(kKeys - 1)) pick(i);
+  for (size_t i = next_best(kKeys - 1); count < wanted && i < eligible; i = next_best(kKeys - 1)) pick(i);
   for (size_t i = 0; i < eligible && count < wanted; ++i) {
     if (!picked[i]) pick(i);
   }

@@ -34,10 +34,10 @@ struct TuneOptions {
   // Plans timed in the first round (fewer if the search found fewer).
   TORCH_ARG(int, finalists) = 12;
   // Of them, the ranking's first this many; then, taking turns, the best
-  // predicted plan with a number of workers, with a number of micro-batches
-  // and with a schedule not yet among them (what a profile misprices most:
-  // crowded cores, small micro-batches, close calls), then with a new pair
-  // of the two numbers; then the ranking's next.
+  // predicted plan of a number of workers, of a number of micro-batches and
+  // of a schedule whose best is not yet among them (what a profile
+  // misprices most: crowded cores, small micro-batches, close calls), then
+  // of a pair of the two numbers; then the ranking's next.
   TORCH_ARG(int, leaders) = 4;
   // Plans predicted slower than this times the fastest prediction are not timed.
   TORCH_ARG(double, within) = 1.5;

@@ -68,11 +68,8 @@ class Pipeline:
             (workers, schedule, chunks, micro-batches, recomputation, split)
             for the fastest predicted step within ``max_workers`` (default
             ``workers``, else 4) and ``memory_budget`` (bytes per worker);
-            ``"tuned"``: then race up to twelve of them on ``sample`` (the
-            first predicted, then other worker counts, micro-batch counts
-            and schedules; the slower half dropped each round), take the
-            fastest measured.
-            ``pipe.plan`` prints them.
+            ``"tuned"``: then race twelve of them on ``sample``, the slower
+            half dropped each round. ``pipe.plan`` prints them.
         batch_dim: the dimension batches are split along.
         shared_inputs, shared_targets: indices of inputs or targets passed
             whole to every micro-batch (a ``[T, T]`` mask).

@@ -108,6 +108,17 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
                                       {"1f1b", 2, 2, 13}});
   EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 2, 4, 5}));
   EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 2, 3, 4, 5}));
+
+  // A plan taken for its micro-batches does not stand for its worker count:
+  // the best plan of 2 workers is 3, not 4 (taken for 8 micro-batches).
+  const PlanSearch stand_in = ranking({{"eager-1f1b", 4, 4, 10},
+                                       {"eager-1f1b", 4, 4, 10.2},  // recomputed
+                                       {"eager-1f1b", 3, 4, 10.4},
+                                       {"eager-1f1b", 2, 4, 10.5},
+                                       {"eager-1f1b", 2, 8, 11},
+                                       {"eager-1f1b", 4, 1, 12}});
+  EXPECT_EQ(tune_candidates(stand_in, TuneOptions().finalists(3).leaders(1)), (Picked{0, 2, 4}));
+  EXPECT_EQ(tune_candidates(stand_in, TuneOptions().finalists(4).leaders(1)), (Picked{0, 2, 3, 4}));
 }
 
 TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
