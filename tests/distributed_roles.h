@@ -268,10 +268,6 @@ inline void faulty(Worker& w) {
   }
 }
 
-inline void several_tensors(Worker& w);  // distributed_tensor_roles.h
-inline void sharded(Worker& w);          // distributed/sharded_roles.h
-inline void reshard(Worker& w);          // distributed/reshard_roles.h
-
 // ---------------------------------------------------------------------------
 // Training options over processes: K = 2 workers, and D = world / 2 replicas.
 
@@ -357,34 +353,6 @@ inline int run_rank(const std::function<void(Worker&)>& role) {
     return 1;
   }
   return 0;
-}
-
-inline int run_worker(const std::string& role) {
-  const std::set<std::string> roles = {"two", "four", "sharded", "reshard", "faulty"};
-  if (!roles.count(role)) {
-    std::cerr << "unknown role " << role << "\n";
-    return 2;
-  }
-  return run_rank([&](Worker& w) {
-    if (role == "two") {
-      pipelines(w);
-      data_parallel(w);
-      declared_shape_mismatch(w);
-      released_sends(w);
-      several_tensors(w);
-      training_options(w);
-    } else if (role == "four") {
-      pipelines(w);
-      hybrid(w);
-      training_options(w);
-    } else if (role == "sharded") {
-      sharded(w);
-    } else if (role == "reshard") {
-      reshard(w);
-    } else {
-      faulty(w);
-    }
-  });
 }
 
 }  // namespace conveyor::testing

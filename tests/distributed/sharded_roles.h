@@ -40,19 +40,20 @@ inline std::vector<ShardedCase> sharded_cases() {
   std::vector<ShardedCase> cases;
   cases.push_back({"adam-1f1b", seeded_mlp,
                    PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam).lr_schedule(decaying),
-                   DistributedOptions()});
+                   DistributedOptions(), false, nullptr});
   cases.push_back({"sgd-gpipe", seeded_mlp, PipelineOptions().microbatches(2).schedule("gpipe").optimizer(
                                                 sgd_momentum()),
-                   DistributedOptions().scale_learning_rate(true)});
+                   DistributedOptions().scale_learning_rate(true), false, nullptr});
   cases.push_back({"adamw-interleaved", seeded_mlp,
-                   PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), DistributedOptions()});
+                   PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), DistributedOptions(),
+                   false, nullptr});
   auto factor = std::make_shared<double>(1.0);
   cases.push_back({"clip-scale", [factor] { return bomb_model(factor); }, scaled_options().clip_grad_norm(0.05),
                    DistributedOptions(), false, factor});
   auto sgd = [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
   };
-  cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), DistributedOptions(), true});
+  cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), DistributedOptions(), true, nullptr});
   return cases;
 }
 

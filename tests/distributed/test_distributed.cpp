@@ -4,9 +4,7 @@
 // compare that with the single-process runtime or plain single-process training.
 
 #include "distributed_roles.h"
-#include "distributed_tensor_roles.h"
-#include "distributed/reshard_roles.h"
-#include "distributed/sharded_roles.h"
+#include "distributed/run_worker.h"
 #include "distributed/training_options_check.h"
 #include "error_of.h"
 #include "plugin/distributed/link_cost.h"

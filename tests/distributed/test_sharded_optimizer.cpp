@@ -54,7 +54,9 @@ class ShardedOptimizerState : public ::testing::Test {
       for (const auto& [key, want] : weights(plain)) {
         const at::Tensor& got = sharded.at(key);
         EXPECT_LE((got - want).abs().max().item<double>(), 1e-12) << where << ": " << key;
-        if (bit_identical) EXPECT_TRUE(torch::equal(got, want)) << where << ": " << key << " not bit-identical";
+        if (bit_identical) {
+          EXPECT_TRUE(torch::equal(got, want)) << where << ": " << key << " not bit-identical";
+        }
       }
       for (const auto& key : {"losses", "norms", "scales", "skipped"}) {
         EXPECT_TRUE(torch::allclose(sharded.at(key), plain.at(key), 0, 1e-12, /*equal_nan=*/true))
@@ -130,7 +132,7 @@ TEST_F(ShardedOptimizerState, ACheckpointResumesShardedOrNotAsIfNeverStopped) {
       return read_tensors(out_ + "/" + what + "-rank" + std::to_string(rank) + ".pt");
     };
     const TensorMap want = file("resume-uninterrupted");
-    for (const std::string& how : {"resume-sharded", "resume-unsharded"}) {
+    for (const char* how : {"resume-sharded", "resume-unsharded"}) {
       const TensorMap got = file(how);
       ASSERT_EQ(got.size(), want.size());
       for (const auto& [key, t] : want) {

@@ -22,7 +22,6 @@
 
 namespace conveyor::testing {
 
-inline void several_tensors(Worker&) {}  // declared by distributed_roles.h; not a role here
 
 namespace {
 
