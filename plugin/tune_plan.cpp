@@ -137,6 +137,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
   const auto faster = [&](size_t a, size_t b) {
     return tuning.finalists[a].measured_seconds() < tuning.finalists[b].measured_seconds();
   };
+  bool more = true;  // another round to race
   do {
     const bool backwards = tuning.rounds % 2 == 1;
     for (size_t k = 0; k < alive.size(); ++k) {
@@ -154,8 +155,9 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
     alive.erase(std::remove_if(alive.begin(), alive.end(), [&](size_t i) { return !tuning.finalists[i].error.empty(); }),
                 alive.end());
     std::stable_sort(alive.begin(), alive.end(), faster);
-    if (alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds())) alive.resize((alive.size() + 1) / 2);
-  } while (alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds()));
+    more = alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds());
+    if (more) alive.resize((alive.size() + 1) / 2);
+  } while (more && alive.size() > 1);
   if (alive.empty()) {
     throw std::runtime_error("conveyor: tune_plan: every finalist failed; the first, " +
                              tuning.finalists.front().choice.describe() + ": " + tuning.finalists.front().error);
