@@ -4,6 +4,7 @@
 // compare that with the single-process runtime or plain single-process training.
 
 #include "distributed_roles.h"
+#include "distributed/faulty_peer_check.h"
 #include "distributed/run_worker.h"
 #include "distributed/training_options_check.h"
 #include "error_of.h"
@@ -72,12 +73,6 @@ TensorMap single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
   return values_of(model);
 }
 
-std::string logs(const std::vector<RankExit>& exits) {
-  std::ostringstream os;
-  for (size_t r = 0; r < exits.size(); ++r)
-    os << "--- rank " << r << " (exit " << exits[r].code << ")\n" << exits[r].log;
-  return os.str();
-}
 
 // ---------------------------------------------------------------------------
 // The tests. Each suite launches its ranks once.
@@ -330,41 +325,25 @@ TEST_F(FourRanks, HybridPipeDreamOnTheSameDataEqualsOnePipeline) {
   }
 }
 
-// A rank that dies mid-step: the others stop within the timeout, naming it.
+// A rank that dies mid-step: the others notice it well within the timeout
+// (Gloo's socket closes), naming it.
 TEST(DistributedFaults, ADeadPeerStopsEveryOtherRankWithinTheTimeout) {
   const std::string out = scratch("dead");
   const auto exits = launch(
       "faulty", 3, out,
       {{"CONVEYOR_TEST_TRIP", "exit:3"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "5000"}});
   fs::remove_all(out);
-  ASSERT_EQ(exits[1].code, 9) << logs(exits);
-  for (int r : {0, 2}) {
-    EXPECT_EQ(exits[r].code, 1) << logs(exits);
-    EXPECT_LT(exits[r].seconds - exits[1].seconds, 5.0 + 1.0) << logs(exits);
-    EXPECT_THAT(exits[r].log, HasSubstr("conveyor: stage " + std::to_string(r) + " failed in " + std::to_string(r)))
-        << logs(exits);
-    EXPECT_THAT(exits[r].log, HasSubstr("from rank 1 (stage 1)")) << logs(exits);
-  }
-  // Stage 1 died in its third forward (1F2): stage 2 never got that activation.
-  EXPECT_THAT(exits[2].log, HasSubstr("waiting for the activation of micro-batch")) << logs(exits);
-  EXPECT_THAT(exits[0].log, HasSubstr("waiting for the gradient of micro-batch")) << logs(exits);
+  expect_dead_peer_noticed(exits, 5000);
 }
 
-// A rank that stalls: its neighbour gives up after the timeout, not later.
+// A rank that stalls: its neighbours give up after the timeout, not later.
 TEST(DistributedFaults, AStalledPeerTimesOut) {
   const std::string out = scratch("stall");
   const auto exits = launch(
       "faulty", 3, out,
       {{"CONVEYOR_TEST_TRIP", "stall:2"}, {"CONVEYOR_TEST_TRIP_RANK", "1"}, {"CONVEYOR_TEST_TIMEOUT_MS", "1000"}});
   fs::remove_all(out);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(exits[r].code, 1) << logs(exits);
-  // Stage 1 sleeps 4 s in its second forward (1F1); stage 0 waits for the
-  // gradient of micro-batch 0, which 1B0 sends only after 1F1.
-  EXPECT_THAT(exits[0].log, HasSubstr("conveyor: stage 0 failed in 0B0 (backward of micro-batch 0): rank 0 (stage 0): "
-                                      "timed out after 1000 ms waiting for the gradient of micro-batch 0 from rank 1 "
-                                      "(stage 1)"))
-      << logs(exits);
-  EXPECT_LT(exits[0].seconds, exits[1].seconds - 1.5) << logs(exits);
+  expect_stalled_peer_timed_out(exits);
 }
 
 // ---------------------------------------------------------------------------
