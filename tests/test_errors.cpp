@@ -153,8 +153,10 @@ TEST(Failures, AStalledStageTimesOutWithTheWaitNamed) {
   EXPECT_THAT(error, HasSubstr("stage 1 failed in 1F0"));
   EXPECT_THAT(error,
               HasSubstr("stage 1 timed out after 100 ms waiting for the activation of micro-batch 0 from stage 0"));
-  // The step returns once the stalled stage finishes its layer, not later.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  // The step returns once the stalled stage finishes its layer rather than
+  // hanging on it: the bound rules out a hang, not a slow machine (a loaded
+  // one under ThreadSanitizer takes seconds where an idle one takes 0.6 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
 }
 
 TEST(Failures, MailboxSendIntoAFullChannelTimesOut) {

@@ -23,7 +23,15 @@ using namespace std::chrono_literals;
 
 constexpr int kStages = 3;
 constexpr int kMicrobatches = 4;
-constexpr auto kTimeout = 200ms;
+// Every pipeline here waits at most 1 s: long enough that no ordinary action
+// outlasts it on a loaded machine under ThreadSanitizer (where one backward
+// once took longer than 200 ms), short enough that a stall of a few of it is
+// quick to test.
+constexpr auto kTimeout = 1000ms;
+const std::string kTimedOut = "timed out after " + std::to_string(kTimeout.count()) + " ms";
+// A stall outlasts the timeout by twice the timeout, so that the neighbour
+// that waits on it gives up first however late its own wait began.
+constexpr auto kStall = 3 * kTimeout;
 
 struct Batch {
   at::Tensor x, y;
@@ -38,12 +46,12 @@ bool asynchronous(const std::string& schedule) { return schedule == "pipedream" 
 
 // SGD with momentum and a learning rate that depends on the update count, so
 // that a failed step that left gradients, momentum or counts behind shows.
-PipelineOptions options_for(const std::string& schedule, std::chrono::milliseconds timeout = kTimeout) {
+PipelineOptions options_for(const std::string& schedule) {
   return PipelineOptions()
       .workers(kStages)
       .microbatches(kMicrobatches)
       .schedule(schedule)
-      .timeout(timeout)
+      .timeout(kTimeout)
       .optimizer([](std::vector<at::Tensor> p) {
         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
       })
@@ -51,9 +59,9 @@ PipelineOptions options_for(const std::string& schedule, std::chrono::millisecon
       .lr_schedule_unit(asynchronous(schedule) ? UpdateUnit::kMicrobatch : UpdateUnit::kBatch);
 }
 
-std::unique_ptr<Pipeline> seeded_pipeline(const std::string& schedule, std::chrono::milliseconds timeout = kTimeout) {
+std::unique_ptr<Pipeline> seeded_pipeline(const std::string& schedule) {
   torch::manual_seed(0);
-  return std::make_unique<Pipeline>(make_mlp(), options_for(schedule, timeout));
+  return std::make_unique<Pipeline>(make_mlp(), options_for(schedule));
 }
 
 // Everything a step may change: the weights, each stage's momentum buffers
@@ -127,7 +135,7 @@ void expect_error_names_the_fault(const std::string& message, const FaultPlan& p
       break;
     case FaultKind::kStall: {
       const std::string stalled = std::to_string(plan.stage);
-      EXPECT_THAT(message, HasSubstr("timed out after 200 ms")) << where;
+      EXPECT_THAT(message, HasSubstr(kTimedOut)) << where;
       // The stage that waited on it names it, or names the stage between,
       // and then the stalled one as busy meanwhile.
       const std::string action = schedule.workers[plan.stage][plan.action].str();
@@ -147,7 +155,7 @@ void expect_error_names_the_fault(const std::string& message, const FaultPlan& p
 void run_case(const std::string& schedule, FaultKind kind, uint32_t seed) {
   auto pipe = seeded_pipeline(schedule);
   std::mt19937 rng(seed);
-  const FaultPlan plan = draw_fault(kind, pipe->schedule(), rng, 4 * kTimeout);
+  const FaultPlan plan = draw_fault(kind, pipe->schedule(), rng, kStall);
   const std::string where = schedule + " " + fault_kind_name(kind) + " seed " + std::to_string(seed) + " (stage " +
                             std::to_string(plan.stage) + ", action " + std::to_string(plan.action) +
                             ", micro-batch " + std::to_string(plan.microbatch) + ")";
@@ -192,18 +200,13 @@ INSTANTIATE_TEST_SUITE_P(Schedules, InProcessFaults, ::testing::Values("gpipe", 
 
 // A stall in a send (a neighbour whose channel stays full or empty) is the
 // same: the waiting stage names the one it waited for.
-// Its timeout is 1 s, not 200 ms: under ThreadSanitizer, on a loaded
-// machine, an ordinary backward once took longer than 200 ms, and the
-// neighbour that gave up first was not the one the stall kept waiting.
-constexpr auto kSendTimeout = 1000ms;
-
 TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   struct StallSend : FaultInjector {
     void before_send(Channel channel, int from, int, int mb, int64_t*) override {
-      if (channel == Channel::kActivation && from == 1 && mb == 1) std::this_thread::sleep_for(4 * kSendTimeout);
+      if (channel == Channel::kActivation && from == 1 && mb == 1) std::this_thread::sleep_for(kStall);
     }
   } stall;
-  auto pipe = seeded_pipeline("1f1b", kSendTimeout);
+  auto pipe = seeded_pipeline("1f1b");
   train(*pipe, 0);
   const State before = state_of(*pipe);
   std::string message;
@@ -213,10 +216,10 @@ TEST(InProcessFaults, AStallInsideASendTimesOutItsNeighbour) {
   }
   // Stage 2 waits for that activation, stage 0 for the gradient stage 1
   // sends after it; whichever gives up first is reported.
-  EXPECT_THAT(message, AnyOf(HasSubstr("stage 2 timed out after 1000 ms waiting for the activation of micro-batch 1 "
-                                       "from stage 1"),
-                             HasSubstr("stage 0 timed out after 1000 ms waiting for the gradient of micro-batch 0 "
-                                       "from stage 1")));
+  EXPECT_THAT(message, AnyOf(HasSubstr("stage 2 " + kTimedOut + " waiting for the activation of micro-batch 1 "
+                                                 "from stage 1"),
+                             HasSubstr("stage 0 " + kTimedOut + " waiting for the gradient of micro-batch 0 "
+                                                 "from stage 1")));
   expect_same_state(state_of(*pipe), before, "after the stalled step");
 }
 
@@ -228,7 +231,7 @@ TEST(InProcessFaults, AStallBeforeALockStepBarrierFailsTheStepWithItsName) {
     size_t position = 0;
     std::atomic<int> seen{0};
     void before_action(int stage, const schedules::Action&) override {
-      if (stage == 1 && static_cast<size_t>(seen++) + 1 == position) std::this_thread::sleep_for(4 * kTimeout);
+      if (stage == 1 && static_cast<size_t>(seen++) + 1 == position) std::this_thread::sleep_for(kStall);
     }
   } stall;
   auto pipe = seeded_pipeline("ddg");
@@ -242,7 +245,7 @@ TEST(InProcessFaults, AStallBeforeALockStepBarrierFailsTheStepWithItsName) {
     FaultInjectionScope scope(stall);
     message = error_of<PipelineError>([&] { train(*pipe, 1); });
   }
-  EXPECT_THAT(message, HasSubstr("timed out after 200 ms"));
+  EXPECT_THAT(message, HasSubstr(kTimedOut));
   EXPECT_THAT(message, AnyOf(HasSubstr("failed at lock-step barrier 0"), HasSubstr("from stage 1"),
                              HasSubstr("to stage 1")));
   expect_same_state(state_of(*pipe), before, "after the stall before a barrier");
@@ -267,7 +270,7 @@ TEST(InProcessFaults, AFailedStepLeavesEachStagesRandomStreamsAsTheyWere) {
     for (uint32_t seed = 0; seed <= 3; ++seed) {
       auto pipe = make(schedule);
       std::mt19937 rng(seed);
-      FaultPlan plan = draw_fault(FaultKind::kThrow, pipe->schedule(), rng, 4 * kTimeout);
+      FaultPlan plan = draw_fault(FaultKind::kThrow, pipe->schedule(), rng, kStall);
       if (seed == 0) {  // the step's last action: every forward has drawn its masks
         plan.stage = kStages - 1;
         plan.action = static_cast<int>(pipe->schedule().workers[plan.stage].size()) - 1;
