@@ -55,8 +55,10 @@ build() {
 }
 
 # run_tests DIR "BINARY[:SHARDS]"...: runs the gtest binaries, $jobs at a
-# time (a binary with SHARDS runs as that many gtest shards), each to its log;
-# fails on a failed test or on any sanitizer report in DIR/sanitizer-logs/.
+# time (a binary with SHARDS runs as that many gtest shards), each to its log
+# and each within 30 minutes (a hang, not a slow machine: the longest takes
+# 2 minutes on 2 busy cores); fails on a failed or hung test or on any
+# sanitizer report in DIR/sanitizer-logs/.
 run_tests() {
   local dir="$1" t0 status=0 spec bin shards i name running=0
   shift
@@ -73,8 +75,9 @@ run_tests() {
       (
         cd "$dir/tests"
         rc=0
-        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i ./"$bin" --gtest_brief=1 >"$dir/test-logs/$name.log" 2>&1 ||
-          rc=$?
+        GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout --kill-after=30 1800 ./"$bin" --gtest_brief=1 \
+          >"$dir/test-logs/$name.log" 2>&1 || rc=$?
+        [ "$rc" != 124 ] || echo "sanitize: $name still running after 30 minutes: stopped" >>"$dir/test-logs/$name.log"
         echo "$rc" >"$dir/test-logs/$name.rc"
       ) &
       names+=("$name")

@@ -42,11 +42,16 @@ inline int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// A rank still running this long after the launch is hung, not slow: the
+// ranks' own waits give up within a minute (their timeouts, 30 s to connect),
+// and a loaded machine under AddressSanitizer runs the longest role in about
+// a minute and a half.
+constexpr std::chrono::seconds kHungRank(300);
+
 // Starts `world` copies of this binary as ranks of role `role`; kills any
-// still running after `limit`.
+// still running after kHungRank.
 inline std::vector<RankExit> launch(const std::string& role, int world, const std::string& out,
-                                    const std::map<std::string, std::string>& extra = {},
-                                    std::chrono::seconds limit = std::chrono::seconds(50)) {
+                                    const std::map<std::string, std::string>& extra = {}) {
   std::filesystem::create_directories(out);
   const int port = free_port();
   std::vector<pid_t> pids;
@@ -95,7 +100,7 @@ inline std::vector<RankExit> launch(const std::string& role, int world, const st
         --running;
       }
     }
-    if (running > 0 && std::chrono::steady_clock::now() - start > limit) {
+    if (running > 0 && std::chrono::steady_clock::now() - start > kHungRank) {
       for (pid_t pid : pids) {
         if (pid != 0) ::kill(pid, SIGKILL);
       }

@@ -30,8 +30,8 @@ class ReshardingCheckpoints : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     out_ = (fs::temp_directory_path() / ("conveyor-reshard-" + std::to_string(::getpid()))).string();
-    saved_ = launch("reshard", 4, out_, {}, std::chrono::seconds(120));
-    resumed_ = launch("reshard", 3, out_, {}, std::chrono::seconds(120));
+    saved_ = launch("reshard", 4, out_);
+    resumed_ = launch("reshard", 3, out_);
   }
   static void TearDownTestSuite() { fs::remove_all(out_); }
 

@@ -27,7 +27,7 @@ class ShardedOptimizerState : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     out_ = (fs::temp_directory_path() / ("conveyor-sharded-" + std::to_string(::getpid()))).string();
-    exits_ = launch("sharded", 4, out_, {}, std::chrono::seconds(120));
+    exits_ = launch("sharded", 4, out_);
   }
   static void TearDownTestSuite() { fs::remove_all(out_); }
 

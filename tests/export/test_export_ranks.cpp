@@ -124,7 +124,7 @@ void expect_ranks_like_eager(int world) {
   const std::string out = (fs::temp_directory_path() / ("conveyor-export-ranks-" + std::to_string(::getpid()) +
                                                         "-" + std::to_string(world)))
                               .string();
-  const std::vector<RankExit> exits = launch("export", world, out, {}, std::chrono::seconds(240));
+  const std::vector<RankExit> exits = launch("export", world, out);
   for (size_t r = 0; r < exits.size(); ++r) {
     ASSERT_EQ(exits[r].code, 0) << "rank " << r << " of " << world << ":\n" << exits[r].log;
   }

@@ -44,8 +44,7 @@ Outcome run_fault(const std::string& kind, uint32_t seed) {
   const std::string out =
       (fs::temp_directory_path() / ("conveyor-wire-" + std::to_string(::getpid()) + "-" + kind)).string();
   Outcome o;
-  o.exits = launch("wire", 2, out, {{"CONVEYOR_TEST_FAULT", kind}, {"CONVEYOR_TEST_SEED", std::to_string(seed)}},
-                   std::chrono::seconds(40));
+  o.exits = launch("wire", 2, out, {{"CONVEYOR_TEST_FAULT", kind}, {"CONVEYOR_TEST_SEED", std::to_string(seed)}});
   std::ostringstream logs;
   for (int r = 0; r < 2; ++r) {
     o.errors.push_back(text_of(out + "/error-rank" + std::to_string(r) + ".txt"));
