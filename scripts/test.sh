@@ -7,15 +7,35 @@
 #                                   build and install, and every test not
 #                                   labelled "slow" (no fuzzing, no sanitizers);
 #                                   a few minutes after the first build
+#   bash scripts/test.sh --busy     either run with every core kept busy by a
+#                                   load generator (Debian's stress-ng, one
+#                                   CPU hog a core, stopped when the run ends):
+#                                   the tests assert nothing a loaded machine
+#                                   breaks, and this shows it
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 quick=0
-case "${1:-}" in
-  --quick) quick=1 ;;
-  "") ;;
-  *) echo "test.sh: unknown argument '$1' (--quick, or nothing for the full run)" >&2; exit 2 ;;
-esac
+busy=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    --busy) busy=1 ;;
+    *) echo "test.sh: unknown argument '$arg' (--quick, --busy, or nothing for the full run)" >&2; exit 2 ;;
+  esac
+done
 start=$(date +%s)
+if [ "$busy" = 1 ]; then
+  # shellcheck source=lib/debian_packages.sh
+  source "$root/scripts/lib/debian_packages.sh"
+  install_debian_packages test.sh stress-ng
+  # Its own time limit too, so that the load ends even if this script is killed.
+  stress-ng --cpu "$(nproc)" --cpu-load 100 --timeout 3h --quiet &
+  load=$!
+  stop_load() { kill "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
+  trap stop_load EXIT
+  trap 'exit 130' INT TERM
+  echo "test.sh: every core kept busy: stress-ng --cpu $(nproc) (pid $load)"
+fi
 bash "$root/scripts/build.sh"
 build="${CONVEYOR_BUILD_DIR:-$root/build}"
 export PATH="$root/.venv/bin:$PATH"
