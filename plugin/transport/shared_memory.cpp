@@ -259,8 +259,8 @@ SharedMemoryLinks::SharedMemoryLinks(const c10::intrusive_ptr<c10d::Backend>& gr
   s.in.resize(size);
   s.prefix = c10::str("worker ", me);
   if (size < 2) return;
-  std::set<int> neighbours{(me + 1) % size, (me + size - 1) % size};
-  neighbours.erase(me);
+  const int previous = (me + size - 1) % size, next = (me + 1) % size;
+  std::set<int> neighbours{previous, next};
 
   // 1. Each worker names itself; 2. makes its outgoing rings; 3. opens its
   // incoming ones and says which; then a ring is used iff both ends mapped it.
@@ -271,9 +271,7 @@ SharedMemoryLinks::SharedMemoryLinks(const c10::intrusive_ptr<c10d::Backend>& gr
   const size_t map_bytes = static_cast<size_t>(kDataOffset + capacity);
   // Unlinked once both ends mapped them, or when this constructor throws.
   struct Created : std::vector<std::string> {
-    ~Created() {
-      for (const auto& name : *this) shm_unlink(name.c_str());
-    }
+    ~Created() { std::for_each(begin(), end(), [](const std::string& name) { shm_unlink(name.c_str()); }); }
   } created;
   for (const int peer : neighbours) {
     const std::string name = ring_segment_name(token, me, peer);
@@ -296,7 +294,7 @@ SharedMemoryLinks::SharedMemoryLinks(const c10::intrusive_ptr<c10d::Backend>& gr
     s.out[peer]->other = ring->reader;
   }
   gather_values(group, {1}, timeout, "making the rings");
-  int64_t opened = 0;
+  std::vector<int64_t> opened{0, 0};  // whether this worker opened its previous, its next neighbour's ring
   for (const int peer : neighbours) {
     const std::string name = ring_segment_name(who[peer][0], peer, me);
     const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -317,13 +315,15 @@ SharedMemoryLinks::SharedMemoryLinks(const c10::intrusive_ptr<c10d::Backend>& gr
     }
     link->other = ring.writer;
     s.in[peer] = std::move(link);
-    opened |= int64_t{1} << peer;
+    opened[0] |= peer == previous;
+    opened[1] |= peer == next;
   }
-  const auto masks = gather_values(group, {opened}, timeout, "opening the rings");
+  const auto flags = gather_values(group, opened, timeout, "opening the rings");
   for (const auto& name : created) shm_unlink(name.c_str());
   created.clear();
-  for (int peer = 0; peer < size; ++peer) {
-    if (s.out[peer] && !(masks[peer][0] & (int64_t{1} << me))) s.out[peer].reset();
+  // My ring to a neighbour is used iff it opened it (its flag for its next neighbour if that is me, else previous).
+  for (const int peer : neighbours) {
+    if (!flags[peer][me == (peer + 1) % size ? 1 : 0]) s.out[peer].reset();
   }
 }
 
