@@ -21,9 +21,10 @@ Four contestants, one intra-op thread per stage, CPU:
             eager-1f1b (1F1B with forwards run ahead, "eager-1f1b+N" for a
             lookahead of N) it runs Schedule1F1B, the schedule it replaces;
   c10d      Conveyor, one process per stage over c10d/Gloo
-            (torchrun ... distributed_train --parallel=pipeline);
+            (torchrun ... distributed_train --parallel=pipeline
+            --no-shared-memory);
   shm       the same, neighbouring processes passing activations and
-            gradients through shared memory (--shared-memory);
+            gradients through shared memory (distributed_train's default);
   threads   Conveyor in one process, a thread per stage
             (distributed_train --parallel=threads).
 
@@ -237,8 +238,8 @@ def main():
         return check_same_start(args)
     contestants = {
         "pippy": lambda k, s, m: run_pippy(args, k, s, m),
-        "c10d": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m),
-        "shm": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m, ["--shared-memory"]),
+        "c10d": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m, ["--no-shared-memory"]),
+        "shm": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m),
         "threads": lambda k, s, m: run_conveyor(args, k, "threads", s, m),
     }
     configs = [(k, s, m) for k in args.models for s in args.schedules for m in args.microbatches]

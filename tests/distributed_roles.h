@@ -82,6 +82,14 @@ struct TripwireImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tripwire);
 
+// The link every role's pipeline passes its messages over: Gloo's sockets,
+// as between machines, unless CONVEYOR_TEST_SHARED_MEMORY is set
+// (test_shared_memory runs the same roles over shared memory, the default
+// between processes of one machine).
+inline DistributedOptions link_options() {
+  return DistributedOptions().shared_memory(std::getenv("CONVEYOR_TEST_SHARED_MEMORY") != nullptr);
+}
+
 // ---------------------------------------------------------------------------
 // The ranks.
 
@@ -144,7 +152,7 @@ inline void pipelines(Worker& w) {
   std::vector<std::string> cases = synchronous_cases();
   if (w.env.world_size == 2) cases.insert(cases.end(), virtual_stage_cases().begin(), virtual_stage_cases().end());
   for (const std::string& schedule : cases) {
-    DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups);
+    DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups, link_options());
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
@@ -152,7 +160,7 @@ inline void pipelines(Worker& w) {
   }
   DistributedPipeline pipe(
       seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups);
+      groups, link_options());
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     pipe.train_step(s.x, s.y, mse);
@@ -164,7 +172,7 @@ inline void pipelines(Worker& w) {
   torch::manual_seed(9);
   DistributedPipeline resumed(
       make_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups);
+      groups, link_options());
   load_checkpoint(w.file("pipedream-ckpt"), resumed.pipeline());
   const Data next = global_batch(kSteps);
   pipe.train_step(next.x, next.y, mse);
@@ -179,7 +187,8 @@ inline void hybrid(Worker& w) {
   auto groups = w.groups("hybrid", 2, std::chrono::seconds(20));
   const int d = groups->replica(), replicas = groups->layout().replicas;
   auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
-  DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("1f1b").optimizer(sgd), groups);
+  DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("1f1b").optimizer(sgd), groups,
+                           link_options());
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
@@ -196,7 +205,7 @@ inline void hybrid(Worker& w) {
   // the same data on both replicas it must equal one pipeline.
   DistributedPipeline async(
       seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups);
+      groups, link_options());
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     async.train_step(s.x, s.y, mse);
@@ -224,7 +233,8 @@ inline void data_parallel(Worker& w) {
 inline void released_sends(Worker& w) {
   auto groups = w.groups("released", w.env.world_size, std::chrono::seconds(20));
   for (const bool release : {true, false}) {
-    DistributedPipeline pipe(seeded_mlp(), synchronous_case("1f1b").free_sent_activations(release), groups);
+    DistributedPipeline pipe(seeded_mlp(), synchronous_case("1f1b").free_sent_activations(release), groups,
+                             link_options());
     const Data d = global_batch(0);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap out = grads_of(pipe.named_parameters());
@@ -242,7 +252,7 @@ inline void declared_shape_mismatch(Worker& w) {
   auto groups = w.groups("mismatch", w.env.world_size, timeout);
   try {
     DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("gpipe").timeout(timeout), groups,
-                             DistributedOptions().activation_shapes({{-1, 7}}));
+                             link_options().activation_shapes({{-1, 7}}));
     const Data d = global_batch(0);
     pipe.train_step(d.x, d.y, mse);
     w.note("mismatch", "no error");
@@ -261,7 +271,7 @@ inline void faulty(Worker& w) {
   model->to(torch::kFloat64);
   DistributedPipeline pipe(
       model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout),
-      groups, DistributedOptions().shared_memory(std::getenv("CONVEYOR_TEST_SHARED_MEMORY") != nullptr));
+      groups, link_options());
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);
@@ -303,7 +313,7 @@ inline PipelineOptions autocast_options() {
 inline void training_options(Worker& w) {
   auto groups = w.groups("training-options", 2, std::chrono::seconds(20));
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  DistributedPipeline clipped(seeded_mlp(), clipped_options(), groups);
+  DistributedPipeline clipped(seeded_mlp(), clipped_options(), groups, link_options());
   std::vector<double> norms;
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
@@ -314,7 +324,7 @@ inline void training_options(Worker& w) {
   write_tensors(w.file("clip"), clip);
 
   auto factor = std::make_shared<double>(1.0);
-  DistributedPipeline scaled(bomb_model(factor), scaled_options(), groups);
+  DistributedPipeline scaled(bomb_model(factor), scaled_options(), groups, link_options());
   std::vector<double> scales, skipped;
   for (int step = 0; step < kSteps + 1; ++step) {
     *factor = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
@@ -324,7 +334,7 @@ inline void training_options(Worker& w) {
     skipped.push_back(r.skipped_updates);
   }
   if (replicas == 1) {  // bf16 autocast over c10d: the activations and gradients cross in bf16
-    DistributedPipeline bf16(seeded_fp32_mlp(), autocast_options(), groups);
+    DistributedPipeline bf16(seeded_fp32_mlp(), autocast_options(), groups, link_options());
     const Data s = global_batch(0);
     const StepResult r = bf16.train_step(s.x.to(torch::kFloat32), s.y.to(torch::kFloat32), mse);
     TensorMap grads = grads_of(bf16.named_parameters());

@@ -104,12 +104,12 @@ inline void several_tensors(Worker& w) {
   auto groups = w.groups("tensors", w.env.world_size, std::chrono::seconds(20));
   const Data d = global_batch(0);
   {
-    DistributedPipeline pipe(seeded_two_input(), PipelineOptions().microbatches(kMicrobatches), groups);
+    DistributedPipeline pipe(seeded_two_input(), PipelineOptions().microbatches(kMicrobatches), groups, link_options());
     pipe.train_step(two_input_batch(), Tensors{d.y}, mse_of_first);
     write_tensors(w.file("two-input"), grads_of(pipe.named_parameters()));
   }
   {
-    DistributedPipeline pipe(seeded_lstm_lm(), PipelineOptions().microbatches(kMicrobatches), groups);
+    DistributedPipeline pipe(seeded_lstm_lm(), PipelineOptions().microbatches(kMicrobatches), groups, link_options());
     const auto [inputs, targets] = bucketed_batches();
     pipe.train_microbatches(inputs, targets, lm_loss_of_first);
     write_tensors(w.file("bucketed"), grads_of(pipe.named_parameters()));
@@ -118,7 +118,7 @@ inline void several_tensors(Worker& w) {
     auto sgd = [](std::vector<at::Tensor> p) {
       return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
     };
-    DistributedPipeline pipe(seeded_tied_lm(), tied_lm_options().optimizer(sgd), groups);
+    DistributedPipeline pipe(seeded_tied_lm(), tied_lm_options().optimizer(sgd), groups, link_options());
     for (int step = 0; step < kTiedSteps; ++step) {
       const auto [x, y] = tied_lm_batch(step);
       pipe.train_step(x, y, lm_loss);

@@ -113,7 +113,7 @@ inline void wire_fault(Worker& w) {
   DistributedPipeline pipe(
       make_mlp(),
       PipelineOptions().microbatches(kMicrobatches).schedule(schedule).timeout(timeout).optimizer(sgd_momentum()),
-      groups);
+      groups, link_options());
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);

@@ -65,14 +65,14 @@ Flags (--flag=VALUE or --flag VALUE):
                       optimizer bytes and the median step time
   --scale-lr          multiply the learning rate by the replicas (linear scaling)
   --predict           pipeline, one replica: rank 0 profiles the model and the
-                      Gloo link first and prints the planner's predicted step
+                      link first and prints the planner's predicted step
                       beside the measured median (steps after the first)
   --keep-sent         pipeline: a stage keeps its outputs' data after sending
                       them (by default it releases it, keeping their graph);
                       rank 0 prints its stages' peak stash either way
-  --shared-memory     pipeline: neighbouring processes on this machine pass
-                      activations and gradients through shared memory
-                      rather than Gloo's sockets
+  --no-shared-memory  pipeline: neighbouring processes on this machine pass
+                      activations and gradients over Gloo's sockets (by
+                      default they use shared memory, other machines Gloo)
   --model NAME        mlp (default) | lm
   --hidden N, --layers N, --inputs N, --classes N   model size (512, 6, 256, 10)
   --vocab N, --embed N, --length N   the lm's words, embedding, tokens (2000, 64, 20)
@@ -122,13 +122,15 @@ Args parse(int argc, char** argv) {
     }
     if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "' (see --help)");
     flag = flag.substr(2);
-    const std::map<std::string, bool*> switches = {{"scale-lr", &a.scale_lr},
-                                                   {"predict", &a.predict},
-                                                   {"keep-sent", &a.keep_sent},
-                                                   {"shared-memory", &a.shared_memory},
-                                                   {"shard-optimizer", &a.shard_optimizer}};
+    // Each switch sets its flag to the value given here.
+    const std::map<std::string, std::pair<bool*, bool>> switches = {{"scale-lr", {&a.scale_lr, true}},
+                                                                    {"predict", {&a.predict, true}},
+                                                                    {"keep-sent", {&a.keep_sent, true}},
+                                                                    {"shared-memory", {&a.shared_memory, true}},
+                                                                    {"no-shared-memory", {&a.shared_memory, false}},
+                                                                    {"shard-optimizer", {&a.shard_optimizer, true}}};
     if (const auto it = switches.find(flag); it != switches.end()) {
-      *it->second = true;
+      *it->second.first = it->second.second;
       continue;
     }
     if (const auto eq = flag.find('='); eq != std::string::npos) {

@@ -44,10 +44,11 @@ void evaluate(const DistributedModel& m, torch::nn::Sequential model);
 
 // The planner's prediction for a pipeline of `options` across processes on
 // this machine (--predict): the model profiled on its first micro-batch with
-// the options' optimizer, the link between processes measured over Gloo on
-// loopback (measure_c10d_link; through shared memory with `shared_memory`,
-// as --shared-memory runs it), the split the options give. Prints the
-// link's measurements and the step predicted without its processor time.
-Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory = false);
+// the options' optimizer, the link between processes measured on this
+// machine (measure_c10d_link: through shared memory with `shared_memory`, as
+// the pipeline passes its messages by default, else over Gloo on loopback),
+// the split the options give. Prints the link's measurements and the step
+// predicted without its processor time.
+Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory);
 
 }  // namespace conveyor::examples

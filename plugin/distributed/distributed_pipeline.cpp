@@ -123,6 +123,7 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   const c10::intrusive_ptr<c10d::Backend> device_group =
       transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
   auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);
+  transport_ = transport.get();
   pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport), std::move(replicas));
   check_argument(!sharded || pipeline_->schedule().synchronous(), "conveyor: sharded optimizer state needs a ",
                  "synchronous schedule; '", pipeline_->schedule().name, "' steps each stage after every micro-batch");

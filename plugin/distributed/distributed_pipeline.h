@@ -81,10 +81,11 @@ struct DistributedOptions {
   TORCH_ARG(bool, shard_optimizer_state) = false;
   // Neighbouring workers on one machine exchange activations and gradients
   // through shared memory instead of Gloo's loopback sockets
-  // (C10dTransportOptions::shared_memory): less processor time a message,
-  // the same failures (a dead peer is noticed within 50 ms, a stalled one at
-  // the timeout). Off by default; workers on other machines keep Gloo.
-  TORCH_ARG(bool, shared_memory) = false;
+  // (C10dTransportOptions::shared_memory, whose default this is): less
+  // processor time a message, the same failures (a dead peer is noticed
+  // within 50 ms, a stalled one at the timeout). Workers on other machines
+  // keep Gloo; false keeps Gloo everywhere.
+  TORCH_ARG(bool, shared_memory) = C10dTransportOptions{}.shared_memory;
 };
 
 // Replica `replica`'s shard of a global batch: the replica-th of `replicas`
@@ -127,6 +128,10 @@ class DistributedPipeline {
   // Bytes of the state of this rank's stages' own optimizers (with
   // shard_optimizer_state, this replica's shard of it).
   int64_t optimizer_state_bytes() const;
+  // This rank's links to its neighbours through shared memory, each
+  // direction counted (2 per neighbour on this machine); 0 where every
+  // message goes over Gloo.
+  int shared_memory_links() const { return transport_->shared_memory_links(); }
 
   // Clipping by global norm for a caller that owns its optimizer, after
   // train_step (whose gradients are then averaged across replicas): the norm
@@ -159,6 +164,7 @@ class DistributedPipeline {
   DistributedOptions distributed_;
   bool average_ = true;  // LossReduction::kMean: average gradients across replicas
   std::unique_ptr<Pipeline> pipeline_;
+  const C10dTransport* transport_ = nullptr;  // owned by pipeline_
 };
 
 }  // namespace conveyor

@@ -8,6 +8,7 @@
 //   options.profile(std::make_shared<conveyor::ModelProfile>(profile)).balance(conveyor::Balance::kTime);
 
 #include "plugin/planner/profile.h"
+#include "plugin/transport/c10d.h"
 
 #include <chrono>
 #include <cstdint>
@@ -22,11 +23,12 @@ namespace conveyor {
 // trips (at least 64 of the small one). Processor time: what the process
 // (both ranks, Gloo's threads) used per transfer during the small round
 // trips, and per byte beyond that during the large ones. With
-// `shared_memory`, the message goes through a shared-memory ring as the
-// transport's does with C10dTransportOptions::shared_memory (payloads past
-// 1 MiB still on Gloo). Throws std::runtime_error if the ranks cannot
-// connect within `timeout`.
+// `shared_memory` (the transport's default), the message goes through a
+// shared-memory ring as the transport's does with
+// C10dTransportOptions::shared_memory (payloads past 1 MiB still on Gloo).
+// Throws std::runtime_error if the ranks cannot connect within `timeout`.
 LinkProfile measure_c10d_link(int64_t large_bytes = 4 << 20, int repeats = 9,
-                              std::chrono::milliseconds timeout = std::chrono::seconds(30), bool shared_memory = false);
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                              bool shared_memory = C10dTransportOptions{}.shared_memory);
 
 }  // namespace conveyor

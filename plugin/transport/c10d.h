@@ -80,8 +80,10 @@ struct C10dTransportOptions {
   // accelerator payloads, barriers and ties stay on the groups. Making the
   // transport is then collective (every worker of the group at once).
   // Workers on other machines, or that cannot map each other's segments,
-  // keep Gloo.
-  bool shared_memory = false;
+  // keep Gloo. On by default, as NCCL picks its fastest transport between
+  // two ranks by itself: on one machine the rings take a fifth of the
+  // processor time of Gloo's loopback a message (benchmarks/results/vs_pippy.md).
+  bool shared_memory = true;
   // Each direction's ring (at least twice the largest message).
   int64_t shared_memory_bytes = int64_t{8} << 20;
 };

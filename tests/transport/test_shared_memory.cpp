@@ -32,28 +32,18 @@ constexpr int64_t kSmallRing = int64_t{64} << 10;
 
 PipelineOptions gpipe() { return PipelineOptions().workers(2).microbatches(kMicrobatches).schedule("gpipe"); }
 
-// Synchronous schedules (and interleaved ones on two ranks) with shared memory.
-void exact(Worker& w) {
-  auto groups = w.groups("shm", w.env.world_size, std::chrono::seconds(20));
-  const Data d = global_batch(0);
-  std::vector<std::string> cases = synchronous_cases();
-  if (w.env.world_size == 2) cases.insert(cases.end(), virtual_stage_cases().begin(), virtual_stage_cases().end());
-  for (const std::string& schedule : cases) {
-    DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups,
-                             DistributedOptions().shared_memory(true));
-    const StepResult r = pipe.train_step(d.x, d.y, mse);
-    TensorMap grads = grads_of(pipe.named_parameters());
-    grads["loss"] = at::full({1}, r.loss, at::kDouble);
-    write_tensors(w.file(schedule), grads);
+// A pipeline built with the default options, then one with shared memory
+// off: how many links each made ("default off").
+void default_links(Worker& w) {
+  auto groups = w.groups("shm-default", 2, std::chrono::seconds(20));
+  std::string made;
+  for (const DistributedOptions& o : {DistributedOptions(), DistributedOptions().shared_memory(false)}) {
+    DistributedPipeline pipe(seeded_mlp(), gpipe(), groups, o);
+    const Data d = global_batch(0);
+    pipe.train_step(d.x, d.y, mse);
+    made += (made.empty() ? "" : " ") + std::to_string(pipe.shared_memory_links());
   }
-  DistributedPipeline async(
-      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups, DistributedOptions().shared_memory(true));
-  for (int step = 0; step < kSteps; ++step) {
-    const Data s = global_batch(step);
-    async.train_step(s.x, s.y, mse);
-  }
-  write_tensors(w.file("pipedream"), values_of(async.named_parameters()));
+  w.note("links", made);
   groups->barrier();
 }
 
@@ -115,7 +105,8 @@ class SharedMemoryJob : public ::testing::TestWithParam<int> {};
 TEST_P(SharedMemoryJob, EverySynchronousScheduleEqualsTheInProcessRuntime) {
   const int world = GetParam();
   const std::string out = scratch("exact" + std::to_string(world));
-  const auto exits = launch("shm-exact", world, out);
+  // The roles of test_distributed, over shared memory.
+  const auto exits = launch("pipelines", world, out, {{"CONVEYOR_TEST_SHARED_MEMORY", "1"}});
   for (const auto& e : exits) ASSERT_EQ(e.code, 0) << logs(exits);
   std::vector<std::string> cases = synchronous_cases();
   if (world == 2) cases.insert(cases.end(), virtual_stage_cases().begin(), virtual_stage_cases().end());
@@ -164,6 +155,21 @@ TEST(SharedMemoryLinks, MessagesTakeTheRingAndARingThatFillsWaitsForRoom) {
   fs::remove_all(out);
 }
 
+// Neighbouring processes of one machine use shared memory unless told not
+// to: a link each way between the two workers by default, none when off.
+TEST(SharedMemoryLinks, AreTheDefaultBetweenProcessesOfOneMachine) {
+  const std::string out = scratch("default");
+  const auto exits = launch("shm-default", 2, out);
+  for (const auto& e : exits) ASSERT_EQ(e.code, 0) << logs(exits);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(out + "/links-rank" + std::to_string(r) + ".txt");
+    std::string made;
+    std::getline(in, made);
+    EXPECT_EQ(made, "2 0") << "rank " << r;
+  }
+  fs::remove_all(out);
+}
+
 // A peer that exits mid-step: its neighbours notice within the link's poll
 // (50 ms), long before the 5 s timeout, and name it and what they waited for.
 TEST(SharedMemoryFaults, ADeadPeerIsNoticedAtOnce) {
@@ -196,8 +202,9 @@ TEST(SharedMemoryFaults, AStalledPeerTimesOut) {
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("CONVEYOR_TEST_ROLE")) {
     const std::map<std::string, void (*)(conveyor::testing::Worker&)> roles = {
-        {"shm-exact", conveyor::testing::exact},
+        {"pipelines", conveyor::testing::pipelines},
         {"shm-counts", conveyor::testing::counted},
+        {"shm-default", conveyor::testing::default_links},
         {"faulty", conveyor::testing::faulty}};
     const auto it = roles.find(role);
     return it == roles.end() ? 2 : conveyor::testing::run_rank(it->second);
