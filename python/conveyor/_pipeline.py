@@ -93,6 +93,10 @@ class Pipeline:
             optimizer state of 1/D of its weights (ZeRO stage 1): gradients
             are reduce-scattered, each replica updates its part, the weights
             are all-gathered; the same weights as without.
+        shared_memory: with ``process_group``, whether neighbouring
+            processes on one machine pass activations and gradients through
+            shared memory (the default) rather than Gloo's sockets; processes
+            on other machines use Gloo either way.
         optimizer: the pipeline's own optimizer, one per stage: ``"sgd"``,
             ``"adam"`` or ``"adamw"``, with ``lr``, ``momentum`` (sgd) and
             ``weight_decay``; ``train_step`` steps it.
@@ -149,7 +153,8 @@ class Pipeline:
                  optimize: bool = False, example_inputs: Optional[Tensors] = None,
                  plan: Optional[str] = None, max_workers: Optional[int] = None,
                  memory_budget: Optional[int] = None, process_group: Optional[Any] = None,
-                 replica_group: Optional[Any] = None, shard_optimizer_state: bool = False, **unknown: Any):
+                 replica_group: Optional[Any] = None, shard_optimizer_state: bool = False,
+                 shared_memory: Optional[bool] = None, **unknown: Any):
         if unknown:
             known = [p for p in inspect.signature(Pipeline.__init__).parameters if p not in ("self", "model", "unknown")]
             name = sorted(unknown)[0]
@@ -206,6 +211,8 @@ class Pipeline:
             options["max_workers"] = _int("max_workers", max_workers, 1)
         if memory_budget is not None:
             options["memory_budget"] = _int("memory_budget", memory_budget, 1)
+        if shared_memory is not None:
+            options["shared_memory"] = _bool("shared_memory", shared_memory)
         if optimizer is not None:
             options["optimizer"] = _str("optimizer", optimizer, ("sgd", "adam", "adamw"))
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):

@@ -158,14 +158,17 @@ class PyPipeline {
              int local_rank)
       : raised_(std::make_shared<RaisedInStep>()) {
     c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
-    bool shard_optimizer_state = false;  // DistributedOptions', not the script pipeline's
+    // DistributedOptions', not the script pipeline's; absent, their defaults.
+    DistributedOptions distributed = DistributedOptions().local_rank(local_rank);
     for (const auto& [key, value] : options) {
       const auto name = py::cast<std::string>(key);
       if (name == "shard_optimizer_state") {
-        shard_optimizer_state = py::cast<bool>(value);
-        continue;
+        distributed.shard_optimizer_state(py::cast<bool>(value));
+      } else if (name == "shared_memory") {
+        distributed.shared_memory(py::cast<bool>(value));
+      } else {
+        generic.insert(name, ivalue_of(value, "option '" + name + "'"));
       }
-      generic.insert(name, ivalue_of(value, "option '" + name + "'"));
     }
     const ScriptOptions dict = c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic));
     const c10::IValue model = py::isinstance<py::str>(script_module)
@@ -185,9 +188,7 @@ class PyPipeline {
       groups = process_groups(process_group, replica_group, timeout);
     }
     released([&] {
-      pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups,
-                                               DistributedOptions().local_rank(local_rank).shard_optimizer_state(
-                                                   shard_optimizer_state));
+      pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups, distributed);
     });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
@@ -351,6 +352,11 @@ PYBIND11_MODULE(_C, m) {
              if (!d) return py::make_tuple(0, 1, 0);
              const ProcessGroups& g = d->groups();
              return py::make_tuple(g.worker(), g.layout().replicas, g.replica());
+           })
+      .def("shared_memory_links",
+           [](PyPipeline& p) {  // DistributedPipeline::shared_memory_links; 0 in one process
+             DistributedPipeline* d = p.script().distributed();
+             return d ? d->shared_memory_links() : 0;
            })
       .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.script().named_parameters(); })

@@ -242,6 +242,7 @@ def test_unknown_keywords_are_refused_by_name(keyword, message):
     ({"loss_fn": 3}, TypeError, "loss_fn must be a callable"),
     ({"split_points": ["nowhere"]}, ValueError, "nowhere"),
     ({"lr": 0.1}, ValueError, "give 'optimizer' too"),
+    ({"shared_memory": "yes"}, TypeError, "shared_memory must be True or False, got str"),
 ])
 def test_bad_options_are_refused_naming_them(keyword, error, message):
     kwargs = {"split_points": ["block1"], "loss_fn": loss_fn}

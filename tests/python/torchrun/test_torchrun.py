@@ -75,6 +75,8 @@ def check_ranks(ranks, workers, replicas):
 def test_two_processes_train_as_one(tmp_path):
     ranks = torchrun(tmp_path, 2, "1f1b")
     check_ranks(ranks, workers=2, replicas=1)
+    # Through shared memory by default: a ring each way between the two.
+    assert [saved["shared_memory_links"] for saved in ranks] == [2, 2]
     # And as the in-process pipeline does, its parameters split between the ranks.
     pipe = conveyor.Pipeline(worker.make_model(), split_points=worker.SPLIT_POINTS, microbatches=4,
                              schedule="1f1b", loss_fn=worker.loss_fn)
@@ -87,6 +89,13 @@ def test_two_processes_train_as_one(tmp_path):
 def test_two_processes_train_an_exported_program_as_one(tmp_path):
     """The model as a torch.export program: C++ runs its graph on each rank."""
     check_ranks(torchrun(tmp_path, 2, "gpipe", mode="exported"), workers=2, replicas=1)
+
+
+def test_two_processes_over_gloo_train_as_one(tmp_path):
+    """shared_memory=False: every message over Gloo's sockets, as between machines."""
+    ranks = torchrun(tmp_path, 2, "1f1b", mode="gloo")
+    check_ranks(ranks, workers=2, replicas=1)
+    assert [saved["shared_memory_links"] for saved in ranks] == [0, 0]
 
 
 def test_two_replicas_of_a_two_process_pipeline(tmp_path):

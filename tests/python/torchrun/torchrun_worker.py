@@ -3,8 +3,9 @@ under torchrun:
     python -m torch.distributed.run --standalone --nproc-per-node=N torchrun_worker.py OUT_DIR SCHEDULE WORKERS
 Trains the model below (float64, the same on every rank) for STEPS steps of
 torch.optim.SGD over pipe.parameters() (mode "exported": the model as a
-torch.export program), each replica on its shard of the batch, and saves to OUT_DIR/rank<R>.pt this rank's first-step gradients,
-final weights (by the model's names) and losses."""
+torch.export program; mode "gloo": shared_memory=False), each replica on its
+shard of the batch, and saves to OUT_DIR/rank<R>.pt this rank's first-step
+gradients, final weights (by the model's names), losses and shared-memory links."""
 import sys
 
 import torch
@@ -110,12 +111,15 @@ def main(out_dir: str, schedule: str, workers: int, mode: str = "sgd"):
         dist.destroy_process_group()
         return
     model = exported_model() if mode == "exported" else make_model()
+    link = {"shared_memory": False} if mode == "gloo" else {}  # else the default: shared memory
     pipe = conveyor.Pipeline(model, split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
-                             loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120)
+                             loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120,
+                             **link)
     grads, losses = train(pipe)
     out = pipe.forward(*batch(0)[0])
     torch.save({"worker": pipe.worker, "replica": pipe.replica, "replicas": pipe.replicas, "grads": grads,
-                "losses": losses, "state": dict(pipe.state_dict()), "output": out},
+                "losses": losses, "state": dict(pipe.state_dict()), "output": out,
+                "shared_memory_links": pipe._c.shared_memory_links()},
                f"{out_dir}/rank{dist.get_rank()}.pt")
     dist.barrier()
     dist.destroy_process_group()
