@@ -56,9 +56,9 @@ build() {
 
 # run_tests DIR "BINARY[:SHARDS]"...: runs the gtest binaries, $jobs at a
 # time (a binary with SHARDS runs as that many gtest shards), each to its log
-# and each within 30 minutes (a hang, not a slow machine: the longest takes
-# 2 minutes on 2 busy cores); fails on a failed or hung test or on any
-# sanitizer report in DIR/sanitizer-logs/.
+# and each within 30 minutes (a hang, not a slow machine: the longest,
+# test_wire_faults, takes under 3 minutes on 2 busy cores); fails on a
+# failed or hung test or on any sanitizer report in DIR/sanitizer-logs/.
 run_tests() {
   local dir="$1" t0 status=0 spec bin shards i name running=0
   shift
