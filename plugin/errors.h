@@ -60,6 +60,13 @@ class TimeoutError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An option of the wrong type (a str where an int belongs): a bad argument,
+// which Python raises as TypeError rather than ValueError.
+class OptionTypeError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // Thrown in the other stages' threads when one stage failed: they stop
 // waiting and unwind; the caller sees the first stage's error, not these.
 class AbortedError : public std::runtime_error {

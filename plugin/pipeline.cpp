@@ -35,12 +35,14 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
         "conveyor: lr_schedule needs the pipeline's own optimizer (PipelineOptions::optimizer)");
   }
   if (!options.lr_schedule()) return;
-  if (!schedule.synchronous() && options.lr_schedule_unit() != UpdateUnit::kMicrobatch) {
+  const UpdateUnit unit = options.lr_schedule_unit().value_or(schedule.synchronous() ? UpdateUnit::kBatch
+                                                                                       : UpdateUnit::kMicrobatch);
+  if (!schedule.synchronous() && unit != UpdateUnit::kMicrobatch) {
     throw std::invalid_argument("conveyor: schedule " + name +
                                 " updates the weights after every micro-batch, but the learning-rate schedule counts "
                                 "batches: give lr_schedule_unit(UpdateUnit::kMicrobatch) and a schedule over updates");
   }
-  if (schedule.synchronous() && options.lr_schedule_unit() != UpdateUnit::kBatch) {
+  if (schedule.synchronous() && unit != UpdateUnit::kBatch) {
     throw std::invalid_argument("conveyor: schedule " + name +
                                 " updates the weights once per batch, but the learning-rate schedule counts "
                                 "micro-batches: give lr_schedule_unit(UpdateUnit::kBatch)");
@@ -71,8 +73,6 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
   check_argument(options.clip_norm_type() > 0 && !std::isnan(options.clip_norm_type()),
                  "conveyor: clip_norm_type must be positive (2, any p > 0, or infinity), got ",
                  options.clip_norm_type());
-  check_argument(options.accumulate_steps() >= 1, "conveyor: accumulate_steps must be >= 1, got ",
-                 options.accumulate_steps());
   if (options.accumulate_steps() > 1) {
     check_argument(schedule.synchronous(), "conveyor: schedule ", name, " updates the weights after every ",
                    "micro-batch, so it cannot accumulate over train_steps; accumulate_steps needs a synchronous ",
@@ -109,7 +109,6 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   const int num_stages = static_cast<int>(plan_.stages.size());
   check_optimizer_options(options_, schedule_);
   check_training_options(options_, schedule_);
-  if (options_.timeout().count() <= 0) throw std::invalid_argument("conveyor: timeout must be positive");
 
   std::vector<std::pair<std::string, torch::nn::AnyModule>> named;
   const auto children = model->named_children();
@@ -143,21 +142,6 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
     if (options_.stage_rng()) stage->enable_random(StageRandom::stage_seed(seed, k));
     stages.push_back(std::move(stage));
   }
-  RuntimeOptions runtime_options;
-  runtime_options.trace = options_.trace();
-  // With a loss scaler, an inf or NaN is its verdict (a skipped update), not an error.
-  runtime_options.divergence_guard = options_.divergence_guard() && !options_.loss_scaling();
-  runtime_options.free_sent_activations = options_.free_sent_activations();
-  runtime_options.learning_rate = options_.lr_schedule();
-  runtime_options.placement = schedule_.placement;
-  runtime_options.autocast = options_.autocast();
-  if (const auto& scaling = options_.loss_scaling()) {
-    runtime_options.loss_scaler = LossScalerConfig{scaling->init_scale(), scaling->growth_factor(),
-                                                   scaling->backoff_factor(), scaling->growth_interval()};
-  }
-  runtime_options.max_norm = options_.clip_grad_norm();
-  runtime_options.norm_type = options_.clip_norm_type();
-  runtime_options.replicas = replicas_;
   std::vector<TiedParameter> ties;
   for (const TiedNames& names : tied) {
     TiedParameter tie;
@@ -185,8 +169,8 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   std::vector<int> placement;
   for (int k = 0; k < num_stages; ++k) placement.push_back(schedule_.worker_of(k));
   transport->place(placement);
-  runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), std::move(runtime_options),
-                                       std::move(ties));
+  runtime_ = std::make_unique<Runtime>(std::move(stages), std::move(transport), options_.training(),
+                                       options_.running(), schedule_.placement, replicas_, std::move(ties));
   runtime_->unify_tied_values();
 }
 

@@ -59,34 +59,29 @@
 
 namespace conveyor {
 
+#define CONVEYOR_DISTRIBUTED_OPTIONS(X)                                                                            \
+  X(distributed, bool, scale_learning_rate, false, kAny,                                                           \
+    "Multiply the pipeline's own optimizer's learning rate (lr_schedule included) by the number of replicas: the " \
+    "linear scaling rule for a global batch that many times the per-replica one.")                                 \
+  X(distributed, std::vector<std::vector<int64_t>>, activation_shapes, {}, kAny,                                   \
+    "What stage k sends to stage k + 1, checked on arrival: entry k is the activation's shape, -1 for a "          \
+    "dimension that may vary. Empty: not checked.")                                                                \
+  X(distributed, int, local_rank, 0, at_least(0),                                                                  \
+    "This process's index on its machine (torchrun's LOCAL_RANK, which Python reads): a device \"cuda\" becomes "  \
+    "cuda:<local_rank>, so each process drives its own GPU.")                                                      \
+  X(distributed, bool, shard_optimizer_state, false, kAny,                                                         \
+    "With replicas and the pipeline's own optimizer (synchronous schedules), each replica of a stage keeps the "   \
+    "optimizer state of 1/D of its weights (ZeRO stage 1): gradients are reduce-scattered, each replica updates "  \
+    "its part, the weights are all-gathered; the same weights as without.")                                       \
+  X(distributed, bool, shared_memory, C10dTransportOptions{}.shared_memory, kAny,                                  \
+    "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
+    "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")
+
+// How a pipeline runs across processes (each row documented above).
 struct DistributedOptions {
-  // Multiply the learning rate by the number of replicas D: the linear scaling
-  // rule for a global batch D times the per-replica one. Applies to the
-  // pipeline's own optimizer (PipelineOptions::optimizer, lr_schedule
-  // included); a caller's own optimizer uses learning_rate(base). Off by default.
-  TORCH_ARG(bool, scale_learning_rate) = false;
-  // What stage k sends to stage k + 1, checked on arrival: entry k is the
-  // activation's shape, -1 for a dimension that may vary. Empty: not checked.
-  TORCH_ARG(std::vector<std::vector<int64_t>>, activation_shapes) = {};
-  // This process's index on its node (LaunchEnvironment::local_rank): a stage
-  // device "cuda" (PipelineOptions::devices) becomes cuda:<local_rank>, so
-  // each process drives its own GPU.
-  TORCH_ARG(int, local_rank) = 0;
-  // ZeRO stage 1 (plugin/distributed/sharded_optimizer.h): each of a stage's
-  // D replicas keeps the optimizer state of 1/D of its weights; gradients are
-  // reduce-scattered, each replica updates its shard, the weights are
-  // all-gathered. The same weights as unsharded. Needs the pipeline's own
-  // optimizer (SGD, Adam, AdamW, Adagrad, RMSprop) and a synchronous schedule;
-  // no effect with one replica.
-  TORCH_ARG(bool, shard_optimizer_state) = false;
-  // Neighbouring workers on one machine exchange activations and gradients
-  // through shared memory instead of Gloo's loopback sockets
-  // (C10dTransportOptions::shared_memory, whose default this is): less
-  // processor time a message, the same failures (a dead peer is noticed
-  // within 50 ms, a stalled one at the timeout). Workers on other machines
-  // keep Gloo; false keeps Gloo everywhere.
-  TORCH_ARG(bool, shared_memory) = C10dTransportOptions{}.shared_memory;
+  CONVEYOR_DISTRIBUTED_OPTIONS(CONVEYOR_OPTION_ARG)
 };
+CONVEYOR_FOR_EACH_OPTION(DistributedOptions, CONVEYOR_DISTRIBUTED_OPTIONS)
 
 // Replica `replica`'s shard of a global batch: the replica-th of `replicas`
 // equal, contiguous slices along `dim`. Averaging the replicas' gradients of a

@@ -117,9 +117,7 @@ schedules::Schedule parse_text(const PipelineOptions& options) {
 }
 
 Shape resolve_shape(const PipelineOptions& options) {
-  check_argument(options.workers() >= 0, "conveyor: the number of workers must be positive, got ", options.workers());
-  check_argument(options.chunks() >= 0, "conveyor: the number of chunks per worker must be positive, got ",
-                 options.chunks());
+  check_bounds(options);
   const int b = static_cast<int>(options.boundaries().size());
   if (!options.schedule_text().empty()) {
     // The text says how many stages there are and which worker runs each.
@@ -192,8 +190,7 @@ int channel_capacity_for(const PipelineOptions& options) {
 }
 
 schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
-  check_argument(options.microbatches() >= 1, "conveyor: microbatches must be at least 1, got ",
-                 options.microbatches());
+  check_bounds(options);
   schedules::Schedule schedule;
   if (options.schedule_text().empty()) {
     const int v = chunks_per_worker(options);

@@ -157,7 +157,7 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
   Tensors y;
   {
     c10::AutoGradMode grad_mode(build_graph);
-    const AutocastScope autocast(stage.device().type(), options_.autocast);
+    const AutocastScope autocast(stage.device().type(), training_.autocast);
     // A split backward differentiates layer by layer: keep every layer's outputs.
     std::vector<Tensors>* layer_outputs = build_graph && schedule.splits_backward() ? &entry.layer_outputs : nullptr;
     y = run_layers(stage, training ? x : std::move(x), inputs_only ? &entry.random : nullptr, layer_outputs);
@@ -169,7 +169,7 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
       transport_->send(Channel::kActivation, k, k + 1, mb, sent);
       return 0;
     });
-    if (build_graph && options_.free_sent_activations && !schedule.splits_backward() &&
+    if (build_graph && running_.free_sent_activations && !schedule.splits_backward() &&
         transport_->copies(k, k + 1)) {
       release_sent(y, entry.released_roots);
     }
@@ -184,11 +184,11 @@ void Runtime::forward(int k, int mb, StepContext& ctx) {
     c10::AutoGradMode grad_mode(build_graph);
     at::Tensor loss;
     {
-      const AutocastScope autocast(stage.device().type(), options_.autocast);
+      const AutocastScope autocast(stage.device().type(), training_.autocast);
       loss = loss_of(mb, y, data);
     }
     if (FaultInjector* faults = fault_injector()) loss = faults->on_loss(k, mb, loss);
-    if (options_.divergence_guard) {
+    if (guard_) {
       check_finite(k, mb, "loss", {loss.detach()}, ctx, Action{k, ActionKind::kForward, mb}.str());
     }
     if (st.microbatch_losses.size() <= static_cast<size_t>(mb)) st.microbatch_losses.resize(mb + 1);
@@ -226,7 +226,7 @@ Tensors Runtime::replay_forward(int k, int mb, StashEntry& entry, const StepData
   bring_back(k, entry);
   if (k > 0) entry.inputs = as_input_leaves(std::move(entry.inputs));
   std::vector<Tensors>* outputs = keep_layer_outputs ? &entry.layer_outputs : nullptr;
-  const AutocastScope autocast(stage.device().type(), options_.autocast);
+  const AutocastScope autocast(stage.device().type(), training_.autocast);
   Tensors y;
   stage.without_buffer_changes([&] {
     if (entry.random) {  // set only with the stage's own streams

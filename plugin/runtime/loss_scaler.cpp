@@ -6,27 +6,28 @@
 
 namespace conveyor {
 
-LossScaler::LossScaler(LossScalerConfig config) : config_(config) {
-  check_argument(std::isfinite(config_.init_scale) && config_.init_scale > 0, "conveyor: loss_scaling's init_scale ",
-                 "must be positive and finite, got ", config_.init_scale);
-  check_argument(config_.growth_factor > 1, "conveyor: loss_scaling's growth_factor must be > 1, got ",
-                 config_.growth_factor);
-  check_argument(config_.backoff_factor > 0 && config_.backoff_factor < 1,
-                 "conveyor: loss_scaling's backoff_factor must be in (0, 1), got ", config_.backoff_factor);
-  check_argument(config_.growth_interval >= 1, "conveyor: loss_scaling's growth_interval must be >= 1, got ",
-                 config_.growth_interval);
-  state_.scale = static_cast<float>(config_.init_scale);
+LossScaler::LossScaler(LossScaling config) : config_(config) {
+  check_argument(std::isfinite(config_.init_scale()) && config_.init_scale() > 0,
+                 "conveyor: loss_scaling's init_scale ",
+                 "must be positive and finite, got ", config_.init_scale());
+  check_argument(config_.growth_factor() > 1, "conveyor: loss_scaling's growth_factor must be > 1, got ",
+                 config_.growth_factor());
+  check_argument(config_.backoff_factor() > 0 && config_.backoff_factor() < 1,
+                 "conveyor: loss_scaling's backoff_factor must be in (0, 1), got ", config_.backoff_factor());
+  check_argument(config_.growth_interval() >= 1, "conveyor: loss_scaling's growth_interval must be >= 1, got ",
+                 config_.growth_interval());
+  state_.scale = static_cast<float>(config_.init_scale());
 }
 
 void LossScaler::update(bool found_inf) {
   const float scale = static_cast<float>(state_.scale);
   if (found_inf) {
-    state_.scale = scale * static_cast<float>(config_.backoff_factor);
+    state_.scale = scale * static_cast<float>(config_.backoff_factor());
     state_.growth_tracker = 0;
     return;
   }
-  if (++state_.growth_tracker < config_.growth_interval) return;
-  const float grown = scale * static_cast<float>(config_.growth_factor);
+  if (++state_.growth_tracker < config_.growth_interval()) return;
+  const float grown = scale * static_cast<float>(config_.growth_factor());
   if (std::isfinite(grown)) state_.scale = grown;
   state_.growth_tracker = 0;
 }

@@ -4,22 +4,16 @@
 // held in fp32, as GradScaler holds it). The runtime owns one when loss
 // scaling is on; see PipelineOptions::loss_scaling.
 
+#include "plugin/option_list.h"
 #include "plugin/types.h"
 
 #include <cstdint>
 
 namespace conveyor {
 
-struct LossScalerConfig {
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-};
-
 class LossScaler {
  public:
-  explicit LossScaler(LossScalerConfig config);
+  explicit LossScaler(LossScaling config);
 
   double scale() const { return state_.scale; }
   // After an update's verdict: an inf or NaN backs the scale off and
@@ -31,7 +25,7 @@ class LossScaler {
   void restore(const LossScalerState& state);
 
  private:
-  LossScalerConfig config_;
+  LossScaling config_;
   LossScalerState state_;
 };
 

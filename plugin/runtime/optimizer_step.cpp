@@ -31,8 +31,8 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
     stage.collect_gradients();
     TORCH_CHECK(stage.optimizer(), "schedule '", ctx.schedule.name, "' steps the optimizer after every micro-batch, ",
                 "but the pipeline has none (PipelineOptions::optimizer)");
-    if (options_.replicas) options_.replicas.gradients(k, stage.live());
-    if (options_.divergence_guard) {
+    if (replicas_) replicas_.gradients(k, stage.live());
+    if (guard_) {
       check_finite(k, mb, "gradient", stage.gradients(), ctx, Action{k, ActionKind::kBackward, mb}.str());
     }
     if (scaler_) {
@@ -48,12 +48,12 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
       const double inverse = 1.0 / scaler_->scale();
       for (const auto& g : grads) g.mul_(inverse);
     }
-    if (options_.max_norm > 0) {
-      st.grad_norm = std::fmax(
-          st.grad_norm, torch::nn::utils::clip_grad_norm_(stage.live(), options_.max_norm, options_.norm_type));
+    if (training_.clip_grad_norm > 0) {
+      st.grad_norm = std::fmax(st.grad_norm, torch::nn::utils::clip_grad_norm_(stage.live(), training_.clip_grad_norm,
+                                                                               training_.clip_norm_type));
     }
   }
-  stage.step(options_.learning_rate ? options_.learning_rate(stage.updates()) : -1.0);
+  stage.step(training_.lr_schedule ? training_.lr_schedule(stage.updates()) : -1.0);
   ++st.updates;
   if (mb >= 0) st.versions.after_update(st.updates, stage);
 }

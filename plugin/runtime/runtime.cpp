@@ -57,7 +57,8 @@ bool is_divergence(const std::exception_ptr& error) {
 }  // namespace
 
 Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport,
-                 RuntimeOptions options, std::vector<TiedParameter> ties)
+                 TrainingOptions training, RunningOptions running, std::vector<int> placement,
+                 ReplicaReduction replicas, std::vector<TiedParameter> ties)
     : stages_(std::move(stages)),
       ties_(std::move(ties)),
       local_([&] {
@@ -68,7 +69,6 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
         return local;
       }()),
       placement_([&] {
-        std::vector<int> placement = options.placement;
         if (placement.empty()) {
           for (size_t k = 0; k < stages_.size(); ++k) placement.push_back(static_cast<int>(k));
         }
@@ -89,9 +89,12 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
       transport_(std::move(transport)),
       streams_(stages_.size()),
       side_streams_(stages_.size()),
-      options_(std::move(options)),
+      training_(std::move(training)),
+      running_(std::move(running)),
+      replicas_(std::move(replicas)),
+      guard_(training_.divergence_guard && !training_.loss_scaling),
       workers_(static_cast<int>(local_workers_.size())) {
-  if (options_.loss_scaler) scaler_.emplace(*options_.loss_scaler);
+  if (training_.loss_scaling) scaler_.emplace(*training_.loss_scaling);
   // Each worker on an accelerator computes on its own stream, so workers that
   // share a device can overlap and copies can overlap compute. A worker's
   // stages share its device and its stream (their actions run in turn).
@@ -249,7 +252,7 @@ void Runtime::run_worker(int w, StepContext& ctx) {
                                    ctx.stages[k].start_weights.get());
     }
   }
-  ActionTimer timer(stream, options_.trace, ctx.start);
+  ActionTimer timer(stream, running_.trace, ctx.start);
 
   // Where every stage is now, for a timeout's message.
   const auto busy_now = [&](int k) {
@@ -310,7 +313,7 @@ void Runtime::run_worker(int w, StepContext& ctx) {
   }
   meet_barriers(actions.size());
 
-  if (training && schedule.synchronous() && options_.divergence_guard) {
+  if (training && schedule.synchronous() && guard_) {
     for (int k : mine) check_finite(k, -1, "gradient", stages_[k]->gradients(), ctx, "");
   }
   if (stream) stream->synchronize();

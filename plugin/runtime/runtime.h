@@ -7,6 +7,7 @@
 // version, split a backward into input and weight gradients, step the stage's
 // optimizer after a backward, meet lock-step barriers).
 
+#include "plugin/option_list.h"
 #include "plugin/runtime/activation_stash.h"
 #include "plugin/runtime/loss_scaler.h"
 #include "plugin/model/stage.h"
@@ -43,36 +44,19 @@ struct StepData {
 // holders (added in stage order), so identical copies stay identical.
 using TiedParameter = std::vector<std::pair<int, size_t>>;
 
-struct RuntimeOptions {
-  bool trace = true;
-  bool divergence_guard = true;
-  // After a forward whose outputs another process or device received a copy
-  // of, release their data: the backward needs their graph only
-  // (PipelineOptions::free_sent_activations).
-  bool free_sent_activations = true;
-  // Learning rate of a stage's n-th update; null leaves the optimizer's own.
-  std::function<double(int64_t)> learning_rate;
-  // placement[k]: the worker (thread) that runs stage k; the schedules run
-  // must place stages the same way. Empty: one worker per stage. A worker's
-  // stages share its device and stream.
-  std::vector<int> placement;
-  // Each stage's forward (and the loss) under autocast to this dtype.
-  std::optional<c10::ScalarType> autocast;
-  // Dynamic loss scaling: the runtime gives the verdicts and keeps the scale;
-  // the caller multiplies each micro-batch's loss by loss_scaler()->scale().
-  std::optional<LossScalerConfig> loss_scaler;
-  // Clip each update's gradients to this norm (0: no clipping).
-  double max_norm = 0;
-  double norm_type = 2.0;
-  // Reduces a stage's gradients across data-parallel replicas before an update.
-  ReplicaReduction replicas;
-};
-
 class Runtime {
  public:
   // `stages[k]` may be null for a stage that runs in another process (the
   // transport reaches it); this process runs the others, one thread each.
-  Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, RuntimeOptions options,
+  // placement[k]: the worker (thread) that runs stage k; the schedules run
+  // must place stages the same way (empty: one worker per stage). A worker's
+  // stages share its device and stream. `replicas` reduces a stage's
+  // gradients across data-parallel replicas before an update. The training
+  // and running sections are PipelineOptions' (plugin/option_list.h); with a
+  // loss scaler, the caller multiplies each micro-batch's loss by
+  // loss_scaler()->scale().
+  Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, TrainingOptions training,
+          RunningOptions running, std::vector<int> placement = {}, ReplicaReduction replicas = {},
           std::vector<TiedParameter> ties = {});
 
   // Gives every holder of a tied parameter the first holder's value (across
@@ -169,7 +153,12 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   std::vector<std::optional<c10::Stream>> streams_;  // per stage (its worker's), on accelerators
   std::vector<std::optional<c10::Stream>> side_streams_;  // per stage: offload copies
-  RuntimeOptions options_;
+  TrainingOptions training_;
+  RunningOptions running_;
+  ReplicaReduction replicas_;
+  // The divergence guard's checks run: asked for, and no loss scaler (whose
+  // verdict an inf or NaN then is).
+  bool guard_ = true;
   std::optional<LossScaler> scaler_;
   WorkerThreads workers_;
   int64_t completed_steps_ = 0;

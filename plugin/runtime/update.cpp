@@ -75,7 +75,7 @@ double Runtime::clip_grad_norm(double max_norm, double norm_type) {
   std::vector<at::Tensor> grads;
   const at::Tensor norms = local_norm_part(norm_type, grads);
   at::Tensor total;
-  const auto& across_replicas = options_.replicas.across_replicas;  // set: each replica holds a shard
+  const auto& across_replicas = replicas_.across_replicas;  // set: each replica holds a shard
   if (local_.size() == stages_.size() && !across_replicas) {
     // Every stage is here: the norm of the per-tensor norms, as the unsplit
     // model's clip_grad_norm_ computes it, bit for bit.
@@ -106,7 +106,7 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
       result.skipped_updates += ctx.stages[k].skipped;
       result.grad_norm = std::fmax(result.grad_norm, ctx.stages[k].grad_norm);  // NaN: not clipped
     }
-    if (scaler_) scaler_->update(on_any_worker(*transport_, options_.replicas, result.skipped_updates > 0));
+    if (scaler_) scaler_->update(on_any_worker(*transport_, replicas_, result.skipped_updates > 0));
     return;
   }
   std::vector<int> owned;  // stages with the pipeline's own optimizer
@@ -114,15 +114,15 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     if (stages_[k]->optimizer()) owned.push_back(k);
   }
   if (owned.empty() || !ctx.data.update) return;
-  if (options_.replicas) {
-    for (int k : owned) options_.replicas.gradients(k, stages_[k]->live());
+  if (replicas_) {
+    for (int k : owned) replicas_.gradients(k, stages_[k]->live());
   }
   if (scaler_) {
     std::vector<at::Tensor> grads;
     for (int k : owned) {
       for (auto& g : stages_[k]->gradients()) grads.push_back(g);
     }
-    if (on_any_worker(*transport_, options_.replicas, any_nonfinite(grads))) {
+    if (on_any_worker(*transport_, replicas_, any_nonfinite(grads))) {
       // An overflow anywhere: no stage steps, on any process or replica.
       for (int k : owned) {
         stages_[k]->skip_step();
@@ -136,7 +136,9 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     const double inverse = 1.0 / scaler_->scale();
     for (auto& g : grads) g.mul_(inverse);
   }
-  if (options_.max_norm > 0) result.grad_norm = clip_grad_norm(options_.max_norm, options_.norm_type);
+  if (training_.clip_grad_norm > 0) {
+    result.grad_norm = clip_grad_norm(training_.clip_grad_norm, training_.clip_norm_type);
+  }
   for (int k : owned) optimizer_step(k, -1, ctx);
   result.stepped = true;
   if (scaler_) scaler_->update(false);

@@ -1,16 +1,29 @@
 #include "plugin/script/python_options.h"
 
-#include <c10/util/StringUtil.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/options.h"
+#include "plugin/script/build_options.h"
 
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <sstream>
 
 namespace conveyor {
 
 namespace {
+
+std::string loss_scaling_fields() {
+  std::string out;
+  const LossScaling defaults;
+  for_each_option(defaults, [&](const OptionSpec& spec, const auto&) {
+    out += c10::str(out.empty() ? "" : ", ", spec.name);
+  });
+  return out;
+}
 
 // A whole string read as a number by `parse` (std::stoll, std::stod), or nullopt.
 template <typename T, typename Parse>
@@ -40,39 +53,60 @@ std::string python_type(const c10::IValue& v) {
   return v.tagKind();
 }
 
-std::invalid_argument bad_option(const std::string& key, const std::string& expected, const c10::IValue& got) {
-  const std::string text = got.isString() ? c10::str(" '", got.toStringRef(), "'") : "";
-  return std::invalid_argument(
-      c10::str("conveyor.Pipeline: option '", key, "' must be ", expected, ", got ", python_type(got), text));
+std::string bad_value_text(const std::string& key, const std::string& expected, const c10::IValue& got) {
+  std::string shown;
+  if (got.isString()) {
+    shown = c10::str(" '", got.toStringRef().substr(0, 80), "'");
+  } else if (got.isInt() || got.isDouble() || got.isBool()) {
+    shown = " " + python_repr(got);
+  }
+  return c10::str("conveyor.Pipeline: ", key, " must be ", expected, ", got ", python_type(got), shown);
 }
 
-int64_t as_int(const std::string& key, const c10::IValue& v) {
+OptionTypeError bad_type(const std::string& key, const std::string& expected, const c10::IValue& got) {
+  return OptionTypeError(bad_value_text(key, expected, got));
+}
+
+std::invalid_argument bad_option(const std::string& key, const std::string& expected, const c10::IValue& got) {
+  return std::invalid_argument(bad_value_text(key, expected, got));
+}
+
+int64_t as_int(const std::string& key, const c10::IValue& v, ValueText text) {
   if (v.isInt()) return v.toInt();
+  // A TorchScript dict holds one value type: 2000.0 among floats is 2000.
+  if (text == ValueText::kOrText && v.isDouble() && v.toDouble() == std::floor(v.toDouble())) {
+    return static_cast<int64_t>(v.toDouble());
+  }
   const auto stoll = [](const std::string& t, size_t* used) { return std::stoll(t, used); };
-  if (v.isString()) {
+  if (text == ValueText::kOrText && v.isString()) {
     if (const auto n = parse_whole<int64_t>(v.toStringRef(), stoll)) return *n;
   }
-  throw bad_option(key, "an int", v);
+  throw bad_type(key, "an int", v);
 }
 
-double as_double(const std::string& key, const c10::IValue& v) {
+double as_double(const std::string& key, const c10::IValue& v, ValueText text) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isString() && (v.toStringRef() == "inf" || v.toStringRef() == "infinity")) {
+    return std::numeric_limits<double>::infinity();
+  }
   const auto stod = [](const std::string& t, size_t* used) { return std::stod(t, used); };
-  if (v.isString()) {
+  if (text == ValueText::kOrText && v.isString()) {
     if (const auto x = parse_whole<double>(v.toStringRef(), stod)) return *x;
   }
-  throw bad_option(key, "a float", v);
+  throw bad_type(key, "a number", v);
 }
 
-bool as_bool(const std::string& key, const c10::IValue& v) {
+bool as_bool(const std::string& key, const c10::IValue& v, ValueText text) {
   if (v.isBool()) return v.toBool();
-  if (v.isString() && (v.toStringRef() == "true" || v.toStringRef() == "false")) return v.toStringRef() == "true";
-  throw bad_option(key, "a bool", v);
+  if (text == ValueText::kOrText && v.isString() && (v.toStringRef() == "true" || v.toStringRef() == "false")) {
+    return v.toStringRef() == "true";
+  }
+  throw bad_type(key, "True or False", v);
 }
 
 std::string as_string(const std::string& key, const c10::IValue& v) {
-  if (!v.isString()) throw bad_option(key, "a str", v);
+  if (!v.isString()) throw bad_type(key, "a str", v);
   return v.toStringRef();
 }
 
@@ -85,55 +119,93 @@ std::vector<std::string> as_strings(const std::string& key, const c10::IValue& v
     }
     return out;
   }
-  if (!v.isList()) throw bad_option(key, "a list of str or a comma-separated str", v);
-  for (const c10::IValue& item : v.toListRef()) out.push_back(as_string(key, item));
+  if (!v.isList() && !v.isTuple()) throw bad_type(key, "a list of str", v);
+  const auto items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  for (const c10::IValue& item : items) {
+    if (!item.isString()) throw bad_type(key, "a list of str", item);
+    out.push_back(item.toStringRef());
+  }
   return out;
 }
 
-OptimizerFactory optimizer_from(const PythonOptions& options) {
-  const auto get = [&](const char* key, double fallback) {
-    return options.contains(key) ? as_double(key, options.at(key)) : fallback;
-  };
-  if (!options.contains("optimizer")) {
-    for (const char* key : {"lr", "momentum", "weight_decay"}) {
-      if (options.contains(key)) {
-        throw std::invalid_argument(std::string("conveyor.Pipeline: option '") + key +
-                                    "' sets the pipeline's own optimizer: give 'optimizer' too (or step a torch.optim "
-                                    "optimizer over parameters() yourself)");
-      }
-    }
-    return nullptr;
+std::vector<int64_t> as_ints(const std::string& key, const c10::IValue& v, ValueText text) {
+  if (!v.isList() && !v.isTuple()) throw bad_type(key, "a list of int", v);
+  const auto items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+  std::vector<int64_t> out;
+  for (const c10::IValue& item : items) {
+    if (!item.isInt() && !(text == ValueText::kOrText && item.isString())) throw bad_type(key, "a list of int", item);
+    out.push_back(as_int(key, item, text));
   }
-  const std::string name = as_string("optimizer", options.at("optimizer"));
-  if (!options.contains("lr")) throw std::invalid_argument("conveyor.Pipeline: option 'optimizer' needs 'lr'");
-  const double lr = get("lr", 0), momentum = get("momentum", 0);
-  const double weight_decay = get("weight_decay", name == "adamw" ? 1e-2 : 0.0);  // torch.optim's defaults
-  if (name == "sgd") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::SGD>(
-          p, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
-    };
-  }
-  if (options.contains("momentum")) {
-    throw std::invalid_argument("conveyor.Pipeline: option 'momentum' is for optimizer 'sgd', not '" + name + "'");
-  }
-  if (name == "adam") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr).weight_decay(weight_decay));
-    };
-  }
-  if (name == "adamw") {
-    return [=](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
-    };
-  }
-  throw bad_option("optimizer", "\"sgd\", \"adam\" or \"adamw\"", options.at("optimizer"));
+  return out;
 }
 
-std::vector<int64_t> as_ints(const std::string& key, const c10::IValue& v) {
-  if (!v.isList()) throw bad_option(key, "a list of int", v);
-  std::vector<int64_t> out;
-  for (const c10::IValue& item : v.toListRef()) out.push_back(as_int(key, item));
+std::string choice_text(const char* const* names, size_t count) {
+  std::string out;
+  for (size_t i = 0; i < count; ++i) out += c10::str(i == 0 ? "" : ", ", "'", names[i], "'");
+  return out;
+}
+
+size_t as_choice(const std::string& key, const c10::IValue& v, const char* const* names, size_t count) {
+  if (!v.isString()) throw bad_type(key, "a str, one of " + choice_text(names, count), v);
+  for (size_t i = 0; i < count; ++i) {
+    if (v.toStringRef() == names[i]) return i;
+  }
+  throw bad_option(key, "one of " + choice_text(names, count), v);
+}
+
+c10::ScalarType as_autocast_dtype(const std::string& key, const c10::IValue& v) {
+  static const char* const names[] = {"bf16", "fp16", "bfloat16", "float16", "half"};
+  const size_t i = as_choice(key, v, names, 5);
+  return i == 0 || i == 2 ? at::kBFloat16 : at::kHalf;
+}
+
+std::vector<AtomicGroup> OptionValue<std::vector<AtomicGroup>>::read(const std::string& k, const c10::IValue& v,
+                                                                     ValueText t) {
+  std::vector<AtomicGroup> out;
+  for (const auto& pair : OptionValue<std::vector<std::vector<int64_t>>>::read(k, v, t)) {
+    if (pair.size() != 2) throw bad_option(k, "a list of (first, last) layer pairs", v);
+    out.push_back(AtomicGroup{pair[0], pair[1]});
+  }
+  return out;
+}
+
+c10::IValue OptionValue<std::vector<AtomicGroup>>::write(const std::vector<AtomicGroup>& groups) {
+  std::vector<std::vector<int64_t>> pairs;
+  for (const AtomicGroup& g : groups) pairs.push_back({g.first, g.last});
+  return OptionValue<std::vector<std::vector<int64_t>>>::write(pairs);
+}
+
+std::chrono::milliseconds OptionValue<std::chrono::milliseconds>::read(const std::string& k, const c10::IValue& v,
+                                                                       ValueText t) {
+  const double seconds = as_double(k, v, t);
+  if (!(seconds > 0) || !std::isfinite(seconds)) throw bad_option(k, "a positive number of seconds", v);
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+}
+
+std::optional<LossScaling> OptionValue<std::optional<LossScaling>>::read(const std::string& k, const c10::IValue& v,
+                                                                         ValueText t) {
+  if (v.isNone()) return std::nullopt;
+  if (v.isBool() || (t == ValueText::kOrText && v.isString())) {
+    return as_bool(k, v, t) ? std::optional<LossScaling>(LossScaling()) : std::nullopt;
+  }
+  if (!v.isGenericDict()) throw bad_type(k, "True, or a dict of " + loss_scaling_fields(), v);
+  LossScaling scaling;
+  for (const auto& entry : v.toGenericDict()) {
+    const std::string field = entry.key().isString() ? entry.key().toStringRef() : "";
+    if (!read_option(scaling, field, entry.value(), t, k + "['" + field + "']")) {
+      throw std::invalid_argument("conveyor.Pipeline: unknown loss_scaling field '" + field + "' (known: " +
+                                  loss_scaling_fields() + ")");
+    }
+  }
+  return scaling;
+}
+
+c10::IValue OptionValue<std::optional<LossScaling>>::write(const std::optional<LossScaling>& scaling) {
+  if (!scaling) return c10::IValue();
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for_each_option(*scaling, [&](const OptionSpec& spec, const auto& value) {
+    out.insert(spec.name, OptionValue<std::decay_t<decltype(value)>>::write(value));
+  });
   return out;
 }
 
@@ -154,6 +226,69 @@ Tensors as_tensors(const char* what, const c10::IValue& v) {
       throw std::invalid_argument(c10::str("conveyor.Pipeline: element ", i, " of the ", what, " is a ",
                                            python_type(items[i]), ", not a tensor"));
     }
+  }
+  return out;
+}
+
+std::vector<OptionDescription> every_option() {
+  std::vector<OptionDescription> rows;
+  describe_options(PipelineOptions(), rows);
+  describe_options(BuildOptions(), rows);
+  describe_options(DistributedOptions(), rows);
+  return rows;
+}
+
+std::string python_repr(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isDouble()) {
+    const double x = v.toDouble();
+    if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+    std::ostringstream out;
+    out.precision(17);
+    out << x;
+    std::string text = out.str();
+    return text.find_first_of(".e") == std::string::npos ? text + ".0" : text;
+  }
+  if (v.isString()) return "'" + v.toStringRef() + "'";
+  if (v.isList()) {
+    std::string out = "[";
+    for (const c10::IValue& item : v.toListRef()) out += (out.size() > 1 ? ", " : "") + python_repr(item);
+    return out + "]";
+  }
+  if (v.isGenericDict()) {
+    std::string out = "{";
+    for (const auto& entry : v.toGenericDict()) {
+      out += (out.size() > 1 ? ", " : "") + python_repr(entry.key()) + ": " + python_repr(entry.value());
+    }
+    return out + "}";
+  }
+  return v.tagKind();
+}
+
+std::string options_reference() {
+  const auto cell = [](std::string text) {  // a markdown table cell: '|' escaped
+    for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.insert(at, "\\");
+    return text;
+  };
+  std::string out, section;
+  for (const OptionDescription& row : every_option()) {
+    if (row.section != section) {
+      section = row.section;
+      out += c10::str(out.empty() ? "" : "\n", "#### ", section,
+                      "\n\n| Option | Python type | Default | What it does |\n|---|---|---|---|\n");
+    }
+    std::string doc = row.doc;
+    if (!row.choices.empty()) {
+      std::vector<const char*> names;
+      for (const std::string& c : row.choices) names.push_back(c.c_str());
+      doc += " One of " + choice_text(names.data(), names.size()) + ".";
+    }
+    if (!row.bound.empty()) doc += " Must be " + row.bound + ".";
+    const bool python = !row.type.empty();
+    out += c10::str("| `", row.name, "` | ", python ? "`" + cell(row.type) + "`" : "C++ only", " | ",
+                    python ? "`" + python_repr(row.default_value) + "`" : "", " | ", cell(doc), " |\n");
   }
   return out;
 }

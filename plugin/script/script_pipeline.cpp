@@ -3,6 +3,7 @@
 #include "ops/swap.h"
 #include "plugin/errors.h"
 #include "plugin/model_names.h"
+#include "plugin/script/build_options.h"
 #include "plugin/script/python_options.h"
 #include "plugin/planner/search.h"
 #include "plugin/script/torchscript.h"
@@ -54,138 +55,26 @@ TensorsLossFn loss_from(const c10::IValue& v) {
   throw bad_option("loss", "\"cross_entropy\", \"mse\" or a scripted module", v);
 }
 
-LossScaling loss_scaling_from(const c10::IValue& v) {
-  const std::string key = "loss_scaling";
-  if (!v.isGenericDict()) {
-    throw bad_option(key, "True, or a dict of init_scale, growth_factor, backoff_factor, growth_interval", v);
-  }
-  LossScaling scaling;
-  for (const auto& entry : v.toGenericDict()) {
-    const std::string field = entry.key().isString() ? entry.key().toStringRef() : "";
-    const c10::IValue& value = entry.value();
-    if (field == "init_scale") {
-      scaling.init_scale(as_double(key + "." + field, value));
-    } else if (field == "growth_factor") {
-      scaling.growth_factor(as_double(key + "." + field, value));
-    } else if (field == "backoff_factor") {
-      scaling.backoff_factor(as_double(key + "." + field, value));
-    } else if (field == "growth_interval") {
-      // A dict of numbers arrives with one value type: 2000.0 is 2000 updates.
-      const double interval = value.isInt() ? static_cast<double>(value.toInt()) : as_double(key + "." + field, value);
-      if (interval != std::floor(interval)) throw bad_option(key + "." + field, "a whole number of updates", value);
-      scaling.growth_interval(static_cast<int64_t>(interval));
-    } else {
-      throw std::invalid_argument("conveyor.Pipeline: unknown loss_scaling field '" + field +
-                                  "' (known: init_scale, growth_factor, backoff_factor, growth_interval)");
-    }
-  }
-  return scaling;
-}
-
-// One option into `opts` (or the front end's own settings); false if `key` is not a PipelineOptions field.
-bool set_pipeline_option(const std::string& key, const c10::IValue& v, PipelineOptions& opts) {
-  const auto as_count = [&] { return static_cast<int>(as_int(key, v)); };
-  if (key == "workers") {
-    opts.workers(as_count());
-  } else if (key == "microbatches") {
-    opts.microbatches(as_count());
-  } else if (key == "schedule") {
-    opts.schedule(as_string(key, v));
-  } else if (key == "schedule_text") {
-    opts.schedule_text(as_string(key, v));
-  } else if (key == "devices") {
-    opts.devices(as_strings(key, v));
-  } else if (key == "batch_dim") {
-    opts.batch_dim(as_int(key, v));
-  } else if (key == "channel_capacity") {
-    opts.channel_capacity(as_count());
-  } else if (key == "timeout_ms") {
-    opts.timeout(std::chrono::milliseconds(as_int(key, v)));
-  } else if (key == "stage_rng") {
-    opts.stage_rng(as_bool(key, v));
-  } else if (key == "chunks") {
-    opts.chunks(as_count());
-  } else if (key == "lookahead") {
-    opts.lookahead(as_count());
-  } else if (key == "recompute") {
-    opts.recompute(as_bool(key, v));
-  } else if (key == "offload") {
-    opts.offload(as_bool(key, v));
-  } else if (key == "vertical_sync") {
-    opts.vertical_sync(as_bool(key, v));
-  } else if (key == "trace") {
-    opts.trace(as_bool(key, v));
-  } else if (key == "divergence_guard") {
-    opts.divergence_guard(as_bool(key, v));
-  } else if (key == "free_sent_activations") {
-    opts.free_sent_activations(as_bool(key, v));
-  } else if (key == "shared_inputs") {
-    opts.shared_inputs(as_ints(key, v));
-  } else if (key == "shared_targets") {
-    opts.shared_targets(as_ints(key, v));
-  } else if (key == "clip_grad_norm") {
-    opts.clip_grad_norm(as_double(key, v));
-  } else if (key == "accumulate_steps") {
-    opts.accumulate_steps(as_count());
-  } else if (key == "clip_norm_type") {
-    const bool inf = v.isString() && (v.toStringRef() == "inf" || v.toStringRef() == "infinity");
-    opts.clip_norm_type(inf ? std::numeric_limits<double>::infinity() : as_double(key, v));
-  } else if (key == "loss_scaling") {
-    if (!v.isBool()) {
-      opts.loss_scaling(loss_scaling_from(v));
-    } else if (v.toBool()) {
-      opts.loss_scaling(LossScaling());
-    }
-  } else if (key == "autocast") {
-    const std::string d = as_string(key, v);
-    if (d == "bf16" || d == "bfloat16") {
-      opts.autocast(at::kBFloat16);
-    } else if (d == "fp16" || d == "float16" || d == "half") {
-      opts.autocast(at::kHalf);
-    } else {
-      throw bad_option(key, "\"bf16\" or \"fp16\"", v);
-    }
-  } else if (key == "balance") {
-    const std::string b = as_string(key, v);
-    if (b != "uniform" && b != "parameters" && b != "time") {
-      throw bad_option(key, "\"uniform\", \"parameters\" or \"time\"", v);
-    }
-    opts.balance(b == "uniform" ? Balance::kUniform : b == "time" ? Balance::kTime : Balance::kParameters);
-  } else if (key == "loss_reduction") {
-    const std::string r = as_string(key, v);
-    if (r != "mean" && r != "sum") throw bad_option(key, "\"mean\" or \"sum\"", v);
-    opts.loss_reduction(r == "mean" ? LossReduction::kMean : LossReduction::kSum);
-  } else if (key == "lr_schedule_unit") {
-    const std::string u = as_string(key, v);
-    if (u != "batch" && u != "microbatch") throw bad_option(key, "\"batch\" or \"microbatch\"", v);
-    opts.lr_schedule_unit(u == "batch" ? UpdateUnit::kBatch : UpdateUnit::kMicrobatch);
-  } else {
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 const std::set<std::string>& script_pipeline_options() {
-  static const std::set<std::string> known = {
-      "workers",        "microbatches",   "schedule",      "schedule_text",    "devices",        "split_points",
-      "balance",        "batch_dim",      "channel_capacity", "timeout_ms",    "optimize",       "loss",
-      "loss_reduction", "fused_ops",      "stage_rng",     "optimizer",        "lr",             "momentum",
-      "weight_decay",   "shared_inputs",  "shared_targets", "tied_parameters", "chunks",         "recompute",
-      "offload",        "vertical_sync",  "trace",         "divergence_guard", "sample",         "autocast",
-      "loss_scaling",   "clip_grad_norm", "clip_norm_type", "accumulate_steps", "lr_schedule_unit", "plan",
-      "max_workers",    "memory_budget",  "lookahead",     "free_sent_activations"};
+  static const std::set<std::string> known = [] {
+    std::set<std::string> out = {"loss", "sample"};
+    for (const OptionDescription& row : every_option()) {
+      if (!row.type.empty()) out.insert(row.name);
+    }
+    return out;
+  }();
   return known;
 }
 
 ScriptPipeline::ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
-                               std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed) {
-  build(model, options, customize, std::move(groups), std::move(distributed));
+                               std::shared_ptr<ProcessGroups> groups, ValueText text) {
+  build(model, options, customize, std::move(groups), text);
 }
 
 void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
-                           std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed) {
+                           std::shared_ptr<ProcessGroups> groups, ValueText text) {
   bool exported_model = false;
 #ifdef CONVEYOR_WITH_EXPORT
   std::optional<ExportedModel> exported;
@@ -205,13 +94,7 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
                                 python_type(model));
   }
   PipelineOptions opts;
-  std::vector<std::string> split_points;
-  ScriptLayerOptions layer_options;
-  bool fused_ops = false;
-  std::vector<std::vector<std::string>> tied_by_model_name;
   std::optional<ProfileBatch> sample;
-  bool auto_plan = false, tuned_plan = false;
-  PlanSpace space;
   loss_ = mse;
   for (const auto& entry : options) {
     const std::string& key = entry.key();
@@ -220,38 +103,35 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
       throw std::invalid_argument("conveyor.Pipeline: option 'stages' is now 'workers': a stage is a piece of the "
                                   "model, a worker the thread that runs one or more stages");
     }
-    if (!script_pipeline_options().count(key)) {
-      throw std::invalid_argument("conveyor.Pipeline: unknown option '" + key + "' (known: " +
-                                  c10::Join(", ", script_pipeline_options()) + ")");
-    }
-    if (set_pipeline_option(key, v, opts)) continue;
-    if (key == "split_points") split_points = as_strings(key, v);
-    if (key == "optimize") layer_options.optimize = as_bool(key, v);
-    if (key == "loss") loss_ = loss_from(v);
-    if (key == "fused_ops") fused_ops = as_bool(key, v);
-    if (key == "plan") {
-      const std::string plan = as_string(key, v);
-      if (plan != "auto" && plan != "tuned") throw bad_option(key, "\"auto\" or \"tuned\"", v);
-      auto_plan = true;
-      tuned_plan = plan == "tuned";
-    }
-    if (key == "max_workers") space.max_workers = static_cast<int>(as_int(key, v));
-    if (key == "memory_budget") space.memory_budget = as_int(key, v);
-    if (key == "sample") {
+    if (key == "loss") {
+      loss_ = loss_from(v);
+    } else if (key == "sample") {
       if (!v.isTuple() || v.toTupleRef().elements().size() != 2) {
-        throw bad_option(key, "an (input, target) tuple, each a tensor or a tuple of tensors", v);
+        throw bad_type(key, "an (input, target) tuple, each a tensor or a tuple of tensors", v);
       }
       sample = ProfileBatch{as_tensors("sample input", v.toTupleRef().elements()[0]),
                             as_tensors("sample target", v.toTupleRef().elements()[1]), nullptr};
-    }
-    if (key == "tied_parameters") {
-      if (!v.isList()) throw bad_option(key, "a list of lists of parameter names", v);
-      for (const c10::IValue& group : v.toListRef()) tied_by_model_name.push_back(as_strings(key, group));
+    } else if (!read_option(opts, key, v, text) && !read_option(build_, key, v, text) &&
+               !read_option(distributed_options_, key, v, text)) {
+      throw std::invalid_argument("conveyor.Pipeline: unknown option '" + key + "' (known: " +
+                                  c10::Join(", ", script_pipeline_options()) + ")");
     }
   }
-  opts.optimizer(optimizer_from(options));
+  check_bounds(opts);
+  check_bounds(build_);
+  check_bounds(distributed_options_);
+  const std::vector<std::string>& split_points = build_.split_points();
+  const std::vector<std::vector<std::string>> tied_by_model_name = std::move(opts.tied_parameters());
+  opts.tied_parameters({});
+  ScriptLayerOptions layer_options;
+  layer_options.optimize = build_.optimize();
+  const bool auto_plan = build_.plan() != PlanMode::kGiven, tuned_plan = build_.plan() == PlanMode::kTuned;
+  PlanSpace space;
+  space.max_workers = build_.max_workers();
+  space.memory_budget = build_.memory_budget();
+  opts.optimizer(optimizer_from(build_));
   if (customize) customize(opts, loss_);
-  if (fused_ops) {
+  if (build_.fused_ops()) {
     check_argument(!exported_model, "conveyor.Pipeline: fused_ops swaps TorchScript submodules; a torch.export ",
                    "program runs the operators it was exported with");
     fused_ops_report_ = swap_fused_ops(model_).to_string();
@@ -308,7 +188,7 @@ void ScriptPipeline::build(const c10::IValue& model, const ScriptOptions& option
   }
   if (groups) {
     distributed_ = std::make_unique<DistributedPipeline>(stages.layers, std::move(stages.options), std::move(groups),
-                                                         std::move(distributed));
+                                                         distributed_options_);
     pipe_ = &distributed_->pipeline();
   } else {
     local_ = std::make_unique<Pipeline>(stages.layers, std::move(stages.options));

@@ -5,33 +5,16 @@
 // adds Python callables for the loss and the learning rate, and the
 // TorchScript class torch.classes.conveyor.Pipeline (python_class.cpp).
 //
-// Options (values of the documented types; numbers may also arrive as
-// strings from the TorchScript class's untyped dict):
-//   workers, microbatches, schedule, schedule_text, devices (list or
-//   comma-separated), split_points (list or comma-separated), balance
-//   ("uniform" | "parameters" | "time"), batch_dim, channel_capacity,
-//   timeout_ms, optimize (let the TorchScript executor optimize), loss
-//   ("cross_entropy" over the last dimension | "mse" | a scripted module
-//   called as loss(*outputs, *targets)), loss_reduction ("mean" | "sum"),
-//   fused_ops (swap_fused_ops on the model first), stage_rng, chunks,
-//   lookahead (eager-1f1b's forwards ahead per later stage),
-//   recompute, offload, vertical_sync, trace, divergence_guard, sample (an
-//   (input, target) batch whose first micro-batch is profiled: needed by
-//   balance "time", which splits by measured time and predicts the step),
-//   optimizer ("sgd" | "adam" | "adamw": the pipeline's own, one per stage)
-//   with lr (required), momentum (sgd) and weight_decay, shared_inputs and
-//   shared_targets, tied_parameters (lists of parameter names),
-//   lr_schedule_unit ("batch" | "microbatch"), autocast ("bf16" | "fp16"),
-//   loss_scaling (True, or a dict of init_scale, growth_factor,
-//   backoff_factor, growth_interval), clip_grad_norm, clip_norm_type (a
-//   number or "inf"), accumulate_steps. PipelineOptions documents each.
-//   plan: "auto" searches the whole plan (plugin/planner/search.h: workers,
-//   schedule, chunks, micro-batches, recomputation and the split) on the
-//   profile of `sample`, within max_workers (default: workers, else 4) and
-//   memory_budget (bytes per worker; default none); the other options
-//   stand. "tuned" then times the plans predicted fastest on `sample` with
-//   the loss (plugin/tune_plan.h) and takes the fastest measured.
-// Every error in the options is a std::invalid_argument naming the option.
+// Options: the dict's keys are the rows of PipelineOptions
+// (plugin/option_list.h), BuildOptions (plugin/script/build_options.h) and
+// DistributedOptions, each value of its row's type (read by
+// plugin/script/python_options.h); and two that are objects: loss
+// ("cross_entropy" over the last dimension | "mse" | a scripted module called
+// as loss(*outputs, *targets)) and sample (an (input, target) batch whose
+// first micro-batch is profiled: balance "time" and plan "auto" need it; the
+// plan then predicts the step). Every error in the options is a
+// std::invalid_argument naming the option (OptionTypeError for a value of the
+// wrong type).
 //
 // Across processes: given ProcessGroups (torch.distributed's groups, handed
 // over by the conveyor package), each process builds the same pipeline and
@@ -43,6 +26,8 @@
 #include "plugin/options.h"
 #include "plugin/pipeline.h"
 #include "plugin/planner/planner.h"
+#include "plugin/script/build_options.h"
+#include "plugin/script/python_options.h"
 #include "plugin/step_result.h"
 
 #include <ATen/core/Dict.h>
@@ -71,8 +56,9 @@ class ScriptPipeline {
   // and before the pipeline is built: it may set what a dict cannot carry
   // (a loss function, a learning-rate schedule).
   using Customize = std::function<void(PipelineOptions&, TensorsLossFn& loss)>;
+  // `text`: whether numbers and bools may come as strings (ValueText::kOrText).
   ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize = nullptr,
-                 std::shared_ptr<ProcessGroups> groups = nullptr, DistributedOptions distributed = {});
+                 std::shared_ptr<ProcessGroups> groups = nullptr, ValueText text = ValueText::kOrText);
 
   // One step; gradients accumulate into parameters()' .grad (or the
   // pipeline's optimizer steps). The result is also kept as last_step().
@@ -104,12 +90,17 @@ class ScriptPipeline {
   // The plan's prediction, made with balance "time" (a profile).
   const std::optional<Plan>& prediction() const { return plan_; }
   const std::string& fused_ops_report() const { return fused_ops_report_; }
+  // The options it was built with: the pipeline's are pipeline().options().
+  const BuildOptions& build_options() const { return build_; }
+  const DistributedOptions& distributed_options() const { return distributed_options_; }
 
  private:
   void build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
-             std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed);
+             std::shared_ptr<ProcessGroups> groups, ValueText text);
 
   torch::jit::Module model_;
+  BuildOptions build_;
+  DistributedOptions distributed_options_;
   std::string fused_ops_report_ = "fused_ops is off\n";
   std::optional<Plan> plan_;
   std::string search_text_;

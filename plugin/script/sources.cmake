@@ -6,6 +6,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/script_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_nodes.cpp
   ${CMAKE_CURRENT_LIST_DIR}/torchscript.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/build_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/python_class.cpp
   ${CMAKE_CURRENT_LIST_DIR}/python_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_pipeline.cpp)

@@ -32,28 +32,6 @@ def _bool(name, value):
     return value
 
 
-def _str(name, value, choices=None):
-    if not isinstance(value, str):
-        _fail(TypeError, name, "a str", value)
-    if choices and value not in choices:
-        _fail(ValueError, name, "one of " + ", ".join(repr(c) for c in choices), value)
-    return value
-
-
-def _strs(name, value):
-    if isinstance(value, str):
-        value = [v for v in value.split(",") if v]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        _fail(TypeError, name, "a list of str", value)
-    return list(value)
-
-
-def _ints(name, value):
-    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-        _fail(TypeError, name, "a list of int", value)
-    return list(value)
-
-
 def _tensors(name, value):
     if isinstance(value, torch.Tensor):
         return value

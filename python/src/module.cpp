@@ -70,6 +70,7 @@ c10::IValue ivalue_of(const py::handle& v, const std::string& what) {
   if (py::isinstance<py::float_>(v)) return v.cast<double>();
   if (py::isinstance<py::str>(v)) return v.cast<std::string>();
   if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
+  if (THPDtype_Check(v.ptr())) return py::str(v).cast<std::string>().substr(6);  // "torch.bfloat16": "bfloat16"
   if (py::isinstance<py::tuple>(v)) {
     std::vector<c10::IValue> items;
     for (const auto& item : v) items.push_back(ivalue_of(item, what));
@@ -92,6 +93,43 @@ c10::IValue ivalue_of(const py::handle& v, const std::string& what) {
   }
   throw std::invalid_argument("conveyor.Pipeline: " + what + " cannot be a " +
                               py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
+}
+
+// The Python value of an option's IValue (OptionValue<T>::write).
+py::object python_of(const c10::IValue& v) {
+  if (v.isNone()) return py::none();
+  if (v.isBool()) return py::bool_(v.toBool());
+  if (v.isInt()) return py::int_(v.toInt());
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isString()) return py::str(v.toStringRef());
+  if (v.isList()) {
+    py::list out;
+    for (const c10::IValue& item : v.toListRef()) out.append(python_of(item));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    py::dict out;
+    for (const auto& entry : v.toGenericDict()) out[python_of(entry.key())] = python_of(entry.value());
+    return out;
+  }
+  throw std::logic_error("conveyor: no Python value for an option's " + std::string(v.tagKind()));
+}
+
+// Every option's row as Python describes it (conveyor._C.option_table()).
+py::list option_table() {
+  py::list out;
+  for (const OptionDescription& row : every_option()) {
+    py::dict d;
+    d["section"] = row.section;
+    d["name"] = row.name;
+    d["type"] = row.type.empty() ? py::object(py::none()) : py::object(py::str(row.type));
+    d["default"] = python_of(row.default_value);
+    d["doc"] = row.doc;
+    d["bound"] = row.bound;
+    d["choices"] = row.choices;
+    out.append(d);
+  }
+  return out;
 }
 
 Tensors tensors_from(const char* what, const py::handle& value) {
@@ -149,26 +187,17 @@ struct StepReport : StepResult {
 
 class PyPipeline {
  public:
-  // `options`: a dict of ScriptPipeline's options, typed (the package checks
-  // types and names first); `loss_fn` and `lr_schedule`: Python callables or None.
-  // `process_group` (None for one process) and `replica_group`: torch.distributed's
-  // groups, see process_groups(); `local_rank` picks this process's GPU.
+  // `options`: a dict of ScriptPipeline's options, as the keywords gave them
+  // (the C++ side checks each); `loss_fn` and `lr_schedule`: Python callables
+  // or None. `process_group` (None for one process) and `replica_group`:
+  // torch.distributed's groups, see process_groups().
   PyPipeline(const py::object& script_module, const py::dict& options, const py::object& loss_fn,
-             const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group,
-             int local_rank)
+             const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group)
       : raised_(std::make_shared<RaisedInStep>()) {
     c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
-    // DistributedOptions', not the script pipeline's; absent, their defaults.
-    DistributedOptions distributed = DistributedOptions().local_rank(local_rank);
     for (const auto& [key, value] : options) {
       const auto name = py::cast<std::string>(key);
-      if (name == "shard_optimizer_state") {
-        distributed.shard_optimizer_state(py::cast<bool>(value));
-      } else if (name == "shared_memory") {
-        distributed.shared_memory(py::cast<bool>(value));
-      } else {
-        generic.insert(name, ivalue_of(value, "option '" + name + "'"));
-      }
+      generic.insert(name, ivalue_of(value, "option '" + name + "'"));
     }
     const ScriptOptions dict = c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic));
     const c10::IValue model = py::isinstance<py::str>(script_module)
@@ -180,16 +209,15 @@ class PyPipeline {
       if (python_loss_fn) loss = python_loss_fn;
       if (python_lr) opts.lr_schedule(python_lr);
     };
-    // Building may run the model (balance "time" profiles it), and autograd
-    // and the Python callbacks need the GIL free.
     std::shared_ptr<ProcessGroups> groups;
     if (!process_group.is_none()) {
-      const double timeout = dict.contains("timeout_ms") ? dict.at("timeout_ms").toInt() / 1000.0 : 300.0;
-      groups = process_groups(process_group, replica_group, timeout);
+      PipelineOptions timing;
+      if (dict.contains("timeout")) read_option(timing, "timeout", dict.at("timeout"), ValueText::kTyped);
+      groups = process_groups(process_group, replica_group, timing.timeout().count() / 1000.0);
     }
-    released([&] {
-      pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups, distributed);
-    });
+    // Building may run the model (balance "time" profiles it), and autograd
+    // and the Python callbacks need the GIL free.
+    released([&] { pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups, ValueText::kTyped); });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
 
@@ -270,6 +298,8 @@ void translate_errors(std::exception_ptr p) {
     raise_conveyor_error(e.timed_out() ? "PipelineTimeoutError" : "PipelineError", e);
   } catch (const TimeoutError& e) {
     PyErr_SetString(PyExc_TimeoutError, message_of(e).c_str());
+  } catch (const OptionTypeError& e) {
+    PyErr_SetString(PyExc_TypeError, message_of(e).c_str());
   } catch (const std::invalid_argument& e) {
     PyErr_SetString(PyExc_ValueError, message_of(e).c_str());
   } catch (const c10::ValueError& e) {
@@ -292,9 +322,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = CONVEYOR_VERSION;
   m.attr("torch_version") = CONVEYOR_TORCH_VERSION;
   py::register_exception_translator(translate_errors);
-  m.def("options", [] {
-    return std::vector<std::string>(script_pipeline_options().begin(), script_pipeline_options().end());
-  });
+  m.def("option_table", &option_table,
+        "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
 
   py::class_<StepReport>(m, "StepResult")
       .def_readonly("loss", &StepResult::loss)
@@ -336,9 +365,21 @@ PYBIND11_MODULE(_C, m) {
           py::arg("path"));
 
   py::class_<PyPipeline>(m, "Pipeline")
-      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object, int>(), py::arg("model"),
+      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object>(), py::arg("model"),
            py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
-           py::arg("replica_group"), py::arg("local_rank"))
+           py::arg("replica_group"))
+      .def("options",
+           [](PyPipeline& p) {  // every option Python can give, as the pipeline runs with it
+             std::vector<OptionDescription> rows;
+             describe_options(p.pipeline().options(), rows);
+             describe_options(p.script().build_options(), rows);
+             describe_options(p.script().distributed_options(), rows);
+             py::dict out;
+             for (const auto& row : rows) {
+               if (!row.type.empty()) out[py::str(row.name)] = python_of(row.default_value);
+             }
+             return out;
+           })
       .def("train_step", &PyPipeline::train_step)
       .def("forward", &PyPipeline::forward)
       .def("clip_grad_norm",

@@ -204,10 +204,19 @@ TEST(AsyncBadInput, ClearErrors) {
                   sgd_momentum())),
               HasSubstr("only pipedream has vertical sync"));
   const LearningRateSchedule lr = [](int64_t) { return 0.1; };
-  EXPECT_THAT(
-      error_of(
-          PipelineOptions().workers(2).microbatches(4).schedule("pipedream").optimizer(sgd_momentum()).lr_schedule(lr)),
-      HasSubstr("updates the weights after every micro-batch, but the learning-rate schedule counts batches"));
+  // Unset, the unit is the schedule's; set to the other, an error.
+  EXPECT_EQ(
+      error_of(PipelineOptions().workers(2).microbatches(4).schedule("pipedream").optimizer(sgd_momentum()).lr_schedule(
+          lr)),
+      "<no error>");
+  EXPECT_THAT(error_of(PipelineOptions()
+                           .workers(2)
+                           .microbatches(4)
+                           .schedule("pipedream")
+                           .optimizer(sgd_momentum())
+                           .lr_schedule(lr)
+                           .lr_schedule_unit(UpdateUnit::kBatch)),
+              HasSubstr("updates the weights after every micro-batch, but the learning-rate schedule counts batches"));
   EXPECT_THAT(error_of(PipelineOptions()
                            .workers(2)
                            .microbatches(4)

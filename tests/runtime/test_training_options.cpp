@@ -343,6 +343,8 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
   EXPECT_THAT(error_of([&] { build(PipelineOptions().autocast(at::kDouble)); }),
               HasSubstr("Double is not a mixed-precision dtype"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(-1)); }),
+              HasSubstr("clip_grad_norm must be at least 0, got -1"));
+  EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(kInf)); }),
               HasSubstr("clip_grad_norm must be a positive finite norm"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(1).clip_norm_type(0)); }),
               HasSubstr("clip_norm_type must be positive"));
@@ -357,7 +359,7 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
   EXPECT_THAT(error_of([&] { build(PipelineOptions().accumulate_steps(2)); }),
               HasSubstr("accumulate_steps accumulates for the pipeline's own optimizer"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).accumulate_steps(0)); }),
-              HasSubstr("accumulate_steps must be >= 1"));
+              HasSubstr("accumulate_steps must be at least 1"));
   Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2));
   EXPECT_THAT(error_of([&] { pipe.clip_grad_norm(0); }), HasSubstr("positive finite max_norm"));
   EXPECT_THAT(error_of([&] { pipe.restore_loss_scaler(LossScalerState{}); }), HasSubstr("has no loss scaler"));

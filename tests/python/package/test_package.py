@@ -213,6 +213,29 @@ def test_step_result_shows_where_the_time_went(tmp_path):
         result.write_timeline(str(tmp_path / "step.png"))
 
 
+def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline():
+    import inspect
+    table = {row["name"]: row for row in conveyor._C.option_table() if row["type"] is not None}
+    params = inspect.signature(conveyor.Pipeline.__init__).parameters
+    for name, row in table.items():
+        assert params[name].default == row["default"], name
+    # Untouched options run with their defaults; only what the cut resolves differs.
+    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn)
+    changed = {k for k, v in pipe.options.items() if v != table[k]["default"]}
+    assert changed == {"split_points", "boundaries"}, changed
+    assert pipe.options["boundaries"] == [1] and pipe.num_workers == 2
+    # Values given arrive as given, each converted as its row says.
+    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, microbatches=2, timeout=2.5,
+                             clip_norm_type="inf", autocast=torch.bfloat16, loss_scaling={"init_scale": 8.0},
+                             optimizer="sgd", lr=0.1, shared_memory=False, loss_reduction="sum")
+    got = pipe.options
+    assert (got["microbatches"], got["timeout"], got["autocast"]) == (2, 2.5, "bf16")
+    assert got["clip_norm_type"] == float("inf")
+    assert got["loss_scaling"] == {"init_scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                   "growth_interval": 2000}
+    assert (got["optimizer"], got["lr"], got["shared_memory"], got["loss_reduction"]) == ("sgd", 0.1, False, "sum")
+
+
 def test_help_documents_every_argument():
     import inspect
     doc = conveyor.Pipeline.__doc__
@@ -243,6 +266,8 @@ def test_unknown_keywords_are_refused_by_name(keyword, message):
     ({"split_points": ["nowhere"]}, ValueError, "nowhere"),
     ({"lr": 0.1}, ValueError, "give 'optimizer' too"),
     ({"shared_memory": "yes"}, TypeError, "shared_memory must be True or False, got str"),
+    ({"workers": -1}, ValueError, "workers must be at least 0, got -1"),
+    ({"clip_norm_type": "two"}, TypeError, "clip_norm_type must be a number, got str 'two'"),
 ])
 def test_bad_options_are_refused_naming_them(keyword, error, message):
     kwargs = {"split_points": ["block1"], "loss_fn": loss_fn}

@@ -1,0 +1,292 @@
+#pragma once
+// Every option of a pipeline, declared once: its section, type, name,
+// default, bound and documentation, in one row of the lists below. From these
+// rows come the fields of each section (the runtime takes its sections as
+// they are), PipelineOptions' builder methods (plugin/options.h), the Python
+// keywords with their types, defaults and help (python/conveyor), the
+// TorchScript class's dictionary keys, the bounds every value is checked
+// against, and the README's reference table.
+//
+// A row is X(section, Type, name, default, bound, documentation). The
+// documentation speaks of values as Python passes them ("uniform"); C++
+// passes the enumerator (Balance::kUniform). Adding an option is one row here
+// and its use.
+
+#include "plugin/types.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/StringUtil.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace conveyor {
+
+struct ModelProfile;  // plugin/planner/profile.h
+
+// How a model is cut into stages when no boundaries are given.
+enum class Balance { kUniform, kParameters, kTime };
+// How the loss function reduces over a micro-batch.
+enum class LossReduction { kMean, kSum };
+// What a learning-rate schedule's update count counts.
+enum class UpdateUnit { kBatch, kMicrobatch };
+
+// Each enumeration's values by name, in the enumerators' order: how Python and
+// the documentation spell them.
+constexpr std::array<const char*, 3> value_names(Balance) { return {"uniform", "parameters", "time"}; }
+constexpr std::array<const char*, 2> value_names(LossReduction) { return {"mean", "sum"}; }
+constexpr std::array<const char*, 2> value_names(UpdateUnit) { return {"batch", "microbatch"}; }
+
+// Makes one stage's optimizer over that stage's live weights, e.g.
+//   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); }
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+// The learning rate of the n-th update (n counts from 0).
+using LearningRateSchedule = std::function<double(int64_t update)>;
+
+// The smallest value a number may take (strict: it must be larger).
+struct Bound {
+  double minimum = -std::numeric_limits<double>::infinity();
+  bool strict = false;
+};
+inline constexpr Bound kAny{};
+inline constexpr Bound kPositive{0, true};
+constexpr Bound at_least(double minimum) { return Bound{minimum, false}; }
+
+// One row, as the code generated from it sees it.
+struct OptionSpec {
+  const char* section;
+  const char* name;
+  const char* doc;
+  Bound bound;
+};
+
+// What `bound` asks in words: "at least 1", "positive".
+inline std::string bound_text(const Bound& bound) {
+  return bound.strict && bound.minimum == 0 ? std::string("positive")
+                                            : c10::str(bound.strict ? "more than " : "at least ", bound.minimum);
+}
+
+// Throws std::invalid_argument naming `spec`'s option when `value` (a number
+// or a duration) is outside its bound; other types have none.
+template <typename T>
+void check_bound(const OptionSpec& spec, const T& value) {
+  double x = 0;
+  std::string shown;
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+    x = static_cast<double>(value);
+    shown = c10::str(value);
+  } else if constexpr (std::is_same_v<T, std::chrono::milliseconds>) {
+    x = static_cast<double>(value.count());
+    shown = c10::str(value.count(), " ms");
+  } else {
+    return;
+  }
+  const bool inside = spec.bound.strict ? x > spec.bound.minimum : x >= spec.bound.minimum;  // NaN: outside
+  if (!inside) {
+    throw std::invalid_argument(
+        c10::str("conveyor: ", spec.name, " must be ", bound_text(spec.bound), ", got ", shown));
+  }
+}
+
+
+#define CONVEYOR_LOSS_SCALING_FIELDS(X)                                                                         \
+  X(loss_scaling, double, init_scale, 65536.0, kAny, "the scale of the first step (positive)")                   \
+  X(loss_scaling, double, growth_factor, 2.0, kAny, "multiplies the scale after growth_interval clean updates "   \
+    "in a row (> 1)")                                                                                           \
+  X(loss_scaling, double, backoff_factor, 0.5, kAny, "multiplies the scale after an update that overflowed "     \
+    "(in (0, 1))")                                                                                              \
+  X(loss_scaling, int64_t, growth_interval, 2000, kAny, "clean updates in a row before the scale grows (>= 1)")
+
+#define CONVEYOR_OPTION_ARG(section, Type, name, default_, bound, doc) TORCH_ARG(Type, name) = default_;
+#define CONVEYOR_OPTION_VISIT(section, Type, name, default_, bound, doc) \
+  visit(::conveyor::OptionSpec{#section, #name, doc, bound}, options.name());
+
+// for_each_option(options, visit): visit(spec, value) for every row of
+// `LIST`, in order, with a reference to the option's value in `options` (a
+// Struct, const or not, with a getter per row: options.name()).
+#define CONVEYOR_FOR_EACH_OPTION(Struct, LIST)                         \
+  template <typename Options, typename Visit>                          \
+    requires std::is_same_v<std::remove_const_t<Options>, Struct>      \
+  void for_each_option(Options& options, Visit&& visit) {              \
+    LIST(CONVEYOR_OPTION_VISIT)                                        \
+  }
+
+// Dynamic loss scaling, with the semantics of torch.amp.GradScaler: each
+// micro-batch's loss is multiplied by the scale before its backward; an
+// update whose gradients hold an inf or NaN is skipped and the scale
+// multiplied by backoff_factor; after growth_interval clean updates in a row
+// it is multiplied by growth_factor. Clean gradients are divided by the scale
+// before they are clipped and stepped.
+struct LossScaling {
+  CONVEYOR_LOSS_SCALING_FIELDS(CONVEYOR_OPTION_ARG)
+};
+CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
+
+// --- what to cut ----------------------------------------------------------------------------------------------
+#define CONVEYOR_CUTTING_OPTIONS(X)                                                                                \
+  X(cutting, std::vector<int64_t>, boundaries, {}, kAny,                                                           \
+    "Explicit cuts of a sequence of layers: the index of the first layer of stages 1..S-1, strictly increasing, "  \
+    "each in (0, number of layers). Overrides balance.")                                                           \
+  X(cutting, Balance, balance, Balance::kUniform, kAny,                                                            \
+    "How the layers are cut when no cuts are given: \"uniform\" (the same number of layers per stage, earlier "    \
+    "stages taking the remainder), \"parameters\" (the largest stage's parameter count as small as possible) or "  \
+    "\"time\" (the slowest stage, with its transfers, as fast as possible within memory_budgets; needs a "         \
+    "profile, which Python's sample gives; the plan then predicts the step).")                                     \
+  X(cutting, std::shared_ptr<const ModelProfile>, profile, nullptr, kAny,                                          \
+    "Balance \"time\": the measured costs of the model's layers (profile_model), at the micro-batch size the "     \
+    "pipeline will run.")                                                                                          \
+  X(cutting, std::vector<AtomicGroup>, atomic_groups, {}, kAny,                                                    \
+    "Balance \"time\": runs of layers [first, last] that stay in one stage.")                                      \
+  X(cutting, std::vector<int64_t>, memory_budgets, {}, kAny,                                                       \
+    "Balance \"time\": bytes each stage's device may hold (weights, gradients, optimizer state, stashed "          \
+    "micro-batches); one entry for every stage, or one per stage; empty: no limit.")                               \
+  X(cutting, double, optimizer_state_per_weight, 0, at_least(0),                                                   \
+    "Bytes of optimizer state per byte of trainable weights, for the memory prediction: 0 for plain SGD, 1 "       \
+    "with momentum, 2 for Adam.")                                                                                  \
+  X(cutting, std::vector<std::vector<std::string>>, tied_parameters, {}, kAny,                                     \
+    "Tied weights: groups of parameter names (\"0.weight\", as named_parameters gives them) that are one "         \
+    "logical parameter held by several layers, such as a language model's input embedding and output "             \
+    "projection. Every copy starts from the earliest layer's value and, after each step's backwards, gets the "    \
+    "sum of all their gradients, so the copies stay identical across devices and processes. A tensor "            \
+    "registered in layers of several stages is such a group by itself. Synchronous schedules only.")
+
+// --- the schedule ---------------------------------------------------------------------------------------------
+#define CONVEYOR_SCHEDULING_OPTIONS(X)                                                                             \
+  X(scheduling, int, workers, 0, at_least(0),                                                                      \
+    "Workers: the threads (or processes) running the stages, one device each. 0: the number the cuts give "        \
+    "(stages / chunks), else the number of devices when several are given, else 1.")                              \
+  X(scheduling, int, chunks, 0, at_least(0),                                                                       \
+    "Stages per worker (virtual stages): the model is cut into workers * chunks stages, stage s on worker "        \
+    "s % workers. 0: the schedule's own, 2 for \"interleaved\" and \"zb-interleaved\", 1 for the others.")         \
+  X(scheduling, std::string, schedule, "1f1b", kAny,                                                               \
+    "The schedule: \"sequential\", \"gpipe\", \"1f1b\", \"eager-1f1b\", \"interleaved\", \"zb-h1\", "              \
+    "\"zb-interleaved\" (synchronous: the exact gradients of the whole batch) or \"pipedream\", \"ddg\", \"fr\" "  \
+    "(asynchronous: every micro-batch is a mini-batch with its own update on every stage).")                       \
+  X(scheduling, std::string, schedule_text, "", kAny,                                                              \
+    "A schedule in text form (a line of actions per worker), or torch.distributed.pipelining's CSV; overrides "    \
+    "schedule when not empty. Its counts must match the other options'.")                                          \
+  X(scheduling, int, lookahead, 0, at_least(0),                                                                    \
+    "\"eager-1f1b\" only: the forwards each stage runs ahead of 1F1B's warm-up per later stage, to hide a slow "   \
+    "link's latency for as many more stashed micro-batches. 0: the schedule's default, 1.")                        \
+  X(scheduling, bool, recompute, false, kAny,                                                                      \
+    "Activation recomputation: each stage keeps only its inputs between a forward and its backward, which "        \
+    "replays the forward first (synchronous schedules; exact gradients).")                                         \
+  X(scheduling, bool, offload, false, kAny,                                                                        \
+    "Recomputation whose kept inputs wait in pinned host memory, copied out after the forward and back ahead of "  \
+    "the backward on a side stream (recomputation alone on a CPU stage).")                                         \
+  X(scheduling, bool, vertical_sync, false, kAny,                                                                  \
+    "\"pipedream\" only: every stage's forward of a micro-batch uses the weight version stage 0's forward used.")  \
+  X(scheduling, std::vector<std::string>, devices, {}, kAny,                                                       \
+    "Each worker's device (\"cpu\", \"cuda\", \"cuda:1\"): one entry for all, or one per worker; several "         \
+    "workers may share one. Empty: cpu.")
+
+// --- batching -------------------------------------------------------------------------------------------------
+#define CONVEYOR_BATCHING_OPTIONS(X)                                                                               \
+  X(batching, int, microbatches, 1, at_least(1),                                                                   \
+    "Micro-batches each batch is split into along batch_dim: N samples give micro-batches of N / M, the first "    \
+    "N % M of them one larger; N < M is an error.")                                                                \
+  X(batching, int64_t, batch_dim, 0, at_least(0), "The dimension of inputs and targets that batches split along.") \
+  X(batching, std::vector<int64_t>, shared_inputs, {}, kAny,                                                       \
+    "Indices of inputs passed whole to every micro-batch instead of split (a [T, T] causal mask).")                \
+  X(batching, std::vector<int64_t>, shared_targets, {}, kAny,                                                      \
+    "Indices of targets passed whole to every micro-batch (class weights).")                                       \
+  X(batching, LossReduction, loss_reduction, LossReduction::kMean, kAny,                                           \
+    "What the loss function returns over its micro-batch: \"mean\" (weighted by its share of the batch, so that "  \
+    "the step's loss and gradients equal the unsplit batch's) or \"sum\" (added as is).")
+
+// --- training -------------------------------------------------------------------------------------------------
+#define CONVEYOR_TRAINING_OPTIONS(X)                                                                               \
+  X(training, OptimizerFactory, optimizer, nullptr, kAny,                                                          \
+    "The pipeline's own optimizer, one per stage over that stage's weights (C++: a factory; Python: \"sgd\", "     \
+    "\"adam\" or \"adamw\" with lr, momentum and weight_decay). Asynchronous schedules need it; a synchronous "    \
+    "train_step then also steps it and clears the gradients. Without it the caller steps an optimizer over "       \
+    "parameters().")                                                                                               \
+  X(training, LearningRateSchedule, lr_schedule, nullptr, kAny,                                                    \
+    "lr_schedule(update) -> the learning rate of the pipeline's optimizer before each of its steps.")              \
+  X(training, std::optional<UpdateUnit>, lr_schedule_unit, std::nullopt, kAny,                                     \
+    "What lr_schedule's update counts: \"batch\" (synchronous schedules update once per batch) or "                \
+    "\"microbatch\" (asynchronous ones, after each micro-batch). None: the schedule's own; the other is an error.") \
+  X(training, std::optional<c10::ScalarType>, autocast, std::nullopt, kAny,                                        \
+    "Mixed precision: every stage's forward and the loss run under autocast to bfloat16 or float16, as "           \
+    "torch.autocast would run the unsplit model; weights, gradients and optimizer state keep their dtype. An "     \
+    "activation crosses a boundary in the dtype its stage produced.")                                              \
+  X(training, std::optional<LossScaling>, loss_scaling, std::nullopt, kAny,                                        \
+    "Dynamic loss scaling, as torch.amp.GradScaler (float16 needs it): True, or init_scale, growth_factor, "       \
+    "backoff_factor, growth_interval. One verdict per update across stages, processes and replicas: an inf or "    \
+    "NaN gradient skips the update and backs the scale off. Needs the pipeline's own optimizer.")                  \
+  X(training, double, clip_grad_norm, 0, at_least(0),                                                              \
+    "Clip the gradients' global norm to this before the pipeline's optimizer steps (0: no clipping), as "          \
+    "clip_grad_norm_ on the unsplit model; asynchronous schedules clip each stage's update by its own norm.")      \
+  X(training, double, clip_norm_type, 2.0, kPositive,                                                              \
+    "The norm clipping uses: 2 (Euclidean), any p > 0, or inf (the largest |g|).")                                 \
+  X(training, int, accumulate_steps, 1, at_least(1),                                                               \
+    "Gradient accumulation for the pipeline's optimizer (synchronous schedules): every n-th train_step steps, "    \
+    "each step's loss weighted 1/n; a failed step drops the window.")                                              \
+  X(training, bool, divergence_guard, true, kAny,                                                                  \
+    "Stop with a DivergenceError at a non-finite loss or gradient, keeping the weights and optimizer state of "    \
+    "the last good step (one host synchronisation per stage per step). With loss scaling, non-finite gradients "   \
+    "are the scaler's verdict instead.")
+
+// --- how steps run --------------------------------------------------------------------------------------------
+#define CONVEYOR_RUNNING_OPTIONS(X)                                                                                \
+  X(running, int, channel_capacity, 2, at_least(0),                                                                \
+    "Messages a stage-to-stage channel buffers before a send blocks; schedules are validated against it "          \
+    "(\"eager-1f1b\" raises it to its lookahead + 1).")                                                            \
+  X(running, std::chrono::milliseconds, timeout, std::chrono::minutes(5), kPositive,                               \
+    "Upper bound on every blocking wait (a receive, a send into a full channel), in seconds from Python; "         \
+    "passing it fails the step with an error naming the stage and what it waited for.")                            \
+  X(running, bool, trace, true, kAny, "Record each action's start and end in the step result (timelines).")        \
+  X(running, bool, free_sent_activations, true, kAny,                                                              \
+    "Once a stage has sent its outputs to another process or device, release their data and keep their graph, "   \
+    "all the backward needs (not under zero-bubble schedules).")                                                   \
+  X(running, bool, stage_rng, false, kAny,                                                                         \
+    "Each stage draws random numbers from its own streams, seeded from the global seed and its index, so runs "    \
+    "with dropout in several stages repeat bit for bit and checkpoints restore them.")
+
+// Every option of `options` (a struct with for_each_option) within its row's
+// bound, or std::invalid_argument naming the first that is not.
+template <typename Options>
+void check_bounds(const Options& options) {
+  for_each_option(options, [](const OptionSpec& spec, const auto& value) { check_bound(spec, value); });
+}
+
+#define CONVEYOR_OPTION_FIELD(section, Type, name, default_, bound, doc) Type name = default_;
+
+// Each section's values, as the code that uses them takes them.
+struct CuttingOptions {
+  CONVEYOR_CUTTING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct SchedulingOptions {
+  CONVEYOR_SCHEDULING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct BatchingOptions {
+  CONVEYOR_BATCHING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct TrainingOptions {
+  CONVEYOR_TRAINING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct RunningOptions {
+  CONVEYOR_RUNNING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+
+#define CONVEYOR_PIPELINE_OPTIONS(X)                                                                               \
+  CONVEYOR_CUTTING_OPTIONS(X)                                                                                      \
+  CONVEYOR_SCHEDULING_OPTIONS(X)                                                                                   \
+  CONVEYOR_BATCHING_OPTIONS(X)                                                                                     \
+  CONVEYOR_TRAINING_OPTIONS(X)                                                                                     \
+  CONVEYOR_RUNNING_OPTIONS(X)
+
+}  // namespace conveyor
