@@ -17,6 +17,8 @@
 // program runs under `torchrun --nproc-per-node=N --no-python ./prog` on one
 // machine or under a multi-node torchrun unchanged.
 
+#include "plugin/option_list.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/nn/module.h>
@@ -85,8 +87,9 @@ struct HybridLayout {
 class ProcessGroups {
  public:
   struct Options {
-    // Upper bound on every collective and point-to-point wait once connected.
-    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    // Upper bound on every collective and point-to-point wait once connected
+    // (default: the pipeline's timeout option's).
+    std::chrono::milliseconds timeout = RunningOptions{}.timeout;
     // Upper bound on connecting the groups (every rank must have started).
     std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
     // Prefix of the groups' keys in the store: several sets of groups can

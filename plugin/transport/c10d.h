@@ -36,6 +36,7 @@
 // included, rethrows it. A process group that saw a failure cannot be reused:
 // the job restarts (torchrun --max-restarts).
 
+#include "plugin/option_list.h"
 #include "plugin/transport/transport.h"
 
 #include <ATen/core/Tensor.h>
@@ -65,8 +66,9 @@ struct C10dTransportOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // Global rank of every worker (process) of this pipeline, for error messages.
   std::vector<int> ranks;
-  // Upper bound on every blocking wait (a receive, a barrier, flush()).
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Upper bound on every blocking wait (a receive, a barrier, flush()):
+  // the pipeline's timeout option, whose default this is.
+  std::chrono::milliseconds timeout = RunningOptions{}.timeout;
   // Optional declaration of what stage k sends to stage k + 1: entry k is the
   // shape of its first activation tensor, -1 for a dimension that may vary;
   // an empty entry (or a missing one) declares nothing. A received activation
