@@ -232,6 +232,9 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
     "clip_grad_norm_ on the unsplit model; asynchronous schedules clip each stage's update by its own norm.")      \
   X(training, double, clip_norm_type, 2.0, kPositive,                                                              \
     "The norm clipping uses: 2 (Euclidean), any p > 0, or inf (the largest |g|).")                                 \
+  X(training, double, clip_grad_value, 0, at_least(0),                                                             \
+    "Clip every gradient element to [-v, v] before the pipeline's optimizer steps (0: no clipping), as "           \
+    "clip_grad_value_ on the unsplit model; after loss scaling's unscaling and before clip_grad_norm.")            \
   X(training, int, accumulate_steps, 1, at_least(1),                                                               \
     "Gradient accumulation for the pipeline's optimizer (synchronous schedules): every n-th train_step steps, "    \
     "each step's loss weighted 1/n; a failed step drops the window.")                                              \

@@ -70,6 +70,9 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
                    "optimizer steps, and the pipeline has none: with your own optimizer, call ",
                    "Pipeline::clip_grad_norm(max_norm) between train_step and your optimizer's step");
   }
+  check_argument(options.clip_grad_value() == 0 || options.optimizer() != nullptr, "conveyor: clip_grad_value clips ",
+                 "before the pipeline's own optimizer steps, and the pipeline has none: with your own optimizer, call ",
+                 "torch::nn::utils::clip_grad_value_(pipeline.parameters(), value) before its step");
   check_argument(options.clip_norm_type() > 0 && !std::isnan(options.clip_norm_type()),
                  "conveyor: clip_norm_type must be positive (2, any p > 0, or infinity), got ",
                  options.clip_norm_type());

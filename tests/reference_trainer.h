@@ -56,10 +56,11 @@ class ReferenceTrainer {
   // `stages[k]` holds stage k's layers (modules of the reference model).
   // `max_norm` > 0 clips each stage's update by that stage's own norm
   // (clip_grad_norm_ over its parameters), as the pipeline clips an
-  // asynchronous schedule's updates.
+  // asynchronous schedule's updates; `max_value` > 0 first clips each
+  // gradient element to [-max_value, max_value] (clip_grad_value_).
   ReferenceTrainer(std::vector<torch::nn::Sequential> stages, Method method, const OptimizerFactory& optimizer,
-                   LearningRateSchedule lr = nullptr, double max_norm = 0)
-      : stages_(std::move(stages)), method_(method), lr_(std::move(lr)), max_norm_(max_norm) {
+                   LearningRateSchedule lr = nullptr, double max_norm = 0, double max_value = 0)
+      : stages_(std::move(stages)), method_(method), lr_(std::move(lr)), max_norm_(max_norm), max_value_(max_value) {
     for (auto& s : stages_) optimizers_.push_back(optimizer(s->parameters()));
     updates_.assign(stages_.size(), 0);
   }
@@ -96,6 +97,7 @@ class ReferenceTrainer {
         if (lr_) {
           for (auto& g : optimizers_[k]->param_groups()) g.options().set_lr(lr_(updates_[k]));
         }
+        if (max_value_ > 0) torch::nn::utils::clip_grad_value_(stages_[k]->parameters(), max_value_);
         if (max_norm_ > 0) torch::nn::utils::clip_grad_norm_(stages_[k]->parameters(), max_norm_);
         optimizers_[k]->step();
         optimizers_[k]->zero_grad(true);
@@ -162,6 +164,7 @@ class ReferenceTrainer {
   Method method_;
   LearningRateSchedule lr_;
   double max_norm_ = 0;
+  double max_value_ = 0;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<int64_t> updates_;
 };

@@ -48,6 +48,7 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
       const double inverse = 1.0 / scaler_->scale();
       for (const auto& g : grads) g.mul_(inverse);
     }
+    if (training_.clip_grad_value > 0) torch::nn::utils::clip_grad_value_(stage.live(), training_.clip_grad_value);
     if (training_.clip_grad_norm > 0) {
       st.grad_norm = std::fmax(st.grad_norm, torch::nn::utils::clip_grad_norm_(stage.live(), training_.clip_grad_norm,
                                                                                training_.clip_norm_type));

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
 #include <set>
@@ -135,6 +136,9 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     c10::NoGradGuard no_grad;
     const double inverse = 1.0 / scaler_->scale();
     for (auto& g : grads) g.mul_(inverse);
+  }
+  if (training_.clip_grad_value > 0) {
+    for (int k : owned) torch::nn::utils::clip_grad_value_(stages_[k]->live(), training_.clip_grad_value);
   }
   if (training_.clip_grad_norm > 0) {
     result.grad_norm = clip_grad_norm(training_.clip_grad_norm, training_.clip_norm_type);

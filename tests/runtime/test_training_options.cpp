@@ -1,11 +1,11 @@
-// The training options of a real run: clipping by global norm, dynamic loss
-// scaling and gradient accumulation, each against the unsplit model
-// doing the same (torch::nn::utils::clip_grad_norm_, GradScaler's rules,
-// one step on the concatenated batch), and the errors for options that
-// cannot work. Autocast: test_autocast.cpp.
+// The training options of a real run: dynamic loss scaling and gradient
+// accumulation, each against the unsplit model doing the same (GradScaler's
+// rules, one step on the concatenated batch), and the errors for options that
+// cannot work. Clipping: test_clipping.cpp; autocast: test_autocast.cpp.
 #include "error_of.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "reference_trainer.h"
+#include "runtime/training_models.h"
 #include "temp_dir.h"
 #include "test_models.h"
 
@@ -20,129 +20,10 @@ namespace {
 using ::testing::HasSubstr;
 using testing::error_of;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-const char* kSynchronous[] = {"sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1", "zb-interleaved"};
-
-// 16 layers: K = 4 with 2 chunks per worker still gets 2 layers a stage.
-torch::nn::Sequential deep_mlp(torch::Dtype dtype = torch::kFloat64) {
-  torch::nn::Sequential m;
-  m->push_back(torch::nn::Linear(8, 16));
-  for (int i = 0; i < 6; ++i) {
-    m->push_back(torch::nn::Tanh());
-    m->push_back(torch::nn::Linear(16, 16));
-  }
-  m->push_back(torch::nn::Tanh());
-  m->push_back(torch::nn::Linear(16, 3));
-  m->to(dtype);
-  return m;
-}
-
+using testing::deep_mlp;
+using testing::expect_same_values;
+using testing::kInf;
 using testing::sgd;
-
-void expect_same_values(const Pipeline& pipe, const torch::nn::Sequential& reference, double tol,
-                        const std::string& where) {
-  const auto ref = reference->named_parameters();
-  for (const auto& [name, p] : pipe.named_parameters()) {
-    const at::Tensor* r = ref.find(name);
-    ASSERT_NE(r, nullptr) << where << ": " << name;
-    EXPECT_LE((p - *r).abs().max().item<double>(), tol) << where << ": " << name;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Clipping by global norm.
-
-TEST(Clipping, EqualsClipGradNormOfTheUnsplitModelOnEverySynchronousSchedule) {
-  for (const char* schedule : kSynchronous) {
-    for (int k = 2; k <= 4; ++k) {
-      for (double norm_type : {2.0, kInf}) {
-        const std::string where = c10::str(schedule, " K=", k, " norm ", norm_type);
-        torch::manual_seed(k);
-        auto model = deep_mlp();
-        auto reference = testing::clone_of(model);
-        Pipeline pipe(model, PipelineOptions()
-                                 .workers(k)
-                                 .microbatches(2 * k)
-                                 .schedule(schedule)
-                                 .clip_grad_norm(0.02)
-                                 .clip_norm_type(norm_type)
-                                 .optimizer(sgd(1.0)));
-        torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(1.0));
-        for (int step = 0; step < 2; ++step) {
-          const at::Tensor x = torch::randn({4 * k, 8}, torch::kFloat64);
-          const at::Tensor y = torch::randn({4 * k, 3}, torch::kFloat64);
-          const StepResult r = pipe.train_step(x, y, testing::mse);
-          ref_opt.zero_grad();
-          testing::mse(reference->forward(x), y).backward();
-          const double norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.02, norm_type);
-          ref_opt.step();
-          ASSERT_GT(norm, 0.02) << where << ": the test must clip";
-          EXPECT_TRUE(r.stepped) << where;
-          EXPECT_NEAR(r.grad_norm, norm, 1e-10) << where;
-          expect_same_values(pipe, reference, 1e-10, where + " step " + std::to_string(step));
-        }
-      }
-    }
-  }
-}
-
-TEST(Clipping, ACallersOwnOptimizerClipsWithPipelineClipGradNorm) {
-  for (int k = 2; k <= 4; ++k) {
-    torch::manual_seed(20 + k);
-    auto model = deep_mlp();
-    auto reference = testing::clone_of(model);
-    Pipeline pipe(model, PipelineOptions().workers(k).microbatches(k).schedule("1f1b"));
-    const at::Tensor x = torch::randn({2 * k, 8}, torch::kFloat64);
-    const at::Tensor y = torch::randn({2 * k, 3}, torch::kFloat64);
-    const StepResult r = pipe.train_step(x, y, testing::mse);
-    EXPECT_FALSE(r.stepped);
-    EXPECT_TRUE(std::isnan(r.grad_norm));
-    testing::mse(reference->forward(x), y).backward();
-    const double norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 0.01);
-    EXPECT_NEAR(pipe.clip_grad_norm(0.01), norm, 1e-10) << "K=" << k;
-    testing::expect_same_grads(pipe, reference, 1e-10, 0, "K=" + std::to_string(k));
-  }
-}
-
-TEST(Clipping, AsynchronousSchedulesClipEachUpdateByItsStagesNormBitForBit) {
-  struct Case {
-    const char* schedule;
-    bool vertical_sync;
-    testing::Method method;
-  };
-  for (const Case& c : {Case{"pipedream", false, testing::Method::kStashed},
-                        Case{"pipedream", true, testing::Method::kStashedVerticalSync},
-                        Case{"ddg", false, testing::Method::kStashed},
-                        Case{"fr", false, testing::Method::kFeaturesReplay}}) {
-    for (int k : {2, 3}) {
-      const std::string where = c10::str(c.schedule, c.vertical_sync ? "+vertical-sync" : "", " K=", k);
-      torch::manual_seed(40 + k);
-      auto model = testing::make_mlp();
-      auto reference_model = testing::clone_of(model);
-      const int m = k + 2;
-      Pipeline pipe(model, PipelineOptions()
-                               .workers(k)
-                               .microbatches(m)
-                               .schedule(c.schedule)
-                               .vertical_sync(c.vertical_sync)
-                               .clip_grad_norm(0.05)
-                               .optimizer(sgd(0.5, 0.9)));
-      testing::ReferenceTrainer reference(testing::split_like_pipeline(reference_model, k), c.method, sgd(0.5, 0.9),
-                                          nullptr, /*max_norm=*/0.05);
-      for (int step = 0; step < 4; ++step) {
-        const at::Tensor x = torch::randn({3 * m, 8}, torch::kFloat64);
-        const at::Tensor y = torch::tanh(x.narrow(1, 0, 3));
-        const StepResult r = pipe.train_step(x, y, testing::mse);
-        reference.step(x.tensor_split(m), y.tensor_split(m), testing::mse);
-        EXPECT_GT(r.grad_norm, 0.05) << where << ": the test must clip";
-        const auto ref = reference_model->named_parameters();
-        for (const auto& [name, p] : pipe.named_parameters()) {
-          ASSERT_TRUE(torch::equal(p, *ref.find(name))) << where << " step " << step << ": " << name;
-        }
-      }
-    }
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Loss scaling.
@@ -348,6 +229,10 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
               HasSubstr("clip_grad_norm must be a positive finite norm"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(1).clip_norm_type(0)); }),
               HasSubstr("clip_norm_type must be positive"));
+  EXPECT_THAT(error_of([&] { build(PipelineOptions().clip_grad_value(1)); }),
+              HasSubstr("clip_grad_value clips before the pipeline's own optimizer steps"));
+  EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_value(-1)); }),
+              HasSubstr("clip_grad_value must be at least 0, got -1"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().clip_grad_norm(1)); }),
               HasSubstr("call Pipeline::clip_grad_norm(max_norm) between train_step and your optimizer's step"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().loss_scaling(LossScaling())); }),

@@ -227,10 +227,10 @@ def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline
     # Values given arrive as given, each converted as its row says.
     pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, microbatches=2, timeout=2.5,
                              clip_norm_type="inf", autocast=torch.bfloat16, loss_scaling={"init_scale": 8.0},
-                             optimizer="sgd", lr=0.1, shared_memory=False, loss_reduction="sum")
+                             optimizer="sgd", lr=0.1, shared_memory=False, loss_reduction="sum", clip_grad_value=0.5)
     got = pipe.options
     assert (got["microbatches"], got["timeout"], got["autocast"]) == (2, 2.5, "bf16")
-    assert got["clip_norm_type"] == float("inf")
+    assert got["clip_norm_type"] == float("inf") and got["clip_grad_value"] == 0.5
     assert got["loss_scaling"] == {"init_scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                                    "growth_interval": 2000}
     assert (got["optimizer"], got["lr"], got["shared_memory"], got["loss_reduction"]) == ("sgd", 0.1, False, "sum")
