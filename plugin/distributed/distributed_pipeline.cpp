@@ -51,14 +51,15 @@ std::string local_device(const PipelineOptions& options, int stage, int local_ra
 }  // namespace
 
 at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim) {
-  TORCH_CHECK(batch.defined(), "conveyor: shard() of an undefined batch");
-  TORCH_CHECK(replicas >= 1 && replica >= 0 && replica < replicas, "conveyor: shard(): replica ", replica,
-              " is not one of ", replicas);
-  TORCH_CHECK(dim >= 0 && dim < batch.dim(), "conveyor: shard(): the batch has shape ", batch.sizes(),
-              ", which has no dimension ", dim);
+  check_argument(batch.defined(), "conveyor: shard() of an undefined batch");
+  check_argument(replicas >= 1 && replica >= 0 && replica < replicas, "conveyor: shard(): replica ", replica,
+                 " is not one of ", replicas);
+  check_argument(dim >= 0 && dim < batch.dim(), "conveyor: shard(): the batch has shape ", batch.sizes(),
+                 ", which has no dimension ", dim);
   const int64_t n = batch.size(dim);
-  TORCH_CHECK(n % replicas == 0, "conveyor: shard(): a global batch of ", n, " samples (dimension ", dim, " of shape ",
-              batch.sizes(), ") does not split evenly among ", replicas, " replicas; use a multiple of ", replicas);
+  check_argument(n % replicas == 0, "conveyor: shard(): a global batch of ", n, " samples (dimension ", dim,
+                 " of shape ", batch.sizes(), ") does not split evenly among ", replicas, " replicas; use a multiple of ",
+                 replicas);
   const int64_t each = n / replicas;
   return batch.narrow(dim, replica * each, each);
 }

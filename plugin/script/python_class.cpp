@@ -104,10 +104,7 @@ class PythonPipeline : public torch::CustomClassHolder {
 
   // Detached views of the parameters and buffers, named as in the model.
   c10::Dict<std::string, at::Tensor> state_dict() const {
-    c10::Dict<std::string, at::Tensor> out;
-    for (const auto& [name, p] : pipe_->named_parameters()) out.insert(name, p.detach());
-    for (const auto& [name, b] : pipe_->named_buffers()) out.insert(name, b.detach());
-    return out;
+    return as_dict(pipe_->state_dict());
   }
 
   void load_state_dict(const c10::Dict<std::string, at::Tensor>& state) {

@@ -222,24 +222,44 @@ std::vector<std::pair<std::string, at::Tensor>> ScriptPipeline::named_buffers() 
   return model_named_buffers(*pipe_);
 }
 
-void ScriptPipeline::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  auto tensors = named_parameters();
-  for (auto& b : named_buffers()) tensors.push_back(std::move(b));
+std::vector<std::pair<std::string, at::Tensor>> ScriptPipeline::state_dict() const {
+  auto state = named_parameters();
+  for (auto& b : named_buffers()) state.push_back(std::move(b));
+  for (auto& [name, t] : state) t = t.detach();
+  return state;
+}
+
+ScriptPipeline::IncompatibleKeys ScriptPipeline::load_state_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
+  const auto tensors = state_dict();
   const std::map<std::string, at::Tensor> given(state.begin(), state.end());
+  IncompatibleKeys keys;
   std::set<std::string> names;
   for (const auto& [name, t] : tensors) {
     names.insert(name);
     const auto it = given.find(name);
-    check_argument(it != given.end(), "conveyor.Pipeline.load_state_dict: missing '", name, "'");
+    if (it == given.end()) {
+      keys.missing.push_back(name);
+      continue;
+    }
     check_argument(it->second.sizes().equals(t.sizes()), "conveyor.Pipeline.load_state_dict: '", name,
                    "' has shape ", it->second.sizes(), ", the pipeline's has ", t.sizes());
   }
-  for (const auto& [name, value] : given) {
-    check_argument(names.count(name) > 0, "conveyor.Pipeline.load_state_dict: unexpected '", name,
-                   "', which the model does not have");
+  for (const auto& [name, value] : state) {
+    if (!names.count(name)) keys.unexpected.push_back(name);
+  }
+  if (strict && (!keys.missing.empty() || !keys.unexpected.empty())) {
+    const std::string first = !keys.missing.empty() ? "missing '" + keys.missing[0] + "'"
+                                                    : "unexpected '" + keys.unexpected[0] + "'";
+    throw std::invalid_argument(c10::str("conveyor.Pipeline.load_state_dict: ", first, " (", keys.missing.size(),
+                                         " missing, ", keys.unexpected.size(),
+                                         " unexpected; strict=False loads the rest)"));
   }
   torch::NoGradGuard no_grad;
-  for (const auto& [name, t] : tensors) t.copy_(given.at(name));
+  for (const auto& [name, t] : tensors) {
+    if (const auto it = given.find(name); it != given.end()) t.copy_(it->second);
+  }
+  return keys;
 }
 
 }  // namespace conveyor

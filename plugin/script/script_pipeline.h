@@ -73,9 +73,16 @@ class ScriptPipeline {
   // Model names, in the model's order.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
-  // Copies `state` (every parameter and buffer, by model name, of the same
-  // shapes; nothing missing, nothing unexpected) into the pipeline.
-  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // Parameters and buffers by model name, detached: what torch.save keeps.
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
+  // Copies `state`'s tensors (by model name, of the pipeline's shapes) into
+  // the pipeline; returns the names it lacks and those it has no place for.
+  // `strict`: any of either is an error naming the first, and nothing is
+  // copied; otherwise the names present are loaded.
+  struct IncompatibleKeys {
+    std::vector<std::string> missing, unexpected;
+  };
+  IncompatibleKeys load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict = true);
 
   // This process's runtime (across processes, its worker's stages).
   Pipeline& pipeline() { return *pipe_; }

@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._arguments import _fail, _int
 
 __all__ = ["process_groups"]
@@ -24,21 +25,17 @@ def process_groups(workers: int) -> Tuple[dist.ProcessGroup, Optional[dist.Proce
         raise RuntimeError("conveyor.process_groups: call torch.distributed.init_process_group first "
                            "(under torchrun: init_process_group(backend=\"gloo\"))")
     workers = _int("workers", workers, 1)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world % workers:
-        raise ValueError(f"conveyor.process_groups: a world of {world} processes cannot hold replicas of a "
-                         f"{workers}-worker pipeline; the number of processes must be a multiple of {workers}")
-    replicas = world // workers
-    if replicas == 1:
+    pipelines, replica_sets = _C.layout(dist.get_world_size(), workers)  # ValueError unless workers divides it
+    if len(pipelines) == 1:
         return dist.group.WORLD, None
     pipeline_group = replica_group = None
-    for d in range(replicas):
-        group = dist.new_group(list(range(d * workers, (d + 1) * workers)))
-        if rank // workers == d:
+    for ranks in pipelines:  # new_group is collective: every rank makes every group
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
             pipeline_group = group
-    for k in range(workers):
-        group = dist.new_group(list(range(k, world, workers)))
-        if rank % workers == k:
+    for ranks in replica_sets:
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
             replica_group = group
     return pipeline_group, replica_group
 
@@ -57,8 +54,8 @@ def _check_groups(process_group, replica_group, workers):
         raise ValueError(f"conveyor.Pipeline: workers={workers}, but the process_group holds "
                          f"{process_group.size()} processes: one worker runs in each")
     if dist.is_initialized() and replica_group is not None:
-        expected = dist.get_rank() // process_group.size(), dist.get_rank() % process_group.size()
-        if (replica_group.rank(), process_group.rank()) != expected:
+        pipelines, _ = _C.layout(dist.get_world_size(), process_group.size())
+        if pipelines[replica_group.rank()][process_group.rank()] != dist.get_rank():
             raise ValueError(
                 f"conveyor.Pipeline: rank {dist.get_rank()} is rank {process_group.rank()} of its process_group and "
                 f"{replica_group.rank()} of its replica_group; Conveyor's layout runs worker r % workers of replica "
@@ -68,12 +65,7 @@ def _check_groups(process_group, replica_group, workers):
 
 
 def _shard(batch, replica: int, replicas: int, dim: int):
+    """The replica's slice of a tensor (conveyor::shard), or of each tensor of a tuple or list."""
     if isinstance(batch, (tuple, list)):
         return type(batch)(_shard(b, replica, replicas, dim) for b in batch)
-    if not isinstance(batch, torch.Tensor) or replicas == 1:
-        return batch
-    n = batch.size(dim)
-    if n % replicas:
-        raise ValueError(f"conveyor.Pipeline.shard: a batch of {n} samples (dimension {dim} of shape "
-                         f"{tuple(batch.shape)}) does not split evenly among {replicas} replicas")
-    return batch.narrow(dim, replica * (n // replicas), n // replicas)
+    return _C.shard(batch, replica, replicas, dim) if isinstance(batch, torch.Tensor) else batch

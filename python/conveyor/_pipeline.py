@@ -122,24 +122,14 @@ class Pipeline:
     def state_dict(self) -> "collections.OrderedDict[str, torch.Tensor]":
         """Parameters and buffers by the model's names (detached), for
         ``torch.save``; ``load_state_dict`` takes it back."""
-        out = collections.OrderedDict((n, p.detach()) for n, p in self.named_parameters())
-        out.update((n, b.detach()) for n, b in self.named_buffers())
-        return out
+        return collections.OrderedDict(self._c.state_dict())
 
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> IncompatibleKeys:
         """Copies a state dict's tensors into the pipeline. ``strict``: every
         name must match (``ValueError`` names the first that does not);
         otherwise only the names the pipeline has are loaded. Returns the
         missing and unexpected keys."""
-        current = self.state_dict()
-        missing = [k for k in current if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in current]
-        if strict and (missing or unexpected):
-            what = f"missing '{missing[0]}'" if missing else f"unexpected '{unexpected[0]}'"
-            raise ValueError(f"conveyor.Pipeline.load_state_dict: {what} ({len(missing)} missing, "
-                             f"{len(unexpected)} unexpected; strict=False loads the rest)")
-        self._c.load_state_dict([(k, state_dict.get(k, v)) for k, v in current.items()])
-        return IncompatibleKeys(missing, unexpected)
+        return IncompatibleKeys(*self._c.load_state_dict(list(state_dict.items()), _bool("strict", strict)))
 
     def save_checkpoint(self, path: Union[str, os.PathLike], step: int = 0) -> None:
         """Weights, buffers, the pipeline's optimizer states, loss scaler,

@@ -325,6 +325,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("option_table", &option_table,
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
 
+  m.def(
+      "layout",
+      [](int world_size, int workers) {
+        const HybridLayout layout = HybridLayout::for_world(world_size, workers);
+        std::vector<std::vector<int>> pipelines, replica_sets;
+        for (int d = 0; d < layout.replicas; ++d) pipelines.push_back(layout.pipeline_ranks(d));
+        for (int k = 0; k < layout.workers; ++k) replica_sets.push_back(layout.replica_ranks(k));
+        return py::make_tuple(pipelines, replica_sets);
+      },
+      "The ranks of each replica's pipeline (by worker) and of each worker's replicas (by replica) in a job of "
+      "world_size processes (conveyor::HybridLayout).");
+  m.def(
+      "shard", [](const at::Tensor& batch, int replica, int replicas, int64_t dim) {
+        return shard(batch, replica, replicas, dim);
+      },
+      "Replica `replica`'s equal, contiguous slice of `batch` along `dim` (conveyor::shard).");
+
   py::class_<StepReport>(m, "StepResult")
       .def_readonly("loss", &StepResult::loss)
       .def_readonly("microbatch_losses", &StepResult::microbatch_losses)
@@ -402,9 +419,12 @@ PYBIND11_MODULE(_C, m) {
       .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.script().named_parameters(); })
       .def("named_buffers", [](PyPipeline& p) { return p.script().named_buffers(); })
-      .def("load_state_dict", [](PyPipeline& p, const std::vector<std::pair<std::string, at::Tensor>>& state) {
-        p.script().load_state_dict(state);
-      })
+      .def("state_dict", [](PyPipeline& p) { return p.script().state_dict(); })
+      .def("load_state_dict",
+           [](PyPipeline& p, const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
+             const auto keys = p.script().load_state_dict(state, strict);
+             return py::make_tuple(keys.missing, keys.unexpected);
+           })
       .def("train", [](PyPipeline& p, bool on) { p.pipeline().train(on); })
       .def("num_stages", [](PyPipeline& p) { return p.pipeline().num_stages(); })
       .def("num_workers", [](PyPipeline& p) { return p.pipeline().num_workers(); })
