@@ -69,8 +69,8 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
   torch::manual_seed(0);
   const auto [x, y, loss] = make_data(kind, batch);
   ModelProfile measured_profile =
-      profile_model(make_model(kind), x.tensor_split(4)[0], y.tensor_split(4)[0], loss,
-                    ProfileOptions().count_cores(true).sharing_stages(sharing));
+      profile_first_microbatch(make_model(kind), x, y, loss, PipelineOptions().microbatches(4),
+                               ProfileOptions().count_cores(true).sharing_stages(sharing));
   std::fprintf(stderr, "%s", measured_profile.str().c_str());
   const auto with_cores = std::make_shared<ModelProfile>(measured_profile);
   measured_profile.cores = 0;

@@ -42,7 +42,7 @@ int growth_table(int steps, int64_t batch) {
   const auto [x, y, loss] = make_data("lstm", batch);  // kWords words each
   torch::manual_seed(0);
   const auto profile = std::make_shared<ModelProfile>(
-      profile_model(make_model("lstm"), x.tensor_split(8)[0], y.tensor_split(8)[0], loss));
+      profile_first_microbatch(make_model("lstm"), x, y, loss, PipelineOptions().microbatches(8)));
   std::vector<Row> rows;
   for (int k = 1; k <= 4; ++k) {
     for (int m = 1; m <= 64 && m <= batch; m *= 2) {

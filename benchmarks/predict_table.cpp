@@ -82,12 +82,6 @@ PredictWorkload workload(const std::string& model, int64_t batch) {
   return w;
 }
 
-Tensors first_quarter(const Tensors& t) {
-  Tensors out;
-  for (const auto& x : t) out.push_back(x.tensor_split(4)[0]);
-  return out;
-}
-
 struct PredictRow {
   std::string schedule;
   int k = 2, m = 4, chunks = 0, lookahead = 0;
@@ -136,7 +130,7 @@ int predict_table(const std::string& model, int64_t batch, int steps, int thread
   // PipeDream's step after each backward priced too; the workers share the CPU as measured.
   const auto options = ProfileOptions().sharing_stages(sharing).optimizer(sgd).count_cores(true);
   const auto profile = std::make_shared<ModelProfile>(
-      profile_model(reference, first_quarter(w.x), first_quarter(w.y), w.loss, options));
+      profile_first_microbatch(reference, w.x, w.y, w.loss, PipelineOptions().microbatches(4), options));
   std::vector<Config> configs;
   for (const PredictRow& row : predict_rows()) {
     if (row.k * std::max(1, row.chunks) > static_cast<int>(reference->size())) continue;  // a stage needs a layer

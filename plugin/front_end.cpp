@@ -62,22 +62,8 @@ FrontEndStages front_end_stages(torch::nn::Sequential layers, PipelineOptions op
     if (!profile_batch) {
       throw std::invalid_argument("conveyor: balance by time profiles the model on a sample batch: give one");
     }
-    // The first micro-batch of the sample, as the pipeline will split it.
-    const auto first = [&](const Tensors& batch, const std::vector<int64_t>& shared) {
-      Tensors out;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        const bool whole = std::find(shared.begin(), shared.end(), static_cast<int64_t>(i)) != shared.end();
-        const at::Tensor& t = batch[i];
-        out.push_back(!t.defined() || whole || t.dim() <= options.batch_dim()
-                          ? t
-                          : t.tensor_split(options.microbatches(), options.batch_dim())[0]);
-      }
-      return out;
-    };
-    options.profile(std::make_shared<ModelProfile>(
-        profile_model(layers, first(profile_batch->inputs, options.shared_inputs()),
-                      first(profile_batch->targets, options.shared_targets()), profile_batch->loss,
-                      ProfileOptions().batch_dim(options.batch_dim()).optimizer(options.optimizer()))));
+    options.profile(std::make_shared<ModelProfile>(profile_first_microbatch(
+        layers, profile_batch->inputs, profile_batch->targets, profile_batch->loss, options)));
     if (plan_text) {
       int64_t batch = 0;
       for (const auto& t : profile_batch->inputs) {

@@ -1,6 +1,7 @@
 #include "plugin/profile_model.h"
 
 #include "plugin/errors.h"
+#include "plugin/model/microbatches.h"
 #include "plugin/pipeline.h"
 #include "plugin/planner/planner.h"
 #include "plugin/support/timing.h"
@@ -44,6 +45,30 @@ ModelProfile profile_model(const torch::nn::Sequential& model, const at::Tensor&
   return profile_model(model, Tensors{input}, Tensors{target},
                        [loss_fn](const Tensors& out, const Tensors& t) { return loss_fn(out.at(0), t.at(0)); },
                        options);
+}
+
+ModelProfile profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
+                                      const Tensors& targets, const TensorsLossFn& loss_fn,
+                                      const PipelineOptions& options, ProfileOptions profiling) {
+  const auto first = [&](const Tensors& batch, const char* what, const std::vector<int64_t>& shared) {
+    std::vector<Tensors> parts;
+    split_microbatches(batch, what, shared, options.batch_dim(), options.microbatches(), parts);
+    return parts.at(0);
+  };
+  profiling.batch_dim(options.batch_dim());
+  if (!profiling.optimizer()) profiling.optimizer(options.optimizer());
+  return profile_model(model, first(inputs, "input", options.shared_inputs()),
+                       first(targets, "target", options.shared_targets()), loss_fn, profiling);
+}
+
+ModelProfile profile_first_microbatch(const torch::nn::Sequential& model, const at::Tensor& input,
+                                      const at::Tensor& target, const LossFn& loss_fn, const PipelineOptions& options,
+                                      ProfileOptions profiling) {
+  if (!loss_fn) throw std::invalid_argument("conveyor: profile_first_microbatch: no loss function given");
+  return profile_first_microbatch(
+      model, Tensors{input}, Tensors{target},
+      [loss_fn](const Tensors& out, const Tensors& t) { return loss_fn(out.at(0), t.at(0)); }, options,
+      std::move(profiling));
 }
 
 double measure_action_overhead(const c10::Device& device) {

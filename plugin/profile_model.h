@@ -6,6 +6,7 @@
 //   auto profile = conveyor::profile_model(model, microbatch_input, microbatch_target, loss_fn);
 //   std::cout << profile.str();
 
+#include "plugin/options.h"
 #include "plugin/planner/profile.h"
 #include "plugin/types.h"
 
@@ -24,6 +25,18 @@ ModelProfile profile_model(const torch::nn::Sequential& model, const Tensors& in
                            const TensorsLossFn& loss_fn, const ProfileOptions& options = {});
 ModelProfile profile_model(const torch::nn::Sequential& model, const at::Tensor& input, const at::Tensor& target,
                            const LossFn& loss_fn, const ProfileOptions& options = {});
+
+// The profile of `model` on the first micro-batch of a whole batch, split as
+// a pipeline with `options` splits it (options.microbatches() parts along
+// options.batch_dim(), shared inputs and targets whole), with the options'
+// optimizer's step priced unless `profiling` names one: what balance "time"
+// and the plan search take (PipelineOptions::profile).
+ModelProfile profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
+                                      const Tensors& targets, const TensorsLossFn& loss_fn,
+                                      const PipelineOptions& options, ProfileOptions profiling = {});
+ModelProfile profile_first_microbatch(const torch::nn::Sequential& model, const at::Tensor& input,
+                                      const at::Tensor& target, const LossFn& loss_fn, const PipelineOptions& options,
+                                      ProfileOptions profiling = {});
 
 // The runtime's time per action on `device`: a two-stage GPipe step of layers
 // that do nothing, 8 micro-batches, the median of a few steps over the

@@ -6,18 +6,6 @@
 
 namespace conveyor::examples {
 
-std::shared_ptr<const ModelProfile> profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
-                                                             const Tensors& targets, const TensorsLossFn& loss_fn,
-                                                             int microbatches, const std::string& device) {
-  const auto first = [&](const Tensors& batch) {
-    Tensors out;
-    for (const auto& t : batch) out.push_back(t.tensor_split(microbatches, 0)[0]);
-    return out;
-  };
-  return std::make_shared<ModelProfile>(
-      profile_model(model, first(inputs), first(targets), loss_fn, ProfileOptions().device(device)));
-}
-
 const std::vector<std::string>& balance_names() {
   static const std::vector<std::string> names = {"time", "uniform", "flops"};
   return names;

@@ -1,6 +1,5 @@
 #pragma once
-// What the examples share to plan a pipeline: profile the model on its first
-// micro-batch, split it as --balance asks, and report the prediction next to
+// What the examples share to plan a pipeline: split it as --balance asks, and report the prediction next to
 // what a step measured (and draw both with --timeline).
 
 #include "plugin/conveyor.h"
@@ -11,12 +10,6 @@
 #include <vector>
 
 namespace conveyor::examples {
-
-// The profile of `model` on the first of `microbatches` micro-batches of the
-// batch (inputs and targets split along dimension 0), on `device`.
-std::shared_ptr<const ModelProfile> profile_first_microbatch(const torch::nn::Sequential& model, const Tensors& inputs,
-                                                             const Tensors& targets, const TensorsLossFn& loss_fn,
-                                                             int microbatches, const std::string& device);
 
 // The names --balance takes: "time" (measured, the default), "uniform" (layer
 // counts), "flops" (the example's own cost estimate, `estimate`).

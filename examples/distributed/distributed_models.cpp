@@ -63,9 +63,8 @@ void evaluate(const DistributedModel& m, torch::nn::Sequential model) {
 
 Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory) {
   const Batch b = global_batch(m, 0);
-  const int parts = options.microbatches();
-  ModelProfile profile = profile_model(make_model(m), b.x.tensor_split(parts)[0], b.y.tensor_split(parts)[0],
-                                       cross_entropy, ProfileOptions().optimizer(options.optimizer()).count_cores(true));
+  ModelProfile profile =
+      profile_first_microbatch(make_model(m), b.x, b.y, cross_entropy, options, ProfileOptions().count_cores(true));
   profile.link = measure_c10d_link(4 << 20, 9, std::chrono::seconds(30), shared_memory);
   const auto plan_of = [&](const ModelProfile& p) {
     return make_plan(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(p)), m.batch);

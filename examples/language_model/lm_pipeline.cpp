@@ -234,19 +234,13 @@ conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageMo
     const int chunks = static_cast<int>(c.chunks);
     const auto schedule = conveyor::schedules::make_schedule(c.schedule, workers, microbatches, false, chunks);
     synchronous = schedule.synchronous();
-    auto options = conveyor::PipelineOptions()
-                       .workers(workers)
-                       .chunks(chunks)
-                       .microbatches(microbatches)
-                       .schedule(c.schedule)
-                       .devices(devices)
-                       .recompute(c.recompute)
-                       .offload(c.offload)
-                       .channel_capacity(4);
+    auto options = conveyor::PipelineOptions().workers(workers).chunks(chunks).microbatches(microbatches);
+    options.schedule(c.schedule).devices(devices).recompute(c.recompute).offload(c.offload).channel_capacity(4);
     ex::apply_balance(c.balance, model.costs, schedule.num_stages, options);
     auto [input, target] = window_tensors(data.train, 0, c.bptt);
-    options.profile(ex::profile_first_microbatch(model.layers, {input}, {target}, kLoss, microbatches, devices[0]))
-        .optimizer_state_per_weight(2);  // Adam
+    const auto profile = conveyor::profile_first_microbatch(model.layers, {input}, {target}, kLoss, options,
+                                                            conveyor::ProfileOptions().device(devices[0]));
+    options.profile(std::make_shared<conveyor::ModelProfile>(profile)).optimizer_state_per_weight(2);  // Adam
     if (!synchronous) {
       options.optimizer([lr = c.lr](std::vector<at::Tensor> p) {
         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr));
