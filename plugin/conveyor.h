@@ -14,7 +14,6 @@
 #include "plugin/planner/search.h"
 #include "plugin/profile_model.h"
 #include "plugin/step_result.h"
-#include "plugin/support/atomic_file.h"
 #include "plugin/trace/timeline.h"
 #include "plugin/tune_plan.h"
 #include "plugin/types.h"

@@ -10,6 +10,7 @@
 #include "plugin/conveyor.h"
 #include "plugin/checkpoint/model_state.h"
 #include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
 
 #include <torch/serialize.h>

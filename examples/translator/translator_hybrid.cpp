@@ -7,6 +7,7 @@
 #include "examples/common/flags.h"
 #include "examples/common/progress.h"
 #include "examples/translator/translator_app.h"
+#include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
 #include "plugin/distributed/distributed_pipeline.h"
 

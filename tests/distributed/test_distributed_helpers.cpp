@@ -4,6 +4,7 @@
 #include "distributed_roles.h"
 #include "error_of.h"
 #include "plugin/distributed/link_cost.h"
+#include "plugin/support/atomic_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
