@@ -235,6 +235,15 @@ std::vector<OptionDescription> every_option() {
   describe_options(PipelineOptions(), rows);
   describe_options(BuildOptions(), rows);
   describe_options(DistributedOptions(), rows);
+  // Grouped by section, in the order the sections first appear.
+  std::vector<std::string> sections;
+  for (const auto& row : rows) {
+    if (std::find(sections.begin(), sections.end(), row.section) == sections.end()) sections.push_back(row.section);
+  }
+  const auto rank = [&](const OptionDescription& row) {
+    return std::find(sections.begin(), sections.end(), row.section) - sections.begin();
+  };
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   return rows;
 }
 

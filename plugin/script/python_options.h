@@ -252,7 +252,8 @@ void describe_options(const Options& options, std::vector<OptionDescription>& ou
 }
 
 // Every row of PipelineOptions', BuildOptions' and DistributedOptions' lists,
-// with their defaults: what a pipeline from Python can be given.
+// with their defaults, grouped by section: what a pipeline from Python can be
+// given.
 std::vector<OptionDescription> every_option();
 
 // A value as Python's repr() shows it: None, True, 2.0, '1f1b', [1, 2].

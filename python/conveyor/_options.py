@@ -41,19 +41,22 @@ _HINTS = {"stages": "workers (threads) or split_points (where stages begin)", "l
           "num_microbatches": "microbatches", "chunks_per_worker": "chunks"}
 
 
+_REQUIRED = object()
+
+
 def _described(name: str, annotation: str, default: Any, doc: str, row: Optional[dict] = None) -> str:
     extra = ""
     if row and row["choices"]:
         extra += " One of " + ", ".join(repr(c) for c in row["choices"]) + "."
     if row and row["bound"]:
         extra += f" Must be {row['bound']}."
-    head = f"{name} ({annotation}, default {default!r}): "
+    head = f"{name} ({annotation}): " if default is _REQUIRED else f"{name} ({annotation}, default {default!r}): "
     return textwrap.fill(head + doc + extra, width=100, initial_indent="    ", subsequent_indent="        ")
 
 
 def documentation(head: str) -> str:
     """The class's help: `head`, then every keyword by section."""
-    lines = [head, "Args:", _described("model", "nn.Module | ScriptModule | ExportedProgram | str", None, _MODEL_DOC)]
+    lines = [head, "Args:", _described("model", "nn.Module | ScriptModule | ExportedProgram | str", _REQUIRED, _MODEL_DOC)]
     lines += [_described(name, annotation, None, doc) for name, (annotation, doc) in _PYTHON_KEYWORDS.items()]
     for section in dict.fromkeys(row["section"] for row in _TABLE.values()):
         lines.append(f"\n  {section}:")
