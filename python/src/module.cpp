@@ -12,6 +12,7 @@
 #include "plugin/trace/timeline.h"
 #include "plugin/version.h"
 #include "python/src/process_groups.h"
+#include "python/src/values.h"
 
 #include <torch/extension.h>
 #include <pybind11/stl.h>
@@ -53,88 +54,6 @@ struct RaisedInStep {
     return out;
   }
 };
-
-py::object python_tensors(const Tensors& tensors) {
-  if (tensors.size() == 1) return py::cast(tensors[0]);
-  py::tuple out(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) out[i] = tensors[i].defined() ? py::cast(tensors[i]) : py::none();
-  return out;
-}
-
-// What ScriptPipeline reads from Python values: None, bool, int, float, str,
-// tensors, lists, tuples, dicts of them, and ScriptModules (a scripted loss).
-c10::IValue ivalue_of(const py::handle& v, const std::string& what) {
-  if (v.is_none()) return {};
-  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
-  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
-  if (py::isinstance<py::float_>(v)) return v.cast<double>();
-  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
-  if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
-  if (THPDtype_Check(v.ptr())) return py::str(v).cast<std::string>().substr(6);  // "torch.bfloat16": "bfloat16"
-  if (py::isinstance<py::tuple>(v)) {
-    std::vector<c10::IValue> items;
-    for (const auto& item : v) items.push_back(ivalue_of(item, what));
-    return c10::ivalue::Tuple::create(std::move(items));
-  }
-  if (py::isinstance<py::list>(v)) {
-    c10::impl::GenericList items(c10::AnyType::get());
-    for (const auto& item : v) items.push_back(ivalue_of(item, what));
-    return items;
-  }
-  if (py::isinstance<py::dict>(v)) {
-    c10::impl::GenericDict items(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& [key, value] : py::reinterpret_borrow<py::dict>(v)) {
-      items.insert(py::str(key).cast<std::string>(), ivalue_of(value, what));
-    }
-    return items;
-  }
-  if (py::hasattr(v, "_c") && py::isinstance<torch::jit::Module>(v.attr("_c"))) {
-    return v.attr("_c").cast<torch::jit::Module>()._ivalue();
-  }
-  throw std::invalid_argument("conveyor.Pipeline: " + what + " cannot be a " +
-                              py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
-}
-
-// The Python value of an option's IValue (OptionValue<T>::write).
-py::object python_of(const c10::IValue& v) {
-  if (v.isNone()) return py::none();
-  if (v.isBool()) return py::bool_(v.toBool());
-  if (v.isInt()) return py::int_(v.toInt());
-  if (v.isDouble()) return py::float_(v.toDouble());
-  if (v.isString()) return py::str(v.toStringRef());
-  if (v.isList()) {
-    py::list out;
-    for (const c10::IValue& item : v.toListRef()) out.append(python_of(item));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    py::dict out;
-    for (const auto& entry : v.toGenericDict()) out[python_of(entry.key())] = python_of(entry.value());
-    return out;
-  }
-  throw std::logic_error("conveyor: no Python value for an option's " + std::string(v.tagKind()));
-}
-
-// Every option's row as Python describes it (conveyor._C.option_table()).
-py::list option_table() {
-  py::list out;
-  for (const OptionDescription& row : every_option()) {
-    py::dict d;
-    d["section"] = row.section;
-    d["name"] = row.name;
-    d["type"] = row.type.empty() ? py::object(py::none()) : py::object(py::str(row.type));
-    d["default"] = python_of(row.default_value);
-    d["doc"] = row.doc;
-    d["bound"] = row.bound;
-    d["choices"] = row.choices;
-    out.append(d);
-  }
-  return out;
-}
-
-Tensors tensors_from(const char* what, const py::handle& value) {
-  return as_tensors(what, ivalue_of(value, std::string("the ") + what));
-}
 
 // Calls `fn` with the GIL; a Python exception is kept in `raised` and the
 // step fails with its message (the runtime names stage and micro-batch).
@@ -336,11 +255,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "The ranks of each replica's pipeline (by worker) and of each worker's replicas (by replica) in a job of "
       "world_size processes (conveyor::HybridLayout).");
-  m.def(
-      "shard", [](const at::Tensor& batch, int replica, int replicas, int64_t dim) {
-        return shard(batch, replica, replicas, dim);
-      },
-      "Replica `replica`'s equal, contiguous slice of `batch` along `dim` (conveyor::shard).");
+  m.def("shard", &shard, py::arg("batch"), py::arg("replica"), py::arg("replicas"), py::arg("dim") = 0,
+        "Replica `replica`'s equal, contiguous slice of `batch` along `dim` (conveyor::shard).");
 
   py::class_<StepReport>(m, "StepResult")
       .def_readonly("loss", &StepResult::loss)
@@ -385,18 +301,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object>(), py::arg("model"),
            py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
            py::arg("replica_group"))
-      .def("options",
-           [](PyPipeline& p) {  // every option Python can give, as the pipeline runs with it
-             std::vector<OptionDescription> rows;
-             describe_options(p.pipeline().options(), rows);
-             describe_options(p.script().build_options(), rows);
-             describe_options(p.script().distributed_options(), rows);
-             py::dict out;
-             for (const auto& row : rows) {
-               if (!row.type.empty()) out[py::str(row.name)] = python_of(row.default_value);
-             }
-             return out;
-           })
+      .def("options", [](PyPipeline& p) { return options_of(p.script()); })
       .def("train_step", &PyPipeline::train_step)
       .def("forward", &PyPipeline::forward)
       .def("clip_grad_norm",
