@@ -8,7 +8,7 @@ set(CONVEYOR_SCRIPT_HEADERS plugin/script/torchscript.h plugin/script/script_lay
 set(CONVEYOR_EXPORT_HEADERS plugin/export/exported.h plugin/export/export_layer.h plugin/export/program.h
   plugin/export/segments.h)
 set(CONVEYOR_PUBLIC_HEADERS
-  plugin/conveyor.h plugin/errors.h plugin/front_end.h plugin/model_names.h plugin/option_list.h plugin/options.h
+  plugin/conveyor.h plugin/errors.h plugin/model_names.h plugin/option_list.h plugin/options.h
   plugin/pipeline.h plugin/profile_model.h
   plugin/step_result.h plugin/tune_plan.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
@@ -21,4 +21,5 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/checkpoint/model_state.h
   plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/distributed/link_cost.h
   plugin/distributed/process_groups.h plugin/distributed/sharded_optimizer.h
+  plugin/builder/builder.h plugin/builder/build_options.h plugin/builder/front_end.h plugin/builder/plan.h
   ${CONVEYOR_SCRIPT_HEADERS} ${CONVEYOR_EXPORT_HEADERS})

@@ -3,6 +3,7 @@
 
 #include "ops/adapters.h"
 #include "ops/tensors_layers.h"
+#include "plugin/builder/builder.h"
 #include "plugin/errors.h"
 #include "plugin/model/stage.h"
 #include "plugin/model_names.h"

@@ -48,6 +48,11 @@ enum class UpdateUnit { kBatch, kMicrobatch };
 constexpr std::array<const char*, 3> value_names(Balance) { return {"uniform", "parameters", "time"}; }
 constexpr std::array<const char*, 2> value_names(LossReduction) { return {"mean", "sum"}; }
 constexpr std::array<const char*, 2> value_names(UpdateUnit) { return {"batch", "microbatch"}; }
+// One value's name.
+template <typename E>
+constexpr const char* value_name(E e) {
+  return value_names(e)[static_cast<size_t>(e)];
+}
 
 // Makes one stage's optimizer over that stage's live weights, e.g.
 //   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); }

@@ -4,7 +4,6 @@
 # after add_library(conveyor ...).
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/front_end.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/profile_model.cpp
@@ -35,3 +34,5 @@ if(CONVEYOR_EXPORT)
     set(CONVEYOR_EXPORT OFF)
   endif()
 endif()
+# The one way from a model to a pipeline, over all of the above.
+include(${CMAKE_CURRENT_LIST_DIR}/builder/sources.cmake)

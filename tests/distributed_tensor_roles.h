@@ -30,7 +30,6 @@ inline Tensors two_input_batch() {
   return {torch::randn({kBatch, 8}, torch::kFloat64), (torch::rand({kBatch, 8}) > 0.3).to(torch::kFloat64)};
 }
 
-inline at::Tensor mse_of_first(const Tensors& out, const Tensors& target) { return mse(out[0], target[0]); }
 inline at::Tensor lm_loss_of_first(const Tensors& out, const Tensors& target) { return lm_loss(out[0], target[0]); }
 
 // kMicrobatches micro-batches of 2 sequences each, of lengths 3, 7, 2 and 5.

@@ -2,6 +2,7 @@
 // The TorchScript fixtures that tests/python/make_fixtures.py writes before
 // the tests run (ctest passes their folder in CONVEYOR_FIXTURES).
 
+#include "built_pipeline.h"
 #include "plugin/script/torchscript.h"
 #include "test_models.h"
 
@@ -54,7 +55,7 @@ inline void check_exact(const std::string& file, const Tensors& inputs, const Te
   const at::Tensor ref_loss = loss({ref.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor()},
                                    targets);
   ref_loss.backward();
-  const auto pipe = make_script_pipeline(load_script(fixture(file)), options, split_points);
+  const auto pipe = testing::built_pipeline(load_script(fixture(file)), options, split_points);
   ASSERT_EQ(pipe->num_stages(), static_cast<int>(split_points.size()) + 1) << where;
   const StepResult r = pipe->train_step(inputs, targets, loss);
   expect_same_grads(*pipe, ref, 1e-10, where);

@@ -2,7 +2,6 @@
 
 #include "examples/common/digits_data.h"
 #include "examples/common/flags.h"
-#include "examples/common/planning.h"
 #include "examples/common/training_flags.h"
 #include "ops/swap.h"
 #include "plugin/conveyor.h"
@@ -131,9 +130,13 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
     options.profile(std::make_shared<ModelProfile>(
         profile_model(model.layers, {b.tokens, b.padding}, {b.labels}, loss_fn, timing)))
         .optimizer_state_per_weight(2);  // AdamW
-    std::ostringstream search;
-    options = plan_options(t.plan, model.layers, t.batch, stages, t.memory_budget, std::move(options), search);
-    std::string text = search.str();
+    options.boundaries({});  // the search chooses the cut
+    PlannedOptions planned = plan_pipeline(
+        model.layers, std::move(options),
+        BuildOptions().plan(PlanMode::kAuto).max_workers(stages).memory_budget(t.memory_budget << 20),
+        {.batch_size = t.batch});
+    options = std::move(planned.options);
+    std::string text = "--plan auto: " + planned.search;
     while (text.ends_with('\n')) text.pop_back();
     note(text);
   }

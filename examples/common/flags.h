@@ -3,6 +3,8 @@
 // --help or -h for the help text, and errors (UsageError) that name the flag
 // and what it expects.
 
+#include "plugin/builder/option_values.h"
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,6 +31,19 @@ class Flags {
   Flags& integer(const std::string& name, int64_t* value, int64_t min, int64_t max);
   Flags& real(const std::string& name, double* value, double min, double max, bool max_included = true);
   Flags& text(const std::string& name, std::string* value);
+  // A flag for the option row `row` of `options` (PipelineOptions,
+  // BuildOptions, ...): its value read by the row's type, as Python's text
+  // would be (plugin/builder/option_values.h).
+  template <typename Options>
+  Flags& option(const std::string& name, Options* options, const std::string& row) {
+    return on(name, [options, row](const std::string& flag, const std::string& value) {
+      try {
+        read_option(*options, row, c10::IValue(value), ValueText::kOrText, flag);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+      }
+    });
+  }
   // A switch: present sets *value (no value follows; --name=false clears it).
   Flags& toggle(const std::string& name, bool* value);
   // A flag's old spelling: using it is a UsageError that names the new one.

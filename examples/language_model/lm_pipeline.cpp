@@ -5,7 +5,6 @@
 
 #include "examples/common/flags.h"
 #include "examples/common/lm_model.h"
-#include "examples/common/planning.h"
 #include "examples/common/progress.h"
 #include "examples/common/text_corpus.h"
 #include "plugin/conveyor.h"
@@ -117,8 +116,9 @@ using ex::UsageError;
 struct Config {
   int64_t workers = 2, microbatches = 4, steps = 400, threads = 0, chunks = 0;
   bool recompute = false, offload = false;
-  std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline, plan = "given";
-  int64_t memory_budget = 0;  // MiB
+  std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline;
+  int64_t memory_budget = 0;      // MiB
+  conveyor::BuildOptions build;  // --plan, and the search's bounds
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
@@ -138,11 +138,12 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.real("--clip", &c.clip, 0.0, 1e9, false);
   flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
   flags.text("--balance", &c.balance).text("--timeline", &c.timeline).integer("--chunks", &c.chunks, 1, 16);
-  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload).text("--plan", &c.plan);
+  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload).option("--plan", &c.build, "plan");
   flags.integer("--memory-budget", &c.memory_budget, 1, kBig);
   if (!flags.parse(argc, argv)) return false;
-  const auto& balances = ex::balance_names();
-  if (std::find(balances.begin(), balances.end(), c.balance) == balances.end()) {
+  if (c.build.plan() != conveyor::PlanMode::kGiven) c.build.max_workers(static_cast<int>(c.workers));
+  c.build.memory_budget(c.memory_budget << 20);
+  if (c.balance != "time" && c.balance != "uniform" && c.balance != "flops") {
     throw UsageError("--balance expects time, uniform or flops, got '" + c.balance + "'");
   }
   const auto& names = conveyor::schedules::schedule_names();
@@ -236,7 +237,9 @@ conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageMo
     synchronous = schedule.synchronous();
     auto options = conveyor::PipelineOptions().workers(workers).chunks(chunks).microbatches(microbatches);
     options.schedule(c.schedule).devices(devices).recompute(c.recompute).offload(c.offload).channel_capacity(4);
-    ex::apply_balance(c.balance, model.costs, schedule.num_stages, options);
+    if (c.balance == "time") options.balance(conveyor::Balance::kTime);
+    if (c.balance == "uniform") options.balance(conveyor::Balance::kUniform);
+    if (c.balance == "flops") options.boundaries(conveyor::balanced_boundaries(model.costs, schedule.num_stages));
     auto [input, target] = window_tensors(data.train, 0, c.bptt);
     const auto profile = conveyor::profile_first_microbatch(model.layers, {input}, {target}, kLoss, options,
                                                             conveyor::ProfileOptions().device(devices[0]));
@@ -289,12 +292,13 @@ int run(const Config& c) {
   ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
   const auto [first_input, first_target] = window_tensors(data.train, 0, c.bptt);
-  const ex::TuningBatch first_window{{first_input}, {first_target}, kLoss};
-  const conveyor::PipelineOptions options =
-      ex::plan_options(c.plan, model.layers, c.batch, static_cast<int>(c.workers), c.memory_budget,
-                       pipeline_options(c, model, data, devices, synchronous), std::cout, &first_window);
-  const conveyor::Plan plan = conveyor::make_plan(model.layers, options, c.batch);
-  conveyor::Pipeline pipe(model.layers, options);
+  conveyor::BuiltPipeline built(model.layers, {.pipeline = pipeline_options(c, model, data, devices, synchronous),
+                                               .build = c.build,
+                                               .loss = kLoss,
+                                               .sample = conveyor::SampleBatch{{first_input}, {first_target}}});
+  if (c.build.plan() != conveyor::PlanMode::kGiven) std::cout << "--plan " << value_name(c.build.plan()) << ": " << built.plan_text();
+  conveyor::Pipeline& pipe = built.pipeline();
+  const conveyor::Plan plan = *built.prediction();
   const int64_t windows = data.train.num_windows(c.bptt);
   print_plan(c, pipe, model, windows, synchronous, plan);
 
@@ -355,7 +359,9 @@ int run(const Config& c) {
     std::cout << (k ? ", " : " ") << fixed(last.busy_seconds[k], 3) << " s";
   }
   std::cout << "\n";
-  ex::report_step(std::cout, plan, last, c.timeline);
+  std::cout << "  " << plan.versus(last);
+  if (!c.timeline.empty()) plan.write_timeline(c.timeline, &last);
+  if (!c.timeline.empty()) std::cout << "  timeline of the last step, predicted above measured: " << c.timeline << "\n";
   std::cout << "  throughput: " << ex::format_count(static_cast<double>(words_trained) / train_seconds)
             << " words/s; training " << ex::format_duration(train_seconds) << ", evaluation "
             << ex::format_duration(eval_seconds) << ", total " << ex::format_duration(seconds_since(started)) << "\n";

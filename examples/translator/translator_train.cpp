@@ -2,7 +2,6 @@
 // on micro-batches of their own shapes (bucketing) under any schedule.
 
 #include "examples/common/flags.h"
-#include "examples/common/planning.h"
 #include "examples/common/progress.h"
 #include "examples/common/training_flags.h"
 #include "examples/translator/translator_app.h"
@@ -54,8 +53,12 @@ PipelineOptions planned_options(const TranslatorConfig& c, const LoadedCorpus& c
   const TranslationBatch m = make_microbatches(corpus.data.encoded[0], first.next(), c.microbatches).front();
   options.profile(std::make_shared<ModelProfile>(profile_model(model.layers, m.inputs, m.targets, translation_loss)))
       .optimizer_state_per_weight(2);  // Adam
-  return plan_options(c.plan, model.layers, c.batch, static_cast<int>(c.stages), c.memory_budget,
-                      std::move(options), std::cout);
+  const auto build =
+      BuildOptions().plan(PlanMode::kAuto).max_workers(static_cast<int>(c.stages)).memory_budget(c.memory_budget << 20);
+  options.boundaries({});  // the search chooses the cut
+  PlannedOptions planned = plan_pipeline(model.layers, std::move(options), build, {.batch_size = c.batch});
+  std::cout << "--plan auto: " << planned.search;
+  return std::move(planned.options);
 }
 
 }  // namespace

@@ -52,22 +52,4 @@ torch::nn::Sequential sequential_from_export(const ExportedModel& model, const s
   return layers;
 }
 
-FrontEndStages export_stages(const ExportedModel& model, PipelineOptions options,
-                             const std::vector<std::string>& split_points,
-                             const std::vector<std::vector<std::string>>& tied_parameters,
-                             const ProfileBatch* profile_batch, std::string* plan_text) {
-  apply_split_points(options, split_points);
-  return front_end_stages(sequential_from_export(model, split_points), std::move(options), tied_parameters,
-                          profile_batch, plan_text);
-}
-
-std::unique_ptr<Pipeline> make_export_pipeline(const ExportedModel& model, PipelineOptions options,
-                                               const std::vector<std::string>& split_points,
-                                               const std::vector<std::vector<std::string>>& tied_parameters,
-                                               const ProfileBatch* profile_batch, std::string* plan_text) {
-  FrontEndStages stages =
-      export_stages(model, std::move(options), split_points, tied_parameters, profile_batch, plan_text);
-  return std::make_unique<Pipeline>(stages.layers, std::move(stages.options));
-}
-
 }  // namespace conveyor

@@ -7,9 +7,9 @@
 // so the Pipeline, its runtime, every schedule, checkpoints and the
 // distributed pipeline run it unchanged:
 //
-//   auto program = conveyor::load_exported("lm.pt2");
-//   auto pipe = conveyor::make_export_pipeline(program, PipelineOptions().microbatches(4),
-//                                              {"rnn2", "proj"});  // cut where those modules begin
+//   conveyor::BuiltPipeline pipe(std::string("lm.pt2"),   // plugin/builder/builder.h
+//                                {.pipeline = PipelineOptions().microbatches(4),
+//                                 .build = BuildOptions().split_points({"rnn2", "proj"})});  // cut there
 //
 // Without split points the layers are the modules the model calls (see
 // plugin/export/segments.h) and the options' partition policy (or balance by
@@ -31,9 +31,6 @@
 
 #include "plugin/export/export_layer.h"
 #include "plugin/export/program.h"
-#include "plugin/front_end.h"
-#include "plugin/options.h"
-#include "plugin/pipeline.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -65,20 +62,5 @@ bool holds_exported_program(const std::string& path);
 // The program as layers (see above); split points name modules by path.
 torch::nn::Sequential sequential_from_export(const ExportedModel& model,
                                              const std::vector<std::string>& split_points = {});
-
-// The layers and options a Pipeline (or DistributedPipeline) is built from:
-// with split points, each segment one stage (options.workers() 0 or
-// split_points.size() + 1). `tied_parameters` (groups of the model's names),
-// `profile_batch` and `plan_text` as for TorchScript (plugin/front_end.h).
-FrontEndStages export_stages(const ExportedModel& model, PipelineOptions options,
-                             const std::vector<std::string>& split_points = {},
-                             const std::vector<std::vector<std::string>>& tied_parameters = {},
-                             const ProfileBatch* profile_batch = nullptr, std::string* plan_text = nullptr);
-
-std::unique_ptr<Pipeline> make_export_pipeline(const ExportedModel& model, PipelineOptions options,
-                                               const std::vector<std::string>& split_points = {},
-                                               const std::vector<std::vector<std::string>>& tied_parameters = {},
-                                               const ProfileBatch* profile_batch = nullptr,
-                                               std::string* plan_text = nullptr);
 
 }  // namespace conveyor

@@ -1,9 +1,6 @@
 #include "plugin/script/torchscript.h"
 
 #include "plugin/errors.h"
-#include "plugin/planner/planner.h"
-#include "plugin/planner/profile.h"
-#include "plugin/profile_model.h"
 #include "plugin/script/script_graph.h"
 
 #include <c10/util/Exception.h>
@@ -81,25 +78,6 @@ torch::nn::Sequential sequential_from_script(torch::jit::Module model, const std
             ScriptLayer(model, s.function, s.state, s.submodules, s.description, layer_options, s.fed)));
   }
   return layers;
-}
-
-ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
-                           const std::vector<std::string>& split_points, ScriptLayerOptions layer_options,
-                           const std::vector<std::vector<std::string>>& tied_parameters,
-                           const ProfileBatch* profile_batch, std::string* plan_text) {
-  apply_split_points(options, split_points);
-  torch::nn::Sequential layers = sequential_from_script(std::move(model), split_points, layer_options);
-  return front_end_stages(layers, std::move(options), tied_parameters, profile_batch, plan_text);
-}
-
-std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
-                                               const std::vector<std::string>& split_points,
-                                               ScriptLayerOptions layer_options,
-                                               const std::vector<std::vector<std::string>>& tied_parameters,
-                                               const ProfileBatch* profile_batch, std::string* plan_text) {
-  ScriptStages stages = script_stages(std::move(model), std::move(options), split_points, std::move(layer_options),
-                                      tied_parameters, profile_batch, plan_text);
-  return std::make_unique<Pipeline>(stages.layers, std::move(stages.options));
 }
 
 }  // namespace conveyor

@@ -3,11 +3,12 @@
 // torch::nn::Sequential of ScriptLayers, so the Pipeline, its runtime and
 // every schedule run it unchanged:
 //
-//   auto model = conveyor::load_script("lm.pt");
-//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().workers(2).microbatches(4));
+//   conveyor::BuiltPipeline pipe(conveyor::load_script("lm.pt"),   // plugin/builder/builder.h
+//                                {.pipeline = PipelineOptions().workers(2).microbatches(4)});
 //   // or, cutting where you choose:
-//   auto pipe = conveyor::make_script_pipeline(model, PipelineOptions().microbatches(4),
-//                                              {"encoder.layer2", "decoder"});
+//   conveyor::BuiltPipeline pipe(conveyor::load_script("lm.pt"),
+//                                {.pipeline = PipelineOptions().microbatches(4),
+//                                 .build = BuildOptions().split_points({"encoder.layer2", "decoder"})});
 //
 // Without split points, the model's forward must be a plain chain of its
 // submodules, each called once on the previous one's output:
@@ -34,10 +35,7 @@
 // A layer holds the parameters and buffers of the code it runs: those of a
 // submodule the forward never calls are in no layer, so not in the pipeline.
 
-#include "plugin/front_end.h"
 #include "plugin/model_names.h"
-#include "plugin/options.h"
-#include "plugin/pipeline.h"
 #include "plugin/script/script_layer.h"
 
 #include <torch/csrc/jit/api/module.h>
@@ -64,34 +62,5 @@ torch::jit::Module load_script(const std::string& path);
 torch::nn::Sequential sequential_from_script(torch::jit::Module model,
                                              const std::vector<std::string>& split_points = {},
                                              ScriptLayerOptions layer_options = {});
-
-// sequential_from_script + a Pipeline. With split points, options.workers()
-// must be 0 or split_points.size() + 1, and options.boundaries() empty.
-// `tied_parameters` are groups of parameters named as in the TorchScript
-// model ("emb.weight"), added to options.tied_parameters() (which name them
-// as the pipeline's layers do). A tensor the model uses in several stages is
-// tied by itself: each later stage's layer gets a copy (under another
-// attribute, as after proj.weight = embed.weight, or fed to its segment, as
-// when a later stage reads self.embed.weight itself).
-//
-// With Balance::kTime and no profile in `options`, `profile_batch` (a whole
-// batch: its first micro-batch is profiled, plugin/planner/profile.h) is required;
-// `plan_text` (if given) then receives the plan with its predictions.
-// (ProfileBatch: plugin/front_end.h; split_point_boundaries there makes each
-// of sequential_from_script's segments one stage.)
-// The layers and options make_script_pipeline builds its Pipeline from, for
-// a caller that builds another runtime over them (a DistributedPipeline).
-using ScriptStages = FrontEndStages;
-ScriptStages script_stages(torch::jit::Module model, PipelineOptions options,
-                           const std::vector<std::string>& split_points = {}, ScriptLayerOptions layer_options = {},
-                           const std::vector<std::vector<std::string>>& tied_parameters = {},
-                           const ProfileBatch* profile_batch = nullptr, std::string* plan_text = nullptr);
-
-std::unique_ptr<Pipeline> make_script_pipeline(torch::jit::Module model, PipelineOptions options,
-                                               const std::vector<std::string>& split_points = {},
-                                               ScriptLayerOptions layer_options = {},
-                                               const std::vector<std::vector<std::string>>& tied_parameters = {},
-                                               const ProfileBatch* profile_batch = nullptr,
-                                               std::string* plan_text = nullptr);
 
 }  // namespace conveyor

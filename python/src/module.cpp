@@ -1,5 +1,5 @@
 // conveyor._C: the extension module behind the `conveyor` Python package
-// (python/conveyor/). It wraps ScriptPipeline (plugin/script/script_pipeline.h)
+// (python/conveyor/). It wraps BuiltPipeline (plugin/builder/builder.h)
 // and adds what only Python has: a loss function and a learning-rate schedule
 // that are Python callables, called on the pipeline's threads with the GIL
 // taken for the call alone (train_step and forward release it while the
@@ -7,8 +7,9 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/errors.h"
-#include "plugin/script/python_options.h"
-#include "plugin/script/script_pipeline.h"
+#include "plugin/builder/builder.h"
+#include "plugin/builder/dict_options.h"
+#include "plugin/builder/option_values.h"
 #include "plugin/trace/timeline.h"
 #include "plugin/version.h"
 #include "python/src/process_groups.h"
@@ -106,7 +107,7 @@ struct StepReport : StepResult {
 
 class PyPipeline {
  public:
-  // `options`: a dict of ScriptPipeline's options, as the keywords gave them
+  // `options`: a dict of the builder's options (plugin/builder/dict_options.h), as the keywords gave them
   // (the C++ side checks each); `loss_fn` and `lr_schedule`: Python callables
   // or None. `process_group` (None for one process) and `replica_group`:
   // torch.distributed's groups, see process_groups().
@@ -118,25 +119,19 @@ class PyPipeline {
       const auto name = py::cast<std::string>(key);
       generic.insert(name, ivalue_of(value, "option '" + name + "'"));
     }
-    const ScriptOptions dict = c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic));
-    const c10::IValue model = py::isinstance<py::str>(script_module)
-                                  ? c10::IValue(py::cast<std::string>(script_module))
-                                  : c10::IValue(py::cast<torch::jit::Module>(script_module)._ivalue());
-    const TensorsLossFn python_loss_fn = loss_fn.is_none() ? nullptr : python_loss(loss_fn, raised_);
-    const LearningRateSchedule python_lr = lr_schedule.is_none() ? nullptr : python_lr_schedule(lr_schedule, raised_);
-    const auto customize = [&](PipelineOptions& opts, TensorsLossFn& loss) {
-      if (python_loss_fn) loss = python_loss_fn;
-      if (python_lr) opts.lr_schedule(python_lr);
-    };
-    std::shared_ptr<ProcessGroups> groups;
+    BuildRequest request =
+        request_from_dict(c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic)), ValueText::kTyped);
+    const Model model = py::isinstance<py::str>(script_module)
+                            ? Model(py::cast<std::string>(script_module))
+                            : Model(py::cast<torch::jit::Module>(script_module));
+    if (!loss_fn.is_none()) request.loss = python_loss(loss_fn, raised_);
+    if (!lr_schedule.is_none()) request.pipeline.lr_schedule(python_lr_schedule(lr_schedule, raised_));
     if (!process_group.is_none()) {
-      PipelineOptions timing;
-      if (dict.contains("timeout")) read_option(timing, "timeout", dict.at("timeout"), ValueText::kTyped);
-      groups = process_groups(process_group, replica_group, timing.timeout().count() / 1000.0);
+      request.groups = process_groups(process_group, replica_group, request.pipeline.timeout().count() / 1000.0);
     }
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
-    released([&] { pipe_ = std::make_unique<ScriptPipeline>(model, dict, customize, groups, ValueText::kTyped); });
+    released([&] { pipe_ = std::make_unique<BuiltPipeline>(model, std::move(request)); });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
 
@@ -155,7 +150,7 @@ class PyPipeline {
     return python_tensors(released([&] { return pipe_->forward(inputs); }));
   }
 
-  ScriptPipeline& script() { return *pipe_; }
+  BuiltPipeline& built() { return *pipe_; }
   Pipeline& pipeline() { return pipe_->pipeline(); }
 
  private:
@@ -180,7 +175,7 @@ class PyPipeline {
   }
 
   std::shared_ptr<RaisedInStep> raised_;
-  std::unique_ptr<ScriptPipeline> pipe_;
+  std::unique_ptr<BuiltPipeline> pipe_;
   std::shared_ptr<const Plan> plan_;
 };
 
@@ -301,43 +296,43 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object>(), py::arg("model"),
            py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
            py::arg("replica_group"))
-      .def("options", [](PyPipeline& p) { return options_of(p.script()); })
+      .def("options", [](PyPipeline& p) { return options_of(p.built()); })
       .def("train_step", &PyPipeline::train_step)
       .def("forward", &PyPipeline::forward)
       .def("clip_grad_norm",
            [](PyPipeline& p, double max_norm, double norm_type) {
              py::gil_scoped_release nogil;
-             return p.script().clip_grad_norm(max_norm, norm_type);
+             return p.built().clip_grad_norm(max_norm, norm_type);
            })
       .def("placement",
            [](PyPipeline& p) -> py::tuple {  // (worker, replicas, replica)
-             DistributedPipeline* d = p.script().distributed();
+             DistributedPipeline* d = p.built().distributed();
              if (!d) return py::make_tuple(0, 1, 0);
              const ProcessGroups& g = d->groups();
              return py::make_tuple(g.worker(), g.layout().replicas, g.replica());
            })
       .def("shared_memory_links",
            [](PyPipeline& p) {  // DistributedPipeline::shared_memory_links; 0 in one process
-             DistributedPipeline* d = p.script().distributed();
+             DistributedPipeline* d = p.built().distributed();
              return d ? d->shared_memory_links() : 0;
            })
       .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
-      .def("named_parameters", [](PyPipeline& p) { return p.script().named_parameters(); })
-      .def("named_buffers", [](PyPipeline& p) { return p.script().named_buffers(); })
-      .def("state_dict", [](PyPipeline& p) { return p.script().state_dict(); })
+      .def("named_parameters", [](PyPipeline& p) { return p.built().named_parameters(); })
+      .def("named_buffers", [](PyPipeline& p) { return p.built().named_buffers(); })
+      .def("state_dict", [](PyPipeline& p) { return p.built().state_dict(); })
       .def("load_state_dict",
            [](PyPipeline& p, const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
-             const auto keys = p.script().load_state_dict(state, strict);
+             const auto keys = p.built().load_state_dict(state, strict);
              return py::make_tuple(keys.missing, keys.unexpected);
            })
       .def("train", [](PyPipeline& p, bool on) { p.pipeline().train(on); })
       .def("num_stages", [](PyPipeline& p) { return p.pipeline().num_stages(); })
       .def("num_workers", [](PyPipeline& p) { return p.pipeline().num_workers(); })
       .def("schedule", [](PyPipeline& p) { return p.pipeline().schedule().str(); })
-      .def("plan", [](PyPipeline& p) { return p.script().plan_text(); })
+      .def("plan", [](PyPipeline& p) { return p.built().plan_text(); })
       .def("prediction",
            [](PyPipeline& p) -> py::object { return p.plan() ? py::object(plan_prediction(*p.plan())) : py::none(); })
-      .def("fused_ops_report", [](PyPipeline& p) { return p.script().fused_ops_report(); })
+      .def("fused_ops_report", [](PyPipeline& p) { return p.built().fused_ops_report(); })
       .def("completed_steps", [](PyPipeline& p) { return p.pipeline().completed_steps(); })
       .def("save_checkpoint",
            [](PyPipeline& p, const std::string& path, int64_t step) {

@@ -1,6 +1,6 @@
 #include "python/src/values.h"
 
-#include "plugin/script/python_options.h"
+#include "plugin/builder/option_values.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
@@ -92,7 +92,7 @@ Tensors tensors_from(const char* what, const py::handle& value) {
   return as_tensors(what, ivalue_of(value, std::string("the ") + what));
 }
 
-py::dict options_of(const ScriptPipeline& pipe) {
+py::dict options_of(const BuiltPipeline& pipe) {
   std::vector<OptionDescription> rows;
   describe_options(pipe.pipeline().options(), rows);
   describe_options(pipe.build_options(), rows);

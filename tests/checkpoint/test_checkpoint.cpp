@@ -1,6 +1,7 @@
 // Checkpoints: a resumed run takes bit for bit the steps an uninterrupted one
 // takes, the file reads back as a dict of named tensors, and a checkpoint of
 // another model or stage count is refused before anything changes.
+#include "built_pipeline.h"
 #include "error_of.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/checkpoint_file.h"
@@ -72,7 +73,7 @@ void expect_bit_identical(const Pipeline& a, const Pipeline& b, const std::strin
 
 // 6 steps in one go against 3 steps, a checkpoint, a fresh pipeline and
 // optimizer (other initial weights, other generator state), a load and 3 steps.
-void check_resume(const std::function<std::unique_ptr<Pipeline>()>& make_pipe, const MakeOptimizer& make_opt,
+void check_resume(const std::function<std::shared_ptr<Pipeline>()>& make_pipe, const MakeOptimizer& make_opt,
                   const std::string& where) {
   const std::string path = temp_path("resume.ckpt");
   torch::manual_seed(42);
@@ -98,7 +99,7 @@ void check_resume(const std::function<std::unique_ptr<Pipeline>()>& make_pipe, c
 }
 
 TEST(Checkpoint, ResumeIsBitIdenticalWithSgdMomentumAndAdam) {
-  const auto make_pipe = [] { return std::make_unique<Pipeline>(dropout_mlp(), options().boundaries({3})); };
+  const auto make_pipe = [] { return std::make_shared<Pipeline>(dropout_mlp(), options().boundaries({3})); };
   check_resume(make_pipe, sgd, "sgd");
   check_resume(make_pipe, adam, "adam");
 }
@@ -106,7 +107,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalWithSgdMomentumAndAdam) {
 TEST(Checkpoint, ResumeIsBitIdenticalForATorchScriptModel) {
   REQUIRE_FIXTURES();
   const std::string file = testing::fixture("dropout_mlp.pt");
-  const auto make_pipe = [&] { return make_script_pipeline(load_script(file), options()); };
+  const auto make_pipe = [&] { return testing::built_pipeline(load_script(file), options()); };
   check_resume(make_pipe, adam, "script adam");
 }
 

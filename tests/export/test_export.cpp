@@ -7,6 +7,7 @@
 // match all of it in float64 to 1e-10; the asynchronous schedules must train
 // as they do a torch::nn twin of the model. The same models across processes:
 // test_export_ranks.cpp.
+#include "built_pipeline.h"
 #include "export/export_cases.h"
 #include "plugin/export/exported.h"
 #include "plugin/model_names.h"
@@ -39,7 +40,7 @@ void check_against_eager(const ExportCase& c, const std::vector<std::string>& sp
   const std::string where = c.model + " cut at " + c10::Join(",", split) + " under " + label;
   const auto ref = reference(c.model);
   const Tensors inputs = numbered(ref, "input."), targets = numbered(ref, "target.");
-  auto pipe = make_export_pipeline(load_exported(fixture(c.model + ".pt2")), options, split);
+  auto pipe = testing::built_pipeline(load_exported(fixture(c.model + ".pt2")), options, split);
   ASSERT_EQ(pipe->num_stages(), static_cast<int>(split.size()) + 1) << where;
   torch::optim::SGD sgd(pipe->parameters(), torch::optim::SGDOptions(0.05));
   for (int step = 0; step < 3; ++step) {
@@ -119,7 +120,7 @@ TEST(ExportedProgram, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
     const auto options = PipelineOptions().microbatches(4).schedule(schedule).optimizer(sgd);
     const ExportedModel model = load_exported(fixture("mlp.pt2"));
     Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).boundaries({4}));
-    const auto pipe = make_export_pipeline(model, options, {"body.4"});
+    const auto pipe = testing::built_pipeline(model, options, {"body.4"});
     for (int step = 0; step < 3; ++step) {
       pipe->train_step(x, y, export_loss(false));
       twin.train_step(x, y, export_loss(false));
@@ -156,7 +157,7 @@ TEST(ExportedProgram, WithoutSplitPointsEachCalledModuleIsALayer) {
 TEST(ExportedProgram, EvaluationModeLeavesBatchNormStatisticsAlone) {
   REQUIRE_EXPORT_FIXTURES();
   const auto ref = reference("resblock");
-  auto pipe = make_export_pipeline(load_exported(fixture("resblock.pt2")), PipelineOptions().microbatches(2),
+  auto pipe = testing::built_pipeline(load_exported(fixture("resblock.pt2")), PipelineOptions().microbatches(2),
                                    {"block"});
   const auto before = model_named_buffers(*pipe);
   std::vector<at::Tensor> saved;
@@ -193,11 +194,11 @@ TEST(ExportedProgram, BadSplitsAndBatchesAreRefusedByName) {
   EXPECT_THAT(invalid_argument_of([&] { sequential_from_export(mlp, {"body.0"}); }),
               HasSubstr("it begins the program"));
   EXPECT_THAT(invalid_argument_of([&] {
-                make_export_pipeline(mlp, PipelineOptions().schedule("interleaved").workers(3), {"body.2", "head"});
+                testing::built_pipeline(mlp, PipelineOptions().schedule("interleaved").workers(3), {"body.2", "head"});
               }),
               HasSubstr("2 split points make 3 stages, but the options ask for 3 workers of 2 chunks each"));
   const auto ref = reference("mlp");
-  auto pipe = make_export_pipeline(load_exported(fixture("static_batch.pt2")), PipelineOptions().microbatches(4),
+  auto pipe = testing::built_pipeline(load_exported(fixture("static_batch.pt2")), PipelineOptions().microbatches(4),
                                    {"head"});
   const auto step = [&] { pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), export_loss(false)); };
   EXPECT_THAT(error_of(step),

@@ -6,6 +6,7 @@
 // ranks (rank_launcher.h); each rank loads the .pt2 itself, trains its stage
 // and writes the loss, its stage's gradients after the first step and its
 // parameters and buffers after three SGD steps, by the model's names.
+#include "built_pipeline.h"
 #include "export/export_cases.h"
 #include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/export/exported.h"
@@ -105,7 +106,7 @@ NamedTensors merged(const std::string& out, const std::string& model, const std:
 // PipeDream across two processes against the same in the test's process.
 void expect_like_in_process(const ExportCase& c, const NamedTensors& got, const std::string& where) {
   const NamedTensors ref = export_reference(c.model);
-  auto pipe = make_export_pipeline(load_exported(export_fixture(c.model + ".pt2")), options_for("pipedream"),
+  auto pipe = testing::built_pipeline(load_exported(export_fixture(c.model + ".pt2")), options_for("pipedream"),
                                    split_for(c, "pipedream", 2));
   for (int step = 0; step < 3; ++step) {
     pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), export_loss(c.cross_entropy));

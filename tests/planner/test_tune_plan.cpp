@@ -33,7 +33,7 @@ struct Sample {
   at::Tensor x = torch::randn({32, 16}, torch::kFloat64), y = torch::randn({32, 8}, torch::kFloat64);
 };
 
-const TensorsLossFn kMse = [](const Tensors& out, const Tensors& t) { return torch::mse_loss(out[0], t[0]); };
+const TensorsLossFn kMse = testing::mse_of_first;
 
 PlanSpace two_worker_space() {
   PlanSpace space;

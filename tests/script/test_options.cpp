@@ -4,8 +4,9 @@
 // the README's reference table is the declarations'.
 #include "error_of.h"
 #include "plugin/options.h"
-#include "plugin/script/python_options.h"
-#include "plugin/script/script_pipeline.h"
+#include "plugin/builder/builder.h"
+#include "plugin/builder/dict_options.h"
+#include "plugin/builder/option_values.h"
 
 #include "script_fixtures.h"
 
@@ -21,7 +22,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::fixture;
 
-ScriptOptions empty_dict() {
+PythonOptions empty_dict() {
   return c10::impl::toTypedDict<std::string, c10::IValue>(
       c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
 }
@@ -77,20 +78,20 @@ TEST(Options, ValuesGivenAsPythonGivesThemReachThePipeline) {
   REQUIRE_FIXTURES();
   const torch::jit::Module model = load_script(fixture("mlp.pt"));
   // Unset, and set to their defaults explicitly: the same pipeline options.
-  ScriptOptions all_defaults = empty_dict();
+  PythonOptions all_defaults = empty_dict();
   for (const auto& row : every_option()) {
     if (!row.type.empty() && row.section != std::string("distributed")) {
       all_defaults.insert(row.name, row.default_value);
     }
   }
-  const ScriptPipeline unset(model._ivalue(), empty_dict(), nullptr, nullptr, ValueText::kTyped);
-  const ScriptPipeline given(model._ivalue(), all_defaults, nullptr, nullptr, ValueText::kTyped);
+  const BuiltPipeline unset(model, request_from_dict(empty_dict(), ValueText::kTyped));
+  const BuiltPipeline given(model, request_from_dict(all_defaults, ValueText::kTyped));
   EXPECT_EQ(shown(unset.pipeline().options()), shown(given.pipeline().options()));
   EXPECT_EQ(shown(unset.pipeline().options()), shown(PipelineOptions()));
   EXPECT_EQ(shown(unset.build_options()), shown(BuildOptions()));
 
   // Values other than the defaults arrive as given, in the section the runtime takes.
-  ScriptOptions options = empty_dict();
+  PythonOptions options = empty_dict();
   options.insert("workers", int64_t{2});
   options.insert("microbatches", int64_t{2});
   options.insert("schedule", std::string("gpipe"));
@@ -102,7 +103,7 @@ TEST(Options, ValuesGivenAsPythonGivesThemReachThePipeline) {
   options.insert("stage_rng", true);
   options.insert("recompute", true);
   options.insert("autocast", std::string("bf16"));
-  const ScriptPipeline pipe(model._ivalue(), options, nullptr, nullptr, ValueText::kTyped);
+  const BuiltPipeline pipe(model, request_from_dict(options, ValueText::kTyped));
   const PipelineOptions& o = pipe.pipeline().options();
   EXPECT_EQ(o.scheduling().workers, 2);
   EXPECT_EQ(o.batching().microbatches, 2);
@@ -143,10 +144,9 @@ TEST(Options, ValuesAreCheckedAgainstTheirRows) {
 }
 
 TEST(Options, AnUnknownOptionListsTheKnownOnes) {
-  REQUIRE_FIXTURES();
-  ScriptOptions options = empty_dict();
+  PythonOptions options = empty_dict();
   options.insert("micro_batches", int64_t{2});
-  EXPECT_THAT(testing::invalid_argument_of([&] { ScriptPipeline(load_script(fixture("mlp.pt"))._ivalue(), options); }),
+  EXPECT_THAT(testing::invalid_argument_of([&] { request_from_dict(options, ValueText::kOrText); }),
               AllOf(HasSubstr("unknown option 'micro_batches' (known: "), HasSubstr("microbatches"),
                     HasSubstr("shared_memory"), HasSubstr("split_points")));
 }

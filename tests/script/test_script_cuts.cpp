@@ -5,6 +5,7 @@
 // [T, T] mask, refused as a split input with a message that names
 // shared_inputs, goes whole to every micro-batch with it. Every cut gives
 // the unsplit scripted model's own gradients.
+#include "built_pipeline.h"
 #include "error_of.h"
 #include "plugin/script/torchscript.h"
 
@@ -60,7 +61,7 @@ TEST(ScriptCuts, CutsBetweenTheItemsOfALoopedModuleListGiveTheUnsplitGradients) 
 
 TEST(ScriptCuts, EachStageHoldsTheLayersItRuns) {
   REQUIRE_FIXTURES();
-  const auto pipe = make_script_pipeline(load_script(fixture("looped_transformer.pt")),
+  const auto pipe = testing::built_pipeline(load_script(fixture("looped_transformer.pt")),
                                          PipelineOptions().microbatches(2).shared_inputs({1}), {"layers.2"});
   std::vector<std::string> stage1;
   for (const auto& p : pipe->stage(1).module()->named_parameters()) stage1.push_back(p.key());
@@ -105,7 +106,7 @@ TEST(ScriptCuts, ACutInsideAnOverloadedForwardInlinesTheOverloadCalled) {
 TEST(ScriptCuts, AMaskWithoutSamplesIsRefusedNamingSharedInputs) {
   REQUIRE_FIXTURES();
   const MaskedBatch b = masked_batch();
-  const auto pipe = make_script_pipeline(load_script(fixture("looped_transformer.pt")),
+  const auto pipe = testing::built_pipeline(load_script(fixture("looped_transformer.pt")),
                                          PipelineOptions().microbatches(3), {"layers.2"});
   EXPECT_THAT(error_of<std::invalid_argument>([&] { pipe->train_step(Tensors{b.x, b.mask}, Tensors{b.y}, mse_of); }),
               AllOf(HasSubstr("the input 1 has 5 samples along dimension 0 (shape [5, 5]), but the input 0 has 6"),
@@ -125,7 +126,7 @@ TEST(ScriptCuts, AnInputWithNoBatchDimensionIsRefusedNamingSharedInputs) {
   const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
   const at::Tensor scale = torch::tensor(0.5, torch::kFloat64);
   const auto pipe =
-      make_script_pipeline(load_script(fixture("two_input.pt")), PipelineOptions().microbatches(2), {"b"});
+      testing::built_pipeline(load_script(fixture("two_input.pt")), PipelineOptions().microbatches(2), {"b"});
   EXPECT_THAT(error_of<std::invalid_argument>([&] { pipe->train_step(Tensors{x, scale}, Tensors{y}, mse_of); }),
               AllOf(HasSubstr("the input 1 has shape [], which has no batch dimension 0"),
                     HasSubstr("pass it whole to every micro-batch with shared_inputs({1})")));

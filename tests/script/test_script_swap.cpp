@@ -3,6 +3,7 @@
 // aten::lstm; LSTMs the fused op cannot run are left alone and reported; the
 // original module keeps its code; a pipeline of the swapped model keeps the
 // unsplit model's gradients.
+#include "built_pipeline.h"
 #include "ops/dispatch/fused_dispatch.h"
 #include "ops/swap.h"
 #include "plugin/script/torchscript.h"
@@ -127,7 +128,7 @@ TEST(ScriptSwap, APipelineOfTheSwappedModelKeepsTheUnsplitGradients) {
       const std::string where = std::string(schedule) + " K=" + std::to_string(k);
       torch::jit::Module model = load_script(fixture("lstm_lm.pt"));
       EXPECT_EQ(swap_fused_ops(model).swapped.size(), 2u) << where;
-      const auto pipe = make_script_pipeline(model, PipelineOptions().workers(k).microbatches(3).schedule(schedule));
+      const auto pipe = testing::built_pipeline(model, PipelineOptions().workers(k).microbatches(3).schedule(schedule));
       pipe->train_step(tokens, targets, testing::lm_loss);
       testing::expect_same_grads(*pipe, reference, 1e-10, where);
     }

@@ -3,6 +3,7 @@
 // residual block is cut inside), a non-tensor across a cut is refused naming
 // it, and a weight the model ties across stages is untied into copies kept
 // identical. Fixtures from tests/python/make_fixtures.py.
+#include "built_pipeline.h"
 #include "error_of.h"
 #include "plugin/script/torchscript.h"
 
@@ -91,7 +92,7 @@ TEST(ScriptTensors, SeveralArgumentsWithoutSplitPointsAskForThem) {
 
 TEST(ScriptTensors, AStageGivenFewerTensorsThanItsSegmentTakesNamesBothCounts) {
   REQUIRE_FIXTURES();
-  const auto pipe = make_script_pipeline(load_script(fixture("two_input.pt")), PipelineOptions().microbatches(2), {"b"});
+  const auto pipe = testing::built_pipeline(load_script(fixture("two_input.pt")), PipelineOptions().microbatches(2), {"b"});
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64);
   const std::string msg =
       error_of([&] { pipe->train_step(Tensors{x}, Tensors{torch::randn({4, 3}, torch::kFloat64)}, mse_of); });
@@ -110,7 +111,7 @@ TEST(ScriptTensors, AWeightTiedAcrossStagesIsUntiedIntoIdenticalCopies) {
   const at::Tensor ref_grad = ref.attr("embed").toModule().attr("weight").toTensor().grad();
 
   torch::jit::Module model = load_script(fixture("tied_lm.pt"));
-  const auto pipe = make_script_pipeline(model, PipelineOptions().workers(2).microbatches(3));
+  const auto pipe = testing::built_pipeline(model, PipelineOptions().workers(2).microbatches(3));
   ASSERT_EQ(pipe->tied_parameters().size(), 1u);
   pipe->train_step(Tensors{tokens}, Tensors{y}, cross_entropy_of);
   std::map<std::string, at::Tensor> params;
@@ -142,7 +143,7 @@ TEST(ScriptTensors, AnAttributeReadInTwoStagesIsFedAsATiedCopy) {
   const at::Tensor ref_grad = ref.attr("embed").toModule().attr("weight").toTensor().grad();
   for (const auto& cut : std::vector<std::vector<std::string>>{{"rnn2"}, {"rnn1", "rnn2"}}) {
     const auto pipe =
-        make_script_pipeline(load_script(fixture("tied_head_lm.pt")), PipelineOptions().microbatches(3), cut);
+        testing::built_pipeline(load_script(fixture("tied_head_lm.pt")), PipelineOptions().microbatches(3), cut);
     ASSERT_EQ(pipe->tied_parameters().size(), 1u);
     pipe->train_step(Tensors{tokens}, Tensors{y}, cross_entropy_of);
     const at::Tensor& first = pipe->stage(0).live()[0];

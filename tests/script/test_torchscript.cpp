@@ -2,6 +2,7 @@
 // and names, every synchronous schedule gives the unsplit model's gradients,
 // split points cut where asked, and bad input is refused with a clear error.
 // The models come from tests/python/make_fixtures.py (env CONVEYOR_FIXTURES).
+#include "built_pipeline.h"
 #include "error_of.h"
 #include "plugin/script/torchscript.h"
 
@@ -56,7 +57,7 @@ void check_exact(const std::string& file, const PipelineOptions& options, const 
                  const std::string& where) {
   const Case c = make_case(file);
   const auto [ref, ref_loss] = reference_grads(c);
-  const auto pipe = make_script_pipeline(load_script(fixture(file)), options, split_points);
+  const auto pipe = testing::built_pipeline(load_script(fixture(file)), options, split_points);
   const StepResult r = pipe->train_step(c.input, c.target, c.loss);
   expect_same_grads(*pipe, ref, 1e-10, where);
   EXPECT_NEAR(r.loss, ref_loss, 1e-10) << where;
@@ -77,7 +78,7 @@ TEST(ScriptPipeline, ChainModelsGiveTheUnsplitGradientsAtEveryStageCount) {
 TEST(ScriptPipeline, LayersShareTheModelsTensorsAndNames) {
   REQUIRE_FIXTURES();
   torch::jit::Module model = load_script(fixture("mlp.pt"));
-  const auto pipe = make_script_pipeline(model, PipelineOptions().workers(2));
+  const auto pipe = testing::built_pipeline(model, PipelineOptions().workers(2));
   std::vector<std::string> names;
   for (const auto& [name, p] : pipe->named_parameters()) names.push_back(name);
   EXPECT_THAT(names,
@@ -106,7 +107,7 @@ TEST(ScriptPipeline, NestedSplitPointsCutInsideASubmodule) {
     check_exact("mlp.pt", PipelineOptions().microbatches(4).schedule(schedule), split,
                 std::string("nested ") + schedule);
   }
-  const auto pipe = make_script_pipeline(load_script(fixture("mlp.pt")), PipelineOptions(), split);
+  const auto pipe = testing::built_pipeline(load_script(fixture("mlp.pt")), PipelineOptions(), split);
   ASSERT_EQ(pipe->num_stages(), 3);
   std::vector<std::string> stage1;
   for (const auto& p : pipe->stage(1).module()->named_parameters()) stage1.push_back(p.key());
@@ -151,7 +152,7 @@ TEST(ScriptPipeline, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
     const auto options = PipelineOptions().workers(2).microbatches(4).schedule(schedule).optimizer(sgd);
     const torch::jit::Module model = load_script(fixture("mlp.pt"));
     Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).workers(0).boundaries({4}));
-    const auto pipe = make_script_pipeline(model, options);
+    const auto pipe = testing::built_pipeline(model, options);
     torch::manual_seed(4);
     for (int step = 0; step < 3; ++step) {
       const at::Tensor x = torch::randn({8, 8}, torch::kFloat64);
@@ -175,7 +176,7 @@ TEST(ScriptPipeline, ForwardIsInferenceAndMatchesTheModel) {
   REQUIRE_FIXTURES();
   const Case c = make_case("lstm_lm.pt");
   torch::jit::Module ref = load_script(fixture(c.file));
-  const auto pipe = make_script_pipeline(load_script(fixture(c.file)), PipelineOptions().workers(3).microbatches(2));
+  const auto pipe = testing::built_pipeline(load_script(fixture(c.file)), PipelineOptions().workers(3).microbatches(2));
   const at::Tensor out = pipe->forward(c.input);
   EXPECT_FALSE(out.requires_grad());
   EXPECT_LE((out - ref.forward({c.input}).toTensor()).abs().max().item<double>(), 1e-12);
@@ -184,7 +185,7 @@ TEST(ScriptPipeline, ForwardIsInferenceAndMatchesTheModel) {
 TEST(ScriptPipeline, TrainAndEvalReachTheTorchScriptCode) {
   REQUIRE_FIXTURES();
   torch::jit::Module model = load_script(fixture("dropout_mlp.pt"));
-  const auto pipe = make_script_pipeline(model, PipelineOptions().workers(2));
+  const auto pipe = testing::built_pipeline(model, PipelineOptions().workers(2));
   const at::Tensor x = torch::randn({16, 8}, torch::kFloat64);
   pipe->eval();
   EXPECT_FALSE(model.attr("drop").toModule().is_training());
@@ -216,7 +217,7 @@ TEST(ScriptPipeline, CloneOfTheLayersIsDeep) {
 
 TEST(ScriptPipeline, AFailingLayerIsNamedWithItsStage) {
   REQUIRE_FIXTURES();
-  const auto pipe = make_script_pipeline(load_script(fixture("mlp.pt")), PipelineOptions().workers(2).microbatches(2));
+  const auto pipe = testing::built_pipeline(load_script(fixture("mlp.pt")), PipelineOptions().workers(2).microbatches(2));
   try {
     pipe->train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 5}, torch::kFloat64), testing::mse);
     FAIL() << "a target of the wrong width must fail";
@@ -280,7 +281,7 @@ TEST(ScriptErrors, BadSplitPointsAreNamed) {
               AllOf(HasSubstr("split points out of order"), HasSubstr("'encoder' is called before 'head'")));
   EXPECT_THAT(invalid_argument_of([&] { sequential_from_script(mlp, {"stem"}); }), HasSubstr("stage 0 would be empty"));
   EXPECT_THAT(invalid_argument_of([&] {
-                make_script_pipeline(mlp, PipelineOptions().workers(2), {"encoder", "head"});
+                testing::built_pipeline(mlp, PipelineOptions().workers(2), {"encoder", "head"});
               }),
               HasSubstr("2 split points make 3 stages, but the options ask for 2"));
 }

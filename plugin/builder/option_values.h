@@ -161,7 +161,7 @@ struct OptionValue<E> {
     const auto names = value_names(E{});
     return static_cast<E>(as_choice(k, v, names.data(), names.size()));
   }
-  static c10::IValue write(E e) { return std::string(value_names(E{})[static_cast<size_t>(e)]); }
+  static c10::IValue write(E e) { return std::string(value_name(e)); }
 };
 
 template <>

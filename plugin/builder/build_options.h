@@ -2,7 +2,7 @@
 // BuildOptions: how a model given from Python (or TorchScript) becomes a
 // pipeline: where to cut it, whether to search the plan, what to swap in,
 // and the pipeline's own optimizer by name. Rows as in plugin/option_list.h;
-// ScriptPipeline reads them with PipelineOptions' and DistributedOptions'.
+// the builder reads them with PipelineOptions' and DistributedOptions'.
 
 #include "plugin/option_list.h"
 

@@ -1,8 +1,8 @@
-#include "plugin/script/python_options.h"
+#include "plugin/builder/option_values.h"
 
 #include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/options.h"
-#include "plugin/script/build_options.h"
+#include "plugin/builder/build_options.h"
 
 #include <c10/util/StringUtil.h>
 

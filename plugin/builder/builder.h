@@ -1,64 +1,66 @@
 #pragma once
-// ScriptPipeline: a pipeline over a TorchScript model configured by a dict of
-// options, as Python hands them over. Both ways in from Python build on it:
-// the `conveyor` package's extension module (python/src/module.cpp), which
-// adds Python callables for the loss and the learning rate, and the
-// TorchScript class torch.classes.conveyor.Pipeline (python_class.cpp).
+// The one way from a model to a running pipeline. Everything that builds a
+// pipeline from a model builds it here: C++ code, the conveyor Python
+// package (python/src/module.cpp), the TorchScript class
+// torch.classes.conveyor.Pipeline (torch_class.cpp), the examples and the
+// benchmarks. Its phases, top to bottom, each a file of this folder:
+//   1. front_end.h  the model as layers: torch::nn layers as they are, a
+//                   TorchScript module (fused ops swapped in first, when
+//                   asked) or a torch.export program cut at the split points;
+//   2. plan.h       the plan: the options' own, searched or raced, with the
+//                   sample's first micro-batch profiled once when it needs it;
+//   3. builder.cpp  the runtime: a Pipeline in this process, or a
+//                   DistributedPipeline over torch.distributed's groups (one
+//                   worker per process; parameters and state are then this
+//                   process's stages').
 //
-// Options: the dict's keys are the rows of PipelineOptions
-// (plugin/option_list.h), BuildOptions (plugin/script/build_options.h) and
-// DistributedOptions, each value of its row's type (read by
-// plugin/script/python_options.h); and two that are objects: loss
-// ("cross_entropy" over the last dimension | "mse" | a scripted module called
-// as loss(*outputs, *targets)) and sample (an (input, target) batch whose
-// first micro-batch is profiled: balance "time" and plan "auto" need it; the
-// plan then predicts the step). Every error in the options is a
-// std::invalid_argument naming the option (OptionTypeError for a value of the
-// wrong type).
+//   conveyor::BuiltPipeline pipe(conveyor::load_script("lm.pt"),
+//                                {.pipeline = conveyor::PipelineOptions().microbatches(4),
+//                                 .build = conveyor::BuildOptions().split_points({"encoder", "decoder"}),
+//                                 .loss = loss});
+//   pipe.train_step({x}, {y});
 //
-// Across processes: given ProcessGroups (torch.distributed's groups, handed
-// over by the conveyor package), each process builds the same pipeline and
-// runs its worker's stages over a DistributedPipeline (one worker per
-// process, D data-parallel replicas); parameters and state are then this
-// process's stages'.
+// Options: the rows of PipelineOptions (plugin/option_list.h), BuildOptions
+// (build_options.h) and DistributedOptions; dict_options.h reads them from a
+// dict as Python gives them. Every error in them is a std::invalid_argument
+// naming the option.
 
 #include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/options.h"
 #include "plugin/pipeline.h"
+#include "plugin/builder/build_options.h"
+#include "plugin/builder/front_end.h"
+#include "plugin/builder/plan.h"
 #include "plugin/planner/planner.h"
-#include "plugin/script/build_options.h"
-#include "plugin/script/python_options.h"
 #include "plugin/step_result.h"
 
-#include <ATen/core/Dict.h>
-#include <ATen/core/ivalue.h>
-#include <torch/csrc/jit/api/module.h>
-
-#include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace conveyor {
 
-using ScriptOptions = c10::Dict<std::string, c10::IValue>;
+// What a pipeline is built with, besides the model.
+struct BuildRequest {
+  PipelineOptions pipeline;
+  BuildOptions build;
+  DistributedOptions distributed;
+  // The loss train_step takes (and the profile and plan "tuned" run):
+  // loss(outputs, targets) -> a scalar.
+  TensorsLossFn loss;
+  // A whole batch: its first micro-batch is profiled when balance "time" or
+  // plan "auto" needs it, and the plan then predicts the step.
+  std::optional<SampleBatch> sample;
+  // torch.distributed's groups (the conveyor package hands them over): each
+  // process builds the same pipeline and runs its worker's stages.
+  std::shared_ptr<ProcessGroups> groups;
+};
 
-// The option names ScriptPipeline accepts, sorted.
-const std::set<std::string>& script_pipeline_options();
-
-class ScriptPipeline {
+class BuiltPipeline {
  public:
-  // `model`: a TorchScript module, or the path of one saved with
-  // torch.jit.save. `customize` (if given) runs after the options are read
-  // and before the pipeline is built: it may set what a dict cannot carry
-  // (a loss function, a learning-rate schedule).
-  using Customize = std::function<void(PipelineOptions&, TensorsLossFn& loss)>;
-  // `text`: whether numbers and bools may come as strings (ValueText::kOrText).
-  ScriptPipeline(const c10::IValue& model, const ScriptOptions& options, const Customize& customize = nullptr,
-                 std::shared_ptr<ProcessGroups> groups = nullptr, ValueText text = ValueText::kOrText);
+  BuiltPipeline(const Model& model, BuildRequest request);
 
   // One step; gradients accumulate into parameters()' .grad (or the
   // pipeline's optimizer steps). The result is also kept as last_step().
@@ -89,6 +91,8 @@ class ScriptPipeline {
   const Pipeline& pipeline() const { return *pipe_; }
   // Null unless built with process groups.
   DistributedPipeline* distributed() { return distributed_.get(); }
+  // The loss train_step takes.
+  const TensorsLossFn& loss() const { return loss_; }
   // The plan's text; with balance "time", its predicted times and memory.
   // With plan "auto", the search: the chosen plan and the runners-up.
   std::string plan_text() const {
@@ -102,10 +106,7 @@ class ScriptPipeline {
   const DistributedOptions& distributed_options() const { return distributed_options_; }
 
  private:
-  void build(const c10::IValue& model, const ScriptOptions& options, const Customize& customize,
-             std::shared_ptr<ProcessGroups> groups, ValueText text);
-
-  torch::jit::Module model_;
+  Model model_;
   BuildOptions build_;
   DistributedOptions distributed_options_;
   std::string fused_ops_report_ = "fused_ops is off\n";

@@ -1,4 +1,4 @@
-#include "plugin/script/build_options.h"
+#include "plugin/builder/build_options.h"
 
 #include "plugin/errors.h"
 
@@ -25,7 +25,7 @@ OptimizerFactory optimizer_from(const BuildOptions& options) {
   const double lr = *options.lr(), momentum = options.momentum().value_or(0);
   const double weight_decay = options.weight_decay().value_or(name == OptimizerName::kAdamW ? 1e-2 : 0.0);
   check_argument(name == OptimizerName::kSgd || !options.momentum(), "conveyor.Pipeline: option 'momentum' is for ",
-                 "optimizer 'sgd', not '", value_names(name)[static_cast<size_t>(name)], "'");
+                 "optimizer 'sgd', not '", value_name(name), "'");
   switch (name) {
     case OptimizerName::kSgd:
       return [=](std::vector<at::Tensor> p) {

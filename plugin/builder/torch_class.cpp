@@ -17,7 +17,7 @@
 // torch.optim optimizer over them updates the pipeline.
 //
 // Options: a dict, its values of the documented types or strings of them;
-// plugin/script/script_pipeline.h lists and reads them (the conveyor Python
+// plugin/builder/dict_options.h lists and reads them (the conveyor Python
 // package reads the same, as typed keywords). Python users who do not write
 // TorchScript reach Conveyor through that package (README, "Using it from
 // Python"); this class stays for TorchScript code.
@@ -33,8 +33,8 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/model_state.h"
-#include "plugin/script/python_options.h"
-#include "plugin/script/script_pipeline.h"
+#include "plugin/builder/builder.h"
+#include "plugin/builder/dict_options.h"
 
 #include <c10/util/Exception.h>
 #include <torch/custom_class.h>
@@ -64,8 +64,10 @@ c10::Dict<std::string, at::Tensor> as_dict(const std::vector<std::pair<std::stri
 
 class PythonPipeline : public torch::CustomClassHolder {
  public:
-  PythonPipeline(const c10::IValue& model, const ScriptOptions& options) {
-    python_errors([&] { pipe_ = std::make_unique<ScriptPipeline>(model, options); });
+  PythonPipeline(const c10::IValue& model, const PythonOptions& options) {
+    python_errors([&] {
+      pipe_ = std::make_unique<BuiltPipeline>(model_from_value(model), request_from_dict(options, ValueText::kOrText));
+    });
   }
 
   // One step: accumulates the batch's gradients into parameters()' .grad
@@ -135,14 +137,14 @@ class PythonPipeline : public torch::CustomClassHolder {
   }
 
  private:
-  std::unique_ptr<ScriptPipeline> pipe_;
+  std::unique_ptr<BuiltPipeline> pipe_;
 };
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(conveyor, m) {
   m.class_<PythonPipeline>("Pipeline")
-      .def(torch::init<c10::IValue, ScriptOptions>())
+      .def(torch::init<c10::IValue, PythonOptions>())
       .def("train_step", &PythonPipeline::train_step)
       .def("last_step", &PythonPipeline::last_step)
       .def("clip_grad_norm", &PythonPipeline::clip_grad_norm)

@@ -1,0 +1,62 @@
+#pragma once
+// The builder's first phase (plugin/builder/builder.h): the model as the
+// layers a Pipeline runs, whatever it was given as.
+//   - torch::nn layers (a Sequential): as they are. Split points name its
+//     children ("3", or a child's own name).
+//   - a TorchScript module, or the path of one saved with torch.jit.save:
+//     cut by plugin/script/ (torchscript.h says what it can cut), after
+//     Conveyor's fused operators are swapped in when fused_ops asks.
+//   - a torch.export program, or the path of a .pt2 archive: cut by
+//     plugin/export/ (exported.h).
+// Split points become the stages' boundaries (each segment one stage), and
+// tied_parameters, which name a TorchScript or exported model's parameters as
+// the model does ("emb.weight"), are renamed as the layers name them
+// ("stage0.emb.weight"). A tensor the model uses in several stages is tied
+// by itself: each later stage's layer gets a copy (under another attribute,
+// as after proj.weight = embed.weight, or fed to its segment, as when a later
+// stage reads self.embed.weight itself), and the pipeline ties the copies.
+
+#include "plugin/builder/build_options.h"
+#include "plugin/options.h"
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace conveyor {
+
+struct ExportedModel;  // plugin/export/exported.h
+
+// What a pipeline is built from: layers, a TorchScript module, a loaded
+// torch.export program, or the path of a TorchScript file or a .pt2 archive.
+using Model = std::variant<torch::nn::Sequential, torch::jit::Module, std::shared_ptr<const ExportedModel>,
+                           std::string>;
+
+// The model as layers, and what the front end did on the way.
+struct ModelLayers {
+  torch::nn::Sequential layers;
+  std::string fused_ops_report = "fused_ops is off\n";
+};
+
+// The model as layers (see above); sets `options`' boundaries from
+// build.split_points() and renames their tied_parameters. Throws
+// std::invalid_argument naming what stands in the way: a path that holds no
+// model this build reads, a split point the model lacks, workers that do not
+// match the split points, fused_ops or optimize for a model that is not
+// TorchScript, the front end's own errors.
+ModelLayers model_layers(const Model& model, const BuildOptions& build, PipelineOptions& options);
+
+// {1, 2, ..., n}: each of a front end's n + 1 segments one stage.
+std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);
+
+// "emb.weight" in the model -> "stage0.emb.weight" among the layers (each a
+// ModelPath, plugin/model_names.h). Throws std::invalid_argument for a name no
+// layer holds.
+std::string layer_parameter_name(const torch::nn::Sequential& layers, const std::string& model_name);
+
+}  // namespace conveyor

@@ -1,0 +1,56 @@
+#pragma once
+// The builder's second phase (plugin/builder/builder.h): the plan, chosen as
+// BuildOptions::plan says, on the layers the front end made.
+//   given  the options' own plan; balance "time" profiles the first
+//          micro-batch of the sample for it, once, here.
+//   auto   the whole plan searched (plugin/planner/search.h) on that
+//          profile, within max_workers and memory_budget.
+//   tuned  the search's finalists raced on the sample
+//          (plugin/tune_plan.h) and the fastest measured taken.
+
+#include "plugin/builder/build_options.h"
+#include "plugin/options.h"
+#include "plugin/types.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <string>
+
+namespace conveyor {
+
+// A whole batch, as a step takes it: its first micro-batch is what the
+// profile measures.
+struct SampleBatch {
+  Tensors inputs, targets;
+};
+
+// The sample's size along the options' batch_dim (its first input split into
+// micro-batches; 0 without one).
+int64_t batch_size(const SampleBatch& sample, const PipelineOptions& options);
+
+struct PlannedOptions {
+  PipelineOptions options;  // with the chosen plan's choices, and the profile if one was taken
+  std::string search;       // plan auto's search (and "tuned: " and its race), as text; empty for given
+};
+
+// What the plan is chosen on besides the layers and options.
+struct PlanInputs {
+  const SampleBatch* sample = nullptr;  // profiled (balance "time", auto) and raced (tuned); null: none
+  TensorsLossFn loss;                   // what the profile and the race run
+  int64_t batch_size = 0;               // the step's batch (auto's search); 0: the sample's
+  bool across_processes = false;        // the options are one process's of several
+};
+
+// `options` with the plan chosen. Options that hold a profile already are
+// not profiled again (a caller may profile a micro-batch of its own). Throws
+// std::invalid_argument for what the mode needs and lacks: a profile or a
+// sample to take it from (balance "time", auto), a batch size (auto), a
+// sample and a loss (tuned), no split points or boundaries (auto and tuned
+// choose where to cut), one process (auto and tuned: each process would
+// measure and choose its own), a synchronous schedule (auto and tuned search
+// those), or search bounds with plan given.
+PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
+                             const PlanInputs& inputs);
+
+}  // namespace conveyor

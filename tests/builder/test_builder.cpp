@@ -1,0 +1,121 @@
+// The builder (plugin/builder/builder.h): one path from a model to a
+// pipeline. torch::nn layers cut where split points name them train as the
+// unsplit model does; the plan phase profiles once and searches, and says what
+// each plan mode lacks; what a request gives twice or not at all is refused.
+#include "error_of.h"
+#include "test_models.h"
+
+#include "plugin/builder/builder.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+SampleBatch sample_batch(int64_t n = 8) {
+  return {{torch::randn({n, 8}, torch::kFloat64)}, {torch::randn({n, 3}, torch::kFloat64)}};
+}
+
+TEST(Builder, TorchNnLayersAreCutWhereTheSplitPointsNameThem) {
+  for (const char* schedule : testing::kSyncSchedules) {
+    torch::manual_seed(1);
+    auto model = testing::make_mlp();
+    auto reference = testing::clone_of(model);
+    const std::string where = schedule;
+    BuiltPipeline built(model, {.pipeline = PipelineOptions().microbatches(3).schedule(schedule),
+                                .build = BuildOptions().split_points({"2", "6"}),
+                                .loss = testing::mse_of_first});
+    const Pipeline& pipe = built.pipeline();
+    ASSERT_EQ(pipe.num_stages(), 3) << where;
+    EXPECT_EQ(pipe.plan().stages.at(1).begin, 2) << where;
+    EXPECT_EQ(pipe.plan().stages.at(2).begin, 6) << where;
+    const SampleBatch b = sample_batch(9);
+    const double loss = built.train_step(b.inputs, b.targets).loss;
+    const at::Tensor ref_loss = torch::mse_loss(reference->forward(b.inputs[0]), b.targets[0]);
+    ref_loss.backward();
+    EXPECT_NEAR(loss, ref_loss.item<double>(), 1e-12) << where;
+    testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, where);
+  }
+}
+
+TEST(Builder, SplitPointsOfTorchNnLayersAreChecked) {
+  const auto cut = [](std::vector<std::string> split, PipelineOptions options = PipelineOptions()) {
+    return testing::invalid_argument_of([&] {
+      BuiltPipeline(testing::make_mlp(), {.pipeline = options, .build = BuildOptions().split_points(split)});
+    });
+  };
+  EXPECT_EQ(cut({"head"}), "conveyor: split point 'head' names no layer of the model (0, 1, 2, 3, 4, 5, 6)");
+  EXPECT_THAT(cut({"0"}), HasSubstr("split point '0' must come after the one before it, and not be the first layer"));
+  EXPECT_THAT(cut({"4", "2"}), HasSubstr("split point '2' must come after the one before it"));
+  EXPECT_THAT(cut({"2", "4"}, PipelineOptions().workers(2)),
+              HasSubstr("2 split points make 3 stages, but the options ask for 2"));
+  EXPECT_THAT(cut({"2"}, PipelineOptions().boundaries({3})), HasSubstr("give either split points or boundaries"));
+  EXPECT_THAT(testing::invalid_argument_of([] {
+                BuiltPipeline(testing::make_mlp(), {.build = BuildOptions().optimize(true)});
+              }),
+              HasSubstr("optimize lets the TorchScript executor optimize the stages; the model is torch::nn layers"));
+}
+
+TEST(Builder, BalanceByTimeProfilesTheSampleAndPredictsTheStep) {
+  const SampleBatch b = sample_batch();
+  BuiltPipeline built(testing::make_mlp(),
+                      {.pipeline = PipelineOptions().workers(2).microbatches(2).balance(Balance::kTime),
+                       .loss = testing::mse_of_first,
+                       .sample = b});
+  ASSERT_TRUE(built.prediction().has_value());
+  EXPECT_EQ(built.prediction()->balance, "time");
+  ASSERT_NE(built.pipeline().options().profile(), nullptr);
+  EXPECT_EQ(built.pipeline().options().profile()->batch_size, 4) << "the first of 2 micro-batches of 8";
+  EXPECT_THAT(built.plan_text(), HasSubstr("predicted step"));
+  EXPECT_THAT(testing::invalid_argument_of([] {
+                BuiltPipeline(testing::make_mlp(), {.pipeline = PipelineOptions().balance(Balance::kTime)});
+              }),
+              HasSubstr("balance by time profiles the model on a sample batch: give one"));
+}
+
+TEST(Builder, PlanAutoSearchesTheWholePlanOnTheSample) {
+  BuiltPipeline built(testing::make_mlp(), {.build = BuildOptions().plan(PlanMode::kAuto).max_workers(2),
+                                            .loss = testing::mse_of_first,
+                                            .sample = sample_batch()});
+  EXPECT_THAT(built.plan_text(), AllOf(HasSubstr("searched"), HasSubstr("the fastest")));
+  ASSERT_TRUE(built.prediction().has_value());
+  EXPECT_EQ(built.prediction()->balance, "searched");
+  EXPECT_LE(built.pipeline().num_workers(), 2);
+  const SampleBatch b = sample_batch();
+  EXPECT_TRUE(std::isfinite(built.train_step(b.inputs, b.targets).loss));
+}
+
+TEST(Builder, EachPlanModeSaysWhatItLacks) {
+  const auto build = [](BuildRequest request) {
+    return testing::invalid_argument_of([&] { BuiltPipeline(testing::make_mlp(), std::move(request)); });
+  };
+  EXPECT_THAT(build({.build = BuildOptions().plan(PlanMode::kAuto)}),
+              HasSubstr("plan \"auto\" profiles the model: give sample=(inputs, target)"));
+  EXPECT_THAT(build({.build = BuildOptions().plan(PlanMode::kTuned).split_points({"2"}), .sample = sample_batch()}),
+              HasSubstr("plan \"tuned\" chooses where to cut: give no split_points"));
+  EXPECT_THAT(build({.pipeline = PipelineOptions().schedule("pipedream"),
+                     .build = BuildOptions().plan(PlanMode::kAuto),
+                     .sample = sample_batch()}),
+              HasSubstr("plan \"auto\" searches the synchronous schedules: leave out schedule \"pipedream\""));
+  EXPECT_THAT(build({.build = BuildOptions().max_workers(2)}),
+              HasSubstr("max_workers and memory_budget bound the search of plan=\"auto\""));
+}
+
+TEST(Builder, WhatARequestGivesTwiceOrNotAtAllIsRefused) {
+  const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
+  EXPECT_THAT(testing::invalid_argument_of([&] {
+                BuiltPipeline(testing::make_mlp(), {.pipeline = PipelineOptions().optimizer(sgd),
+                                                    .build = BuildOptions().optimizer(OptimizerName::kSgd).lr(0.1)});
+              }),
+              HasSubstr("give the pipeline's optimizer once"));
+  BuiltPipeline no_loss(testing::make_mlp(), {});
+  const SampleBatch b = sample_batch();
+  EXPECT_EQ(testing::invalid_argument_of([&] { no_loss.train_step(b.inputs, b.targets); }),
+            "conveyor: train_step needs a loss: give BuildRequest::loss");
+  EXPECT_THAT(testing::invalid_argument_of([] { BuiltPipeline(std::string("/nonexistent/model.pt"), {}); }),
+              HasSubstr("/nonexistent/model.pt"));
+}
+
+}  // namespace
+}  // namespace conveyor

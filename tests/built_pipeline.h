@@ -1,0 +1,33 @@
+#pragma once
+// The builder's pipeline (plugin/builder/builder.h) of a model cut at split
+// points, as the front-end tests train it: the Pipeline, kept alive with
+// the BuiltPipeline that owns it.
+
+#include "plugin/builder/builder.h"
+#ifdef CONVEYOR_WITH_EXPORT
+#include "plugin/export/exported.h"
+#endif
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace conveyor::testing {
+
+inline std::shared_ptr<Pipeline> built_pipeline(const Model& model, PipelineOptions options,
+                                                std::vector<std::string> split_points = {}) {
+  auto built = std::make_shared<BuiltPipeline>(
+      model, BuildRequest{.pipeline = std::move(options), .build = BuildOptions().split_points(std::move(split_points))});
+  return std::shared_ptr<Pipeline>(built, &built->pipeline());
+}
+
+#ifdef CONVEYOR_WITH_EXPORT
+inline std::shared_ptr<Pipeline> built_pipeline(const ExportedModel& model, PipelineOptions options,
+                                                std::vector<std::string> split_points = {}) {
+  return built_pipeline(Model(std::make_shared<const ExportedModel>(model)), std::move(options),
+                        std::move(split_points));
+}
+#endif
+
+}  // namespace conveyor::testing
