@@ -8,9 +8,9 @@ set(CONVEYOR_SCRIPT_HEADERS plugin/script/torchscript.h plugin/script/script_lay
 set(CONVEYOR_EXPORT_HEADERS plugin/export/exported.h plugin/export/export_layer.h plugin/export/program.h
   plugin/export/segments.h)
 set(CONVEYOR_PUBLIC_HEADERS
-  plugin/conveyor.h plugin/errors.h plugin/model_names.h plugin/option_list.h plugin/options.h
-  plugin/pipeline.h plugin/profile_model.h
-  plugin/step_result.h plugin/tune_plan.h plugin/types.h plugin/version.h
+  plugin/conveyor.h plugin/errors.h plugin/model/model_names.h plugin/option_list.h plugin/options.h
+  plugin/pipeline.h plugin/measure/profile_model.h
+  plugin/step_result.h plugin/measure/tune_plan.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
   plugin/model/sharded_state.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
@@ -19,7 +19,7 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/transport/transport.h plugin/transport/c10d.h
   plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h
   plugin/checkpoint/model_state.h
-  plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/distributed/link_cost.h
+  plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/measure/c10d_link.h
   plugin/distributed/process_groups.h plugin/distributed/sharded_optimizer.h
   plugin/builder/builder.h plugin/builder/build_options.h plugin/builder/front_end.h plugin/builder/plan.h
   ${CONVEYOR_SCRIPT_HEADERS} ${CONVEYOR_EXPORT_HEADERS})

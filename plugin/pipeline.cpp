@@ -2,6 +2,7 @@
 
 #include "plugin/errors.h"
 #include "plugin/model/microbatches.h"
+#include "plugin/model/model_names.h"
 #include "plugin/model/stage.h"
 #include "plugin/model/tied_parameters.h"
 #include "plugin/planner/partition.h"
@@ -341,6 +342,28 @@ void Pipeline::train(bool on) {
   for (int k = 0; k < num_stages(); ++k) {
     if (is_local(k)) stage(k).module()->train(on);
   }
+}
+
+namespace {
+
+template <typename OfStage>
+std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const Pipeline& pipe, OfStage of_stage) {
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (int k = 0; k < pipe.num_stages(); ++k) {
+    if (!pipe.is_local(k)) continue;  // its tensors live in another process
+    for (auto& item : of_stage(pipe.stage(k))) named.push_back(std::move(item));
+  }
+  return named;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe) {
+  return pipeline_named(pipe, [](const Stage& s) { return model_named_parameters(s); });
+}
+
+std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe) {
+  return pipeline_named(pipe, [](const Stage& s) { return model_named_buffers(s); });
 }
 
 }  // namespace conveyor

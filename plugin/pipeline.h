@@ -154,4 +154,11 @@ class Pipeline {
   std::unique_ptr<Runtime> runtime_;
 };
 
+// The parameters and buffers by the names the original model gives them
+// (plugin/model/model_names.h), stage by stage. In a pipeline that runs one
+// stage of several processes (plugin/distributed/distributed_pipeline.h),
+// those of this process's stage.
+std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe);
+std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe);
+
 }  // namespace conveyor

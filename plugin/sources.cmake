@@ -4,13 +4,10 @@
 # after add_library(conveyor ...).
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/profile_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/tune_plan.cpp)
-foreach(folder support model trace planner runtime transport checkpoint distributed)
+  ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp)
+foreach(folder support model trace planner runtime transport checkpoint distributed measure)
   include(${CMAKE_CURRENT_LIST_DIR}/${folder}/sources.cmake)
 endforeach()
 # TorchScript models in the pipeline and the Python class.

@@ -1,8 +1,8 @@
 #include "examples/distributed/distributed_models.h"
 
 #include "examples/common/lm_model.h"
-#include "plugin/distributed/link_cost.h"
-#include "plugin/profile_model.h"
+#include "plugin/measure/c10d_link.h"
+#include "plugin/measure/profile_model.h"
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
 #include "plugin/builder/builder.h"
 
 #include "plugin/errors.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 
 #include <c10/util/StringUtil.h>
 

@@ -2,7 +2,7 @@
 
 #include "ops/swap.h"
 #include "plugin/errors.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "plugin/planner/partition.h"
 #ifdef CONVEYOR_WITH_TORCHSCRIPT
 #include "plugin/script/torchscript.h"

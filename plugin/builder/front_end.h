@@ -55,7 +55,7 @@ ModelLayers model_layers(const Model& model, const BuildOptions& build, Pipeline
 std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);
 
 // "emb.weight" in the model -> "stage0.emb.weight" among the layers (each a
-// ModelPath, plugin/model_names.h). Throws std::invalid_argument for a name no
+// ModelPath, plugin/model/model_names.h). Throws std::invalid_argument for a name no
 // layer holds.
 std::string layer_parameter_name(const torch::nn::Sequential& layers, const std::string& model_name);
 

@@ -2,8 +2,8 @@
 
 #include "plugin/errors.h"
 #include "plugin/planner/search.h"
-#include "plugin/profile_model.h"
-#include "plugin/tune_plan.h"
+#include "plugin/measure/profile_model.h"
+#include "plugin/measure/tune_plan.h"
 #include "schedules/generators.h"
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 //   auto   the whole plan searched (plugin/planner/search.h) on that
 //          profile, within max_workers and memory_budget.
 //   tuned  the search's finalists raced on the sample
-//          (plugin/tune_plan.h) and the fastest measured taken.
+//          (plugin/measure/tune_plan.h) and the fastest measured taken.
 
 #include "plugin/builder/build_options.h"
 #include "plugin/options.h"

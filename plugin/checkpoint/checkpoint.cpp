@@ -8,7 +8,7 @@
 #include "plugin/model/model_snapshot.h"
 #include "plugin/model/sharded_state.h"
 #include "plugin/model/stage.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "plugin/support/atomic_file.h"
 
 #include <ATen/Context.h>

@@ -5,7 +5,7 @@
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/checkpoint_set.h"
 #include "plugin/checkpoint/checkpoint_values.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "plugin/support/atomic_file.h"
 
 #include <c10/core/GradMode.h>

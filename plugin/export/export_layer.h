@@ -18,7 +18,7 @@
 #include "plugin/export/program.h"
 #include "plugin/export/segments.h"
 #include "plugin/model/tied_parameters.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

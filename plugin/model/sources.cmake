@@ -1,9 +1,11 @@
 # The model's pieces: a stage (a slice of layers on a device), the plan that
-# places them, their own random streams, tied parameters, and a snapshot of
-# what measuring the model changes. Includes support/ and the public types
+# places them, their own random streams, tied parameters, the names the
+# original model gives their tensors, and a snapshot of what measuring the
+# model changes. Includes support/ and the public types
 # only.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/microbatches.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_snapshot.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp

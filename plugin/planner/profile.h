@@ -7,7 +7,7 @@
 // the model: its inputs' bytes, the loss's time, and the link between stages.
 //
 //   auto profile = conveyor::profile_model(model, {microbatch_input}, {microbatch_target}, loss_fn);
-//   (profile_model, plugin/profile_model.h: these layers' costs and the runtime's own)
+//   (profile_model, plugin/measure/profile_model.h: these layers' costs and the runtime's own)
 //   std::cout << profile.str();
 //   conveyor::PipelineOptions().balance(conveyor::Balance::kTime).profile(
 //       std::make_shared<conveyor::ModelProfile>(profile));
@@ -145,7 +145,7 @@ struct ProfileOptions {
 
 // Runs each layer of `model` on one micro-batch, forward and backward, as a
 // stage would: everything in a ModelProfile but the runtime's own cost per
-// action, which profile_model (plugin/profile_model.h) adds by running a
+// action, which profile_model (plugin/measure/profile_model.h) adds by running a
 // pipeline. Leaves the model as it found it (see profile_model).
 ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
                             const TensorsLossFn& loss_fn, const ProfileOptions& options = {});

@@ -35,7 +35,7 @@
 // process, outside a ScriptLayer, may stay optimized.)
 
 #include "ops/adapters.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "plugin/model/tied_parameters.h"
 
 #include <torch/csrc/jit/api/function_impl.h>

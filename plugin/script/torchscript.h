@@ -35,7 +35,7 @@
 // A layer holds the parameters and buffers of the code it runs: those of a
 // submodule the forward never calls are in no layer, so not in the pipeline.
 
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "plugin/script/script_layer.h"
 
 #include <torch/csrc/jit/api/module.h>

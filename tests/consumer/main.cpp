@@ -4,7 +4,7 @@
 #include <conveyor/plugin/checkpoint/checkpoint.h>
 #include <conveyor/plugin/distributed/data_parallel.h>
 #include <conveyor/plugin/distributed/distributed_pipeline.h>
-#include <conveyor/plugin/distributed/link_cost.h>
+#include <conveyor/plugin/measure/c10d_link.h>
 #if __has_include(<conveyor/plugin/script/torchscript.h>)  // (CONVEYOR_TORCHSCRIPT=ON)
 #include <conveyor/plugin/script/torchscript.h>
 #endif

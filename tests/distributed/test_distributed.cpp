@@ -8,7 +8,7 @@
 #include "distributed/run_worker.h"
 #include "distributed/training_options_check.h"
 #include "error_of.h"
-#include "plugin/distributed/link_cost.h"
+#include "plugin/measure/c10d_link.h"
 #include "rank_launcher.h"
 
 #include <filesystem>

@@ -3,7 +3,7 @@
 
 #include "distributed_roles.h"
 #include "error_of.h"
-#include "plugin/distributed/link_cost.h"
+#include "plugin/measure/c10d_link.h"
 #include "plugin/support/atomic_file.h"
 
 #include <gmock/gmock.h>

@@ -10,7 +10,7 @@
 #include "built_pipeline.h"
 #include "export/export_cases.h"
 #include "plugin/export/exported.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "error_of.h"
 
 #include <gmock/gmock.h>

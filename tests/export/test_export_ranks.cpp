@@ -10,7 +10,7 @@
 #include "export/export_cases.h"
 #include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/export/exported.h"
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 #include "rank_launcher.h"
 
 #include <gtest/gtest.h>

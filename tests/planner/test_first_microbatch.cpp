@@ -3,7 +3,7 @@
 #include "error_of.h"
 #include "test_models.h"
 
-#include "plugin/profile_model.h"
+#include "plugin/measure/profile_model.h"
 
 namespace conveyor {
 namespace {

@@ -4,8 +4,8 @@
 #include "test_models.h"
 
 #include "plugin/planner/search.h"
-#include "plugin/profile_model.h"
-#include "plugin/tune_plan.h"
+#include "plugin/measure/profile_model.h"
+#include "plugin/measure/tune_plan.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

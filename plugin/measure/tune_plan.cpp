@@ -1,4 +1,4 @@
-#include "plugin/tune_plan.h"
+#include "plugin/measure/tune_plan.h"
 
 #include "plugin/errors.h"
 #include "plugin/model/model_snapshot.h"

@@ -1,4 +1,4 @@
-#include "plugin/profile_model.h"
+#include "plugin/measure/profile_model.h"
 
 #include "plugin/errors.h"
 #include "plugin/model/microbatches.h"

@@ -14,7 +14,6 @@
 
 namespace conveyor {
 
-class Pipeline;
 class Stage;
 
 // Implemented by a layer whose tensors the original model names under a path
@@ -26,11 +25,7 @@ class ModelPath {
   virtual std::string model_path() const = 0;
 };
 
-// In a pipeline that runs one stage of several processes
-// (plugin/distributed/distributed_pipeline.h), those of this process's stage.
-std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe);
-std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe);
-// The same for one stage.
+// One stage's, by the model's names (a whole pipeline's: plugin/pipeline.h).
 std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Stage& stage);
 std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Stage& stage);
 

@@ -1,4 +1,4 @@
-#include "plugin/distributed/link_cost.h"
+#include "plugin/measure/c10d_link.h"
 
 #include "plugin/distributed/gloo_group.h"
 #include "plugin/support/timing.h"

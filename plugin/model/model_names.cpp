@@ -1,6 +1,5 @@
-#include "plugin/model_names.h"
+#include "plugin/model/model_names.h"
 
-#include "plugin/pipeline.h"
 #include "plugin/model/stage.h"
 
 namespace conveyor {
@@ -20,16 +19,6 @@ std::vector<std::pair<std::string, at::Tensor>> stage_named(const Stage& stage, 
   return named;
 }
 
-template <typename Select>
-std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const Pipeline& pipe, Select select) {
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (int k = 0; k < pipe.num_stages(); ++k) {
-    if (!pipe.is_local(k)) continue;  // its tensors live in another process
-    for (auto& item : stage_named(pipe.stage(k), select)) named.push_back(std::move(item));
-  }
-  return named;
-}
-
 const auto kParameters = [](const torch::nn::Module& m) { return m.named_parameters(); };
 const auto kBuffers = [](const torch::nn::Module& m) { return m.named_buffers(); };
 
@@ -41,14 +30,6 @@ std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Sta
 
 std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Stage& stage) {
   return stage_named(stage, kBuffers);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe) {
-  return pipeline_named(pipe, kParameters);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe) {
-  return pipeline_named(pipe, kBuffers);
 }
 
 }  // namespace conveyor
