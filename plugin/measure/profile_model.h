@@ -16,6 +16,17 @@
 namespace conveyor {
 
 // Runs each layer of `model` on one micro-batch, forward and backward, as a
+// stage would: everything in a ModelProfile but the runtime's own cost per
+// action, which profile_model (below) adds by running a
+// pipeline. Leaves the model as it found it (see profile_model).
+ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
+                            const TensorsLossFn& loss_fn, const ProfileOptions& options = {});
+
+// The link between two devices as the in-process transport uses it: a handoff
+// between threads for the same device, a copy otherwise.
+LinkProfile measure_link(const c10::Device& from, const c10::Device& to);
+
+// Runs each layer of `model` on one micro-batch, forward and backward, as a
 // stage would (the layer's input a leaf that gets a gradient, except the
 // model's own inputs). Leaves the model as it found it: its gradients,
 // buffers (batch-norm statistics) and the global random generator's state are

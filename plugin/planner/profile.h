@@ -143,15 +143,4 @@ struct ProfileOptions {
   TORCH_ARG(bool, count_cores) = false;
 };
 
-// Runs each layer of `model` on one micro-batch, forward and backward, as a
-// stage would: everything in a ModelProfile but the runtime's own cost per
-// action, which profile_model (plugin/measure/profile_model.h) adds by running a
-// pipeline. Leaves the model as it found it (see profile_model).
-ModelProfile profile_layers(const torch::nn::Sequential& model, const Tensors& inputs, const Tensors& targets,
-                            const TensorsLossFn& loss_fn, const ProfileOptions& options = {});
-
-// The link between two devices as the in-process transport uses it: a handoff
-// between threads for the same device, a copy otherwise.
-LinkProfile measure_link(const c10::Device& from, const c10::Device& to);
-
 }  // namespace conveyor

@@ -3,7 +3,7 @@
 #include "error_of.h"
 #include "test_models.h"
 
-#include "plugin/planner/cpu_sharing.h"
+#include "plugin/measure/cpu_sharing.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "plugin/trace/timeline.h"
@@ -140,14 +140,14 @@ TEST(Profile, LayersAreTimedWhereTheyRunInOrder) {
 TEST(Profile, SlowdownOfThreadsThatDoNotCompeteIsNone) {
   // Sleeps of 10 ms, the median of 3 trials: a loaded machine's wake-up
   // latency (a few ms) stays well inside the factor 2.
-  const std::vector<double> slowdown = planner_detail::measure_slowdown(
+  const std::vector<double> slowdown = measure_detail::measure_slowdown(
       [] { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }, 4, 3, 3);
   ASSERT_EQ(slowdown.size(), 4u);
   EXPECT_EQ(slowdown[0], 1.0);
   EXPECT_LT(slowdown[3], 2.0);  // four sleepers at once take about as long as one
   std::atomic<int> calls{0};
   EXPECT_THAT(error_of([&] {
-                planner_detail::measure_slowdown(
+                measure_detail::measure_slowdown(
                     [&] {
                       if (++calls > 3) throw std::runtime_error("the work failed");
                     },

@@ -10,7 +10,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 // Fills out's update_seconds (when the options give an optimizer),
 // check_seconds and copy_seconds from copies of `layer`'s trainable weights,
@@ -18,4 +18,4 @@ namespace conveyor::planner_detail {
 void time_updates(const torch::nn::AnyModule& layer, const ProfileOptions& o, const c10::Device& device,
                   LayerProfile& out);
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

@@ -1,9 +1,9 @@
 // The runtime's bookkeeping around an update, timed per layer
-// (plugin/planner/update_timing.h).
-#include "plugin/planner/update_timing.h"
+// (plugin/measure/update_timing.h).
+#include "plugin/measure/update_timing.h"
 
 #include "ops/nonfinite/nonfinite.h"
-#include "plugin/planner/device_timing.h"
+#include "plugin/measure/device_timing.h"
 #include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>
@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 namespace {
 
@@ -75,4 +75,4 @@ void time_updates(const torch::nn::AnyModule& layer, const ProfileOptions& o, co
   out.update_seconds = time([&] { optimizer->step(); });
 }
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 // slowdown[n - 1], n = 1..max_workers: the wall time of `repeats` runs of
 // `work` on each of n threads started together, over the same runs on one
@@ -14,4 +14,4 @@ namespace conveyor::planner_detail {
 // non-decreasing in n. `work` must be safe to run on several threads at once.
 std::vector<double> measure_slowdown(const std::function<void()>& work, int max_workers, int repeats, int trials = 3);
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

@@ -1,4 +1,4 @@
-#include "plugin/planner/cpu_sharing.h"
+#include "plugin/measure/cpu_sharing.h"
 
 #include "plugin/support/timing.h"
 
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 namespace {
 
@@ -59,4 +59,4 @@ std::vector<double> measure_slowdown(const std::function<void()>& work, int max_
   return slowdown;
 }
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

@@ -1,7 +1,7 @@
 // The link between stages in one process: a handoff between threads on one
-// device, a copy between two (plugin/planner/profile.h).
-#include "plugin/planner/device_timing.h"
-#include "plugin/planner/profile.h"
+// device, a copy between two (LinkProfile, plugin/planner/profile.h).
+#include "plugin/measure/device_timing.h"
+#include "plugin/measure/profile_model.h"
 
 #include <ATen/ATen.h>
 
@@ -13,16 +13,8 @@
 
 namespace conveyor {
 
-using planner_detail::seconds_of;
-using planner_detail::synchronize;
-
-double LinkProfile::seconds(int64_t bytes) const {
-  return latency_seconds + (bytes_per_second > 0 ? static_cast<double>(bytes) / bytes_per_second : 0.0);
-}
-
-double LinkProfile::cpu_seconds(int64_t bytes) const {
-  return cpu_seconds_per_transfer + cpu_seconds_per_byte * static_cast<double>(bytes);
-}
+using measure_detail::seconds_of;
+using measure_detail::synchronize;
 
 LinkProfile measure_link(const c10::Device& from, const c10::Device& to) {
   LinkProfile link;

@@ -10,7 +10,7 @@
 #include <chrono>
 #include <utility>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 inline void synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -26,4 +26,4 @@ double seconds_of(const c10::Device& device, Fn&& fn) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

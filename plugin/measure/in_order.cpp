@@ -1,10 +1,10 @@
-#include "plugin/planner/in_order.h"
+#include "plugin/measure/in_order.h"
 
-#include "plugin/planner/device_timing.h"
+#include "plugin/measure/device_timing.h"
 
 #include <torch/csrc/autograd/autograd.h>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 void whole_step(const std::vector<std::shared_ptr<Stage>>& layers, const Tensors& inputs, const Tensors& targets,
                 const TensorsLossFn& loss_fn) {
@@ -43,4 +43,4 @@ InOrderTimes time_in_order(const std::vector<std::shared_ptr<Stage>>& layers, co
   return times;
 }
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail

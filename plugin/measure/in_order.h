@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-namespace conveyor::planner_detail {
+namespace conveyor::measure_detail {
 
 // One micro-batch through every layer and the loss, and back to the weights
 // (gradients returned, not accumulated: several threads may run it at once).
@@ -31,4 +31,4 @@ InOrderTimes time_in_order(const std::vector<std::shared_ptr<Stage>>& layers, co
                            const Tensors& targets, const TensorsLossFn& loss_fn, const c10::Device& device, int warmup,
                            int repeats);
 
-}  // namespace conveyor::planner_detail
+}  // namespace conveyor::measure_detail
