@@ -35,7 +35,8 @@ constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd",
   X(planning, int, max_workers, 0, at_least(0), "Plan \"auto\": the most workers to consider (0: workers, else 4).") \
   X(planning, int64_t, memory_budget, 0, at_least(0),                                                              \
     "Plan \"auto\": bytes each worker may hold (0: no limit).")                                                    \
-  X(model, bool, fused_ops, false, kAny, "Swap Conveyor's fused LSTM into the model (TorchScript models).")        \
+  X(model, bool, fused_ops, false, kAny,                                                                           \
+    "Swap Conveyor's fused LSTM into the model (a TorchScript module or torch::nn layers) before cutting it.")     \
   X(model, bool, optimize, false, kAny, "Let the TorchScript executor optimize the stages.")                       \
   X(training, std::optional<OptimizerName>, optimizer, std::nullopt, kAny,                                         \
     "The pipeline's own optimizer by name (torch.optim's), one per stage; train_step steps it.")                  \

@@ -1,6 +1,7 @@
 // A pipelined language model whose LSTMs were swapped for the fused op keeps
 // the unsplit, unswapped model's gradients under every synchronous schedule.
 #include "ops/swap.h"
+#include "plugin/builder/builder.h"
 #include "test_models.h"
 
 namespace conveyor {
@@ -22,6 +23,24 @@ TEST(FusedLstmPipeline, SwappedModelKeepsExactGradients) {
       EXPECT_NEAR(r.loss, testing::lm_loss(reference->forward(x), y).item<double>(), 1e-12);
     }
   }
+}
+
+// The builder's fused_ops swaps torch::nn layers too, before it cuts them.
+TEST(FusedLstmPipeline, TheBuildersFusedOpsSwapTorchNnLayers) {
+  torch::manual_seed(7);
+  auto model = testing::make_lstm_lm();
+  auto reference = testing::clone_of(model);
+  const TensorsLossFn loss = [](const Tensors& out, const Tensors& t) { return testing::lm_loss(out[0], t[0]); };
+  BuiltPipeline built(model, {.pipeline = PipelineOptions().workers(2).microbatches(3),
+                              .build = BuildOptions().fused_ops(true),
+                              .loss = loss});
+  EXPECT_EQ(swap_fused_ops(model.ptr()).swapped.size(), 0u) << "the builder swapped both already";
+  EXPECT_THAT(built.fused_ops_report(), ::testing::HasSubstr("swapped 2"));
+  const at::Tensor x = torch::randint(testing::kVocab, {6, 5}), y = torch::randint(testing::kVocab, {6, 5});
+  const at::Tensor ref_loss = testing::lm_loss(reference->forward(x), y);
+  ref_loss.backward();
+  EXPECT_NEAR(built.train_step({x}, {y}).loss, ref_loss.item<double>(), 1e-12);
+  testing::expect_same_grads(built.pipeline(), reference, 1e-10, 0, "fused_ops");
 }
 
 }  // namespace
