@@ -91,8 +91,6 @@ class BuiltPipeline {
   const Pipeline& pipeline() const { return *pipe_; }
   // Null unless built with process groups.
   DistributedPipeline* distributed() { return distributed_.get(); }
-  // The loss train_step takes.
-  const TensorsLossFn& loss() const { return loss_; }
   // The plan's text; with balance "time", its predicted times and memory.
   // With plan "auto", the search: the chosen plan and the runners-up.
   std::string plan_text() const {

@@ -92,12 +92,15 @@ std::string layer_parameter_name(const torch::nn::Sequential& layers, const std:
 
 ModelLayers model_layers(const Model& model, const BuildOptions& build, PipelineOptions& options) {
   if (const auto* path = std::get_if<std::string>(&model)) return model_layers(load_model(*path), build, options);
+  if (!std::holds_alternative<torch::jit::Module>(model)) {
+    const bool layers = std::holds_alternative<torch::nn::Sequential>(model);
+    check_argument(!build.optimize(), "conveyor: optimize lets the TorchScript executor optimize the stages; the ",
+                   "model is ", layers ? "torch::nn layers" : "a torch.export program");
+  }
   const std::vector<std::string>& split_points = build.split_points();
   ModelLayers out;
   if (const auto* given = std::get_if<torch::nn::Sequential>(&model)) {
     check_argument(!given->is_empty(), "conveyor: the model is an empty Sequential");
-    check_argument(!build.optimize(), "conveyor: optimize lets the TorchScript executor optimize the stages; the ",
-                   "model is torch::nn layers");
     out.layers = *given;
     if (build.fused_ops()) out.fused_ops_report = swap_fused_ops(out.layers.ptr()).to_string();
     apply_split_points(options, split_points, layer_boundaries(out.layers, split_points));
@@ -119,8 +122,6 @@ ModelLayers model_layers(const Model& model, const BuildOptions& build, Pipeline
     check_argument(exported != nullptr, "conveyor: the exported model is empty (load it with load_exported)");
     check_argument(!build.fused_ops(), "conveyor.Pipeline: fused_ops swaps TorchScript submodules; a torch.export ",
                    "program runs the operators it was exported with");
-    check_argument(!build.optimize(), "conveyor: optimize lets the TorchScript executor optimize the stages; the ",
-                   "model is a torch.export program");
     out.layers = sequential_from_export(*exported, split_points);
 #else
     (void)exported;
