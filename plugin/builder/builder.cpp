@@ -2,34 +2,52 @@
 
 #include "plugin/errors.h"
 #include "plugin/model/model_names.h"
+#include "plugin/model/stage.h"
+#include "schedules/generators.h"
 
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <stdexcept>
 
 namespace conveyor {
 
-BuiltPipeline::BuiltPipeline(const Model& model, BuildRequest request)
-    : model_(model), build_(std::move(request.build)), distributed_options_(std::move(request.distributed)),
-      loss_(std::move(request.loss)) {
-  PipelineOptions options = std::move(request.pipeline);
-  check_bounds(options);
-  check_bounds(build_);
-  check_bounds(distributed_options_);
-  if (const OptimizerFactory named = optimizer_from(build_)) {
-    check_argument(!options.optimizer(), "conveyor: give the pipeline's optimizer once: by name (BuildOptions) or ",
-                   "as a factory (PipelineOptions), not both");
-    options.optimizer(named);
+void check_request(const BuildRequest& request, int processes) {
+  const bool across_processes = processes > 0;
+  check_bounds(request.pipeline);
+  check_bounds(request.build);
+  check_bounds(request.distributed);
+  if (optimizer_from(request.build)) {
+    check_argument(!request.pipeline.optimizer(), "conveyor: give the pipeline's optimizer once: by name ",
+                   "(BuildOptions) or as a factory (PipelineOptions), not both");
   }
+  PipelineOptions options = request.pipeline;
+  if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
+  if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
+  check_split_points(options, request.build.split_points());
+  check_plan(options, request.build,
+             {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
+              .across_processes = across_processes});
+}
+
+BuiltPipeline::BuiltPipeline(const Model& model, BuildRequest request) : model_(model) {
   const bool across_processes = request.groups != nullptr;
+  check_request(request, across_processes ? request.groups->layout().workers : 0);
+  build_ = std::move(request.build);
+  distributed_options_ = std::move(request.distributed);
+  loss_ = std::move(request.loss);
+  PipelineOptions options = std::move(request.pipeline);
+  if (const OptimizerFactory named = optimizer_from(build_)) options.optimizer(named);
   // One worker per process: the pipeline group's size is the number of workers.
   if (across_processes && options.workers() == 0) options.workers(request.groups->layout().workers);
   const bool given_cut = !build_.split_points().empty() || !options.boundaries().empty();
   // 1. The model as layers.
   ModelLayers layers = model_layers(model_, build_, options);
   fused_ops_report_ = layers.fused_ops_report;
+  aliases_ = std::move(layers.aliases);
+  transient_buffers_ = std::move(layers.transient_buffers);
   // 2. The plan.
   const SampleBatch* sample = request.sample ? &*request.sample : nullptr;
   PlannedOptions planned =
@@ -66,32 +84,88 @@ double BuiltPipeline::clip_grad_norm(double max_norm, double norm_type) {
   return distributed_ ? distributed_->clip_grad_norm(max_norm, norm_type) : pipe_->clip_grad_norm(max_norm, norm_type);
 }
 
+namespace {
+
+// Each name once, at its first place: the later stages' copies of a tied
+// weight carry its name too.
+std::vector<std::pair<std::string, at::Tensor>> first_of_each(std::vector<std::pair<std::string, at::Tensor>> named) {
+  std::set<std::string> seen;
+  std::erase_if(named, [&](const auto& item) { return !seen.insert(item.first).second; });
+  return named;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::named_parameters() const {
-  return model_named_parameters(*pipe_);
+  // The stages' own names of the parameters (the Sequential's), which the tie groups use.
+  std::vector<std::string> layer_names;
+  for (int k = 0; k < pipe_->num_stages(); ++k) {
+    if (!pipe_->is_local(k)) continue;
+    for (const auto& item : pipe_->stage(k).module()->named_parameters()) layer_names.push_back(item.key());
+  }
+  // A tied weight is listed at its first holder in this process: the
+  // pipeline gives the later holders its value (across processes, each
+  // process steps its own holder with the summed gradient).
+  std::set<std::string> later;
+  for (const auto& group : pipe_->tied_parameters()) {
+    bool first = true;
+    for (const std::string& name : group) {
+      if (std::find(layer_names.begin(), layer_names.end(), name) == layer_names.end()) continue;
+      if (!first) later.insert(name);
+      first = false;
+    }
+  }
+  const auto named = model_named_parameters(*pipe_);  // in the stages' order, as layer_names
+  TORCH_INTERNAL_ASSERT(named.size() == layer_names.size(), "conveyor: a stage's parameters changed names");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < named.size(); ++i) {
+    if (!later.count(layer_names[i])) out.push_back(named[i]);
+  }
+  return first_of_each(std::move(out));
+}
+
+std::vector<at::Tensor> BuiltPipeline::parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(std::move(t));
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::named_buffers() const {
-  return model_named_buffers(*pipe_);
+  return first_of_each(model_named_buffers(*pipe_));
 }
 
 std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::state_dict() const {
-  auto state = named_parameters();
-  for (auto& b : named_buffers()) state.push_back(std::move(b));
+  return first_of_each(state_entries());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::state_entries() const {
+  auto state = model_named_parameters(*pipe_);
+  for (auto& b : model_named_buffers(*pipe_)) {
+    const bool transient =
+        std::find(transient_buffers_.begin(), transient_buffers_.end(), b.first) != transient_buffers_.end();
+    if (!transient) state.push_back(std::move(b));
+  }
+  const size_t held = state.size();
+  for (const auto& [alias, name] : aliases_) {
+    for (size_t i = 0; i < held; ++i) {
+      if (state[i].first == name) state.emplace_back(alias, state[i].second);
+    }
+  }
   for (auto& [name, t] : state) t = t.detach();
   return state;
 }
 
 BuiltPipeline::IncompatibleKeys BuiltPipeline::load_state_dict(
     const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
-  const auto tensors = state_dict();
+  const auto tensors = state_entries();  // every copy of a tied weight takes its value
   const std::map<std::string, at::Tensor> given(state.begin(), state.end());
   IncompatibleKeys keys;
   std::set<std::string> names;
   for (const auto& [name, t] : tensors) {
-    names.insert(name);
+    const bool first = names.insert(name).second;
     const auto it = given.find(name);
     if (it == given.end()) {
-      keys.missing.push_back(name);
+      if (first) keys.missing.push_back(name);
       continue;
     }
     check_argument(it->second.sizes().equals(t.sizes()), "conveyor.Pipeline.load_state_dict: '", name,

@@ -58,6 +58,14 @@ struct BuildRequest {
   std::shared_ptr<ProcessGroups> groups;
 };
 
+// The checks of a request that need no model: each option's bounds, a
+// known schedule, the pipeline's optimizer given once and whole, what the
+// plan mode needs (check_plan), workers that fit the split points.
+// `processes`: the pipeline's processes (its group's size), 0 in one
+// process. Throws std::invalid_argument naming the option. BuiltPipeline
+// makes them first; the conveyor package before it exports a model.
+void check_request(const BuildRequest& request, int processes);
+
 class BuiltPipeline {
  public:
   BuiltPipeline(const Model& model, BuildRequest request);
@@ -72,10 +80,15 @@ class BuiltPipeline {
   // Clips the gradients' global norm (across processes too); returns it.
   double clip_grad_norm(double max_norm, double norm_type);
 
-  // Model names, in the model's order.
+  // Model names, in the model's order, each once: a tied weight by its
+  // first name and its first holder's tensor (the one a caller's optimizer
+  // steps; the pipeline keeps the later stages' copies equal to it).
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  std::vector<at::Tensor> parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
-  // Parameters and buffers by model name, detached: what torch.save keeps.
+  // Parameters and persistent buffers by model name, detached, as the
+  // model's state_dict() has them (a tied weight under each of its names):
+  // what torch.save keeps.
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
   // Copies `state`'s tensors (by model name, of the pipeline's shapes) into
   // the pipeline; returns the names it lacks and those it has no place for.
@@ -108,6 +121,11 @@ class BuiltPipeline {
   BuildOptions build_;
   DistributedOptions distributed_options_;
   std::string fused_ops_report_ = "fused_ops is off\n";
+  // state_dict() with the later stages' copies of tied weights too.
+  std::vector<std::pair<std::string, at::Tensor>> state_entries() const;
+
+  std::vector<std::pair<std::string, std::string>> aliases_;  // see ModelLayers
+  std::vector<std::string> transient_buffers_;
   std::optional<Plan> plan_;
   std::string search_text_;
   std::unique_ptr<Pipeline> local_;                   // in one process

@@ -19,22 +19,11 @@ namespace conveyor {
 
 namespace {
 
-// Checks that the options agree with `split_points` (workers 0 or one per
-// segment, no boundaries of their own) and sets the boundaries they make.
+// Sets the boundaries that `split_points` make (see check_split_points).
 void apply_split_points(PipelineOptions& options, const std::vector<std::string>& split_points,
                         std::vector<int64_t> boundaries) {
-  if (split_points.empty()) return;
-  const int stages = static_cast<int>(split_points.size()) + 1;
-  if (!options.boundaries().empty()) {
-    throw std::invalid_argument("conveyor: give either split points or boundaries, not both");
-  }
-  const int v = chunks_per_worker(options);
-  // A schedule's text says itself how many stages each worker runs.
-  const bool fits = options.workers() == 0 || !options.schedule_text().empty() || options.workers() * v == stages;
-  check_argument(fits, "conveyor: ", split_points.size(), " split points make ", stages,
-                 " stages, but the options ask for ", options.workers(),
-                 v > 1 ? c10::str(" workers of ", v, " chunks each") : "");
-  options.boundaries(std::move(boundaries));
+  check_split_points(options, split_points);
+  if (!split_points.empty()) options.boundaries(std::move(boundaries));
 }
 
 // The boundaries split points make of torch::nn layers: each names a layer.
@@ -69,6 +58,20 @@ Model load_model(const std::string& path) {
 }
 
 }  // namespace
+
+void check_split_points(const PipelineOptions& options, const std::vector<std::string>& split_points) {
+  if (split_points.empty()) return;
+  const int stages = static_cast<int>(split_points.size()) + 1;
+  if (!options.boundaries().empty()) {
+    throw std::invalid_argument("conveyor: give either split points or boundaries, not both");
+  }
+  const int v = chunks_per_worker(options);
+  // A schedule's text says itself how many stages each worker runs.
+  const bool fits = options.workers() == 0 || !options.schedule_text().empty() || options.workers() * v == stages;
+  check_argument(fits, "conveyor: ", split_points.size(), " split points make ", stages,
+                 " stages, but the options ask for ", options.workers(),
+                 v > 1 ? c10::str(" workers of ", v, " chunks each") : "");
+}
 
 std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points) {
   std::vector<int64_t> boundaries(split_points.size());
@@ -123,6 +126,10 @@ ModelLayers model_layers(const Model& model, const BuildOptions& build, Pipeline
     check_argument(!build.fused_ops(), "conveyor.Pipeline: fused_ops swaps TorchScript submodules; a torch.export ",
                    "program runs the operators it was exported with");
     out.layers = sequential_from_export(*exported, split_points);
+    out.aliases = exported->aliases;
+    for (const exported::State& s : exported->program->state) {
+      if (!s.parameter && !s.constant && !s.persistent) out.transient_buffers.push_back(s.name);
+    }
 #else
     (void)exported;
     throw std::invalid_argument("conveyor: this build reads no torch.export programs (configured without them)");

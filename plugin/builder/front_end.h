@@ -41,7 +41,17 @@ using Model = std::variant<torch::nn::Sequential, torch::jit::Module, std::share
 struct ModelLayers {
   torch::nn::Sequential layers;
   std::string fused_ops_report = "fused_ops is off\n";
+  // The model's other names for its tied weights (alias, the name the
+  // layers use), which its state_dict() has as keys too.
+  std::vector<std::pair<std::string, std::string>> aliases;
+  // Buffers that are no part of the model's state_dict() (non-persistent).
+  std::vector<std::string> transient_buffers;
 };
+
+// That the options agree with `split_points`: workers 0 or one per segment
+// (of chunks_per_worker stages), no boundaries of their own. Throws
+// std::invalid_argument saying how they differ.
+void check_split_points(const PipelineOptions& options, const std::vector<std::string>& split_points);
 
 // The model as layers (see above); sets `options`' boundaries from
 // build.split_points() and renames their tied_parameters. Throws

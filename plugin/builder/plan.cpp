@@ -22,35 +22,41 @@ int64_t batch_size(const SampleBatch& sample, const PipelineOptions& options) {
   return 0;
 }
 
-PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
-                             const PlanInputs& inputs) {
-  const SampleBatch* sample = inputs.sample;
-  const TensorsLossFn& loss = inputs.loss;
-  const bool across_processes = inputs.across_processes;
+void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs) {
   const PlanMode mode = build.plan();
   const char* name = value_name(mode);
   if (mode == PlanMode::kGiven) {
     check_argument(build.max_workers() == 0 && build.memory_budget() == 0,
                    "conveyor.Pipeline: max_workers and memory_budget bound the search of plan=\"auto\"");
-    check_argument(!across_processes || options.balance() != Balance::kTime || !options.boundaries().empty(),
+    check_argument(!inputs.across_processes || options.balance() != Balance::kTime ||
+                       !options.boundaries().empty() || !build.split_points().empty(),
                    "conveyor.Pipeline: balance \"time\" across processes would let each process measure its own ",
                    "times and perhaps cut the model elsewhere: give split_points, or balance \"uniform\" or ",
                    "\"parameters\"");
-  } else {
-    check_argument(options.boundaries().empty(), "conveyor.Pipeline: plan \"", name,
-                   "\" chooses where to cut: give no split_points");
-    check_argument(sample != nullptr || (options.profile() && inputs.batch_size > 0), "conveyor.Pipeline: plan \"",
-                   name, "\" profiles the model: give sample=(inputs, target), a batch of the size each step trains ",
-                   "on");
-    check_argument(!across_processes, "conveyor.Pipeline: plan \"", name, "\" searches in one process (each ",
-                   "process would measure its own times and might choose another plan): search in one, then pass ",
-                   "its choices to all");
-    check_argument(!options.schedule_text().empty() ||
-                       schedules::make_schedule(options.schedule(), 1, 1).synchronous(),
-                   "conveyor.Pipeline: plan \"", name, "\" searches the synchronous schedules: leave out schedule \"",
-                   options.schedule(), "\"");
-    options.balance(Balance::kTime);
+    return;
   }
+  check_argument(options.boundaries().empty() && build.split_points().empty(), "conveyor.Pipeline: plan \"", name,
+                 "\" chooses where to cut: give no split_points");
+  check_argument(inputs.sample != nullptr || (options.profile() && inputs.batch_size > 0), "conveyor.Pipeline: plan \"",
+                 name, "\" profiles the model: give sample=(inputs, target), a batch of the size each step trains ",
+                 "on");
+  check_argument(!inputs.across_processes, "conveyor.Pipeline: plan \"", name, "\" searches in one process (each ",
+                 "process would measure its own times and might choose another plan): search in one, then pass ",
+                 "its choices to all");
+  check_argument(!options.schedule_text().empty() || schedules::make_schedule(options.schedule(), 1, 1).synchronous(),
+                 "conveyor.Pipeline: plan \"", name, "\" searches the synchronous schedules: leave out schedule \"",
+                 options.schedule(), "\"");
+  check_argument(mode != PlanMode::kTuned || (inputs.sample != nullptr && static_cast<bool>(inputs.loss)),
+                 "conveyor.Pipeline: plan \"tuned\" trains on the sample: give a sample and a loss");
+}
+
+PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
+                             const PlanInputs& inputs) {
+  check_plan(options, build, inputs);
+  const SampleBatch* sample = inputs.sample;
+  const TensorsLossFn& loss = inputs.loss;
+  const PlanMode mode = build.plan();
+  if (mode != PlanMode::kGiven) options.balance(Balance::kTime);
   if (options.balance() == Balance::kTime && !options.profile()) {
     check_argument(sample != nullptr, "conveyor: balance by time profiles the model on a sample batch: give one");
     options.profile(std::make_shared<ModelProfile>(
@@ -63,8 +69,6 @@ PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOption
   const int64_t batch = inputs.batch_size > 0 ? inputs.batch_size : batch_size(*sample, options);
   const PlanSearch search = search_plans(layers, options, batch, space);
   if (mode == PlanMode::kAuto) return {search.best().options(std::move(options)), search.str()};
-  check_argument(sample != nullptr && static_cast<bool>(loss),
-                 "conveyor.Pipeline: plan \"tuned\" trains on the sample: give a sample and a loss");
   const PlanTuning tuning = tune_plan(layers, search, options, sample->inputs, sample->targets, loss);
   return {tuning.best().options(std::move(options)), search.str() + "tuned: " + tuning.str()};
 }

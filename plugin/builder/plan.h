@@ -42,6 +42,12 @@ struct PlanInputs {
   bool across_processes = false;        // the options are one process's of several
 };
 
+// What a plan mode needs, checked before the model is read: plan "auto" and
+// "tuned" a sample (tuned a loss too), no split points, one process, a
+// synchronous schedule; plan "given" no search bounds. Throws
+// std::invalid_argument saying what is missing. plan_pipeline checks first.
+void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs);
+
 // `options` with the plan chosen. Options that hold a profile already are
 // not profiled again (a caller may profile a micro-batch of its own). Throws
 // std::invalid_argument for what the mode needs and lacks: a profile or a

@@ -101,7 +101,7 @@ class PythonPipeline : public torch::CustomClassHolder {
     });
   }
 
-  std::vector<at::Tensor> parameters() const { return pipe_->pipeline().parameters(); }
+  std::vector<at::Tensor> parameters() const { return pipe_->parameters(); }
   c10::Dict<std::string, at::Tensor> named_parameters() const { return as_dict(pipe_->named_parameters()); }
 
   // Detached views of the parameters and buffers, named as in the model.

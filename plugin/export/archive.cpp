@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/generated_serialization_types.h>
 
 #include <ATen/ops/empty.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cstring>
@@ -51,6 +52,9 @@ std::map<std::string, at::Tensor> read_payloads(caffe2::serialize::PyTorchStream
                                                 const std::string& folder, const std::string& config,
                                                 const std::string& where) {
   std::map<std::string, at::Tensor> tensors;
+  // Tied weights: torch.export.save writes one record for every name of a
+  // tensor, and those names get one tensor here.
+  std::map<std::string, at::Tensor> by_view;
   if (!reader.hasRecord(folder + config)) return tensors;
   ser::PayloadConfig payloads;
   try {
@@ -72,6 +76,12 @@ std::map<std::string, at::Tensor> read_payloads(caffe2::serialize::PyTorchStream
     const int64_t offset = int_of(m.get_storage_offset(), what);
     const at::ScalarType dtype = dtype_of(m.get_dtype(), what);
     const std::string file = folder + meta.get_path_name();
+    const std::string view = c10::str(file, ' ', dtype, ' ', c10::IntArrayRef(sizes), ' ', c10::IntArrayRef(strides),
+                                      ' ', offset);
+    if (const auto seen = by_view.find(view); seen != by_view.end()) {
+      tensors.emplace(name, seen->second);
+      continue;
+    }
     if (!reader.hasRecord(file)) throw std::invalid_argument(what + ": the archive has no record " + file);
     auto [data, bytes] = reader.getRecord(file);
     const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
@@ -90,6 +100,7 @@ std::map<std::string, at::Tensor> read_payloads(caffe2::serialize::PyTorchStream
     if (bytes > 0) std::memcpy(storage.data_ptr(), data.get(), storage.numel() * item);
     at::Tensor t = storage.as_strided(sizes, strides, offset).clone(at::MemoryFormat::Contiguous);
     if (meta.get_is_param() || m.get_requires_grad()) t.set_requires_grad(true);
+    by_view.emplace(view, t);
     tensors.emplace(name, std::move(t));
   }
   return tensors;

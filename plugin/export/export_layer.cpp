@@ -46,20 +46,21 @@ ExportLayerImpl::ExportLayerImpl(std::shared_ptr<const exported::Program> progra
       where_(std::move(where)) {
   for (const std::string& name : segment_.state) {
     const exported::State* st = nullptr;
-    for (const auto& s : program_->state) {
-      if (s.name == name) st = &s;
-    }
-    TORCH_CHECK(st != nullptr, "conveyor: ", where_, " has no parameter or buffer '", name, "'");
     const auto it = tensors.find(name);
     check_argument(it != tensors.end(), where_, " holds no tensor for '", name, "', which the program reads");
     const at::Tensor& t = it->second;
-    const bool constant = st->constant;
-    state_.emplace_back(st->slot, t);
-    state_names_.push_back(name);
-    constant_.push_back(constant);
-    mutated_.push_back(std::any_of(program_->buffer_mutations.begin(), program_->buffer_mutations.end(),
-                                   [&](const auto& m) { return m.first == name; }));
-    if (constant) continue;
+    const bool mutated = std::any_of(program_->buffer_mutations.begin(), program_->buffer_mutations.end(),
+                                     [&](const auto& m) { return m.first == name; });
+    for (const auto& s : program_->state) {  // a tied weight fills the slot of each of its names
+      if (s.name != name) continue;
+      st = &s;
+      state_.emplace_back(s.slot, t);
+      state_names_.push_back(name);
+      constant_.push_back(s.constant);
+      mutated_.push_back(mutated);
+    }
+    TORCH_CHECK(st != nullptr, "conveyor: ", where_, " has no parameter or buffer '", name, "'");
+    if (st->constant) continue;
     const auto parts = split_name(name);
     torch::nn::Module* holder = this;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {

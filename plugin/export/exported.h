@@ -43,18 +43,32 @@ namespace conveyor {
 
 // A loaded program: its graph and its tensors (parameters and buffers by the
 // model's names, on the CPU; constants), shared by the layers made from it.
+//
+// A tensor the program reads under several names (a tied weight: GPT-2's
+// lm_head.weight is transformer.wte.weight) is one parameter, named as
+// PyTorch's named_parameters() names it: by its first name, the first among
+// `given` (the model's own order) or else in the program's signature. The
+// program reads it under that name; `aliases` keeps the others (alias, first
+// name), the keys the model's state_dict() also has.
 struct ExportedModel {
   std::shared_ptr<const exported::Program> program;
   std::map<std::string, at::Tensor> tensors;
+  std::vector<std::pair<std::string, std::string>> aliases;
   std::string path;
 };
 
-// Reads a .pt2 archive. Throws std::invalid_argument naming the path and the
-// problem: no such file, no zip archive (truncated, corrupt), no
-// ExportedProgram in it (a TorchScript archive), a schema version this build
-// does not read, a node it cannot run (named, with its operator), weights
-// missing or unreadable.
-ExportedModel load_exported(const std::string& path);
+// Reads a .pt2 archive. `given`: tensors by name that stand for the
+// archive's (the caller's model's own parameters and buffers, which the
+// pipeline then trains: conveyor.Pipeline passes an nn.Module's), in the
+// model's order; the archive supplies the rest. Non-persistent buffers are
+// found among the archive's constants, where torch.export.save keeps them.
+// Throws std::invalid_argument naming the path and the problem: no such
+// file, no zip archive (truncated, corrupt), no ExportedProgram in it (a
+// TorchScript archive), a schema version this build does not read, a node it
+// cannot run (named, with its operator), weights missing or unreadable, a
+// given tensor of another shape or dtype than the program's.
+ExportedModel load_exported(const std::string& path,
+                            const std::vector<std::pair<std::string, at::Tensor>>& given = {});
 
 // Whether `path` is a zip archive holding an ExportedProgram (a .pt2).
 bool holds_exported_program(const std::string& path);

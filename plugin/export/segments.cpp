@@ -149,8 +149,8 @@ std::vector<Segment> cut_program(const Program& p, const std::vector<std::string
         held.insert(buffer);
       }
     }
-    for (const State& st : p.state) {
-      if (held.count(st.name)) seg.state.push_back(st.name);
+    for (const State& st : p.state) {  // a tied weight's names are one (see ExportedModel)
+      if (held.erase(st.name)) seg.state.push_back(st.name);
     }
     // Names repeat when a module is called twice, apart: the second is "name_2".
     int repeat = 1;

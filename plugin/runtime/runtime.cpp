@@ -124,6 +124,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
                    " on worker ", schedule.worker_of(k), ", the pipeline placed it on worker ", placement_[k]);
   }
   const bool training = data.loss_fn != nullptr;
+  refresh_tied_copies();
   transport_->reset();
   // What this process will receive, in order: a transport may post it ahead.
   for (int w : local_workers_) {

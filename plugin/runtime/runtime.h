@@ -62,6 +62,11 @@ class Runtime {
   // Gives every holder of a tied parameter the first holder's value (across
   // processes through the transport): called once, when the pipeline is built.
   void unify_tied_values();
+  // Before every run: a tied parameter that a caller's optimizer steps (no
+  // stage optimizer) is stepped once, in its first holder (the tensor the
+  // caller's model owns; parameters() lists each tied parameter once), and
+  // the later holders in this process take its value.
+  void refresh_tied_copies();
 
   // Runs `schedule` once. On inference, `outputs` (if given) receives the last
   // stage's output per micro-batch. Throws PipelineError naming the stage,

@@ -1,5 +1,6 @@
 // Tied parameters (see TiedParameter in runtime.h): the copies start equal
-// (unify_tied_values, once), and after a step's backwards every copy's
+// (unify_tied_values, once; refresh_tied_copies before each run where the
+// caller steps them), and after a step's backwards every copy's
 // gradient is the sum over the holders, across processes through the
 // transport. Only run() calls these, around the workers.
 #include "plugin/runtime/runtime.h"
@@ -52,6 +53,19 @@ void Runtime::unify_tied_values() {
     for (const auto& [k, i] : tie) {
       if (!is_local(k)) continue;
       const at::Tensor& w = stages_[k]->live()[i];
+      if (!w.is_same(value)) w.copy_(value);
+    }
+  }
+}
+
+void Runtime::refresh_tied_copies() {
+  c10::NoGradGuard no_grad;
+  for (const TiedParameter& tie : ties_) {
+    const auto& [first, index] = tie.front();
+    if (!is_local(first) || stages_[first]->optimizer()) continue;
+    const at::Tensor& value = stages_[first]->live()[index];
+    for (const auto& [k, i] : tie) {
+      const at::Tensor& w = is_local(k) ? stages_[k]->live()[i] : value;
       if (!w.is_same(value)) w.copy_(value);
     }
   }

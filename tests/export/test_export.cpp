@@ -9,6 +9,7 @@
 // test_export_ranks.cpp.
 #include "built_pipeline.h"
 #include "export/export_cases.h"
+#include "plugin/builder/builder.h"
 #include "plugin/export/exported.h"
 #include "plugin/model/model_names.h"
 #include "error_of.h"
@@ -170,6 +171,41 @@ TEST(ExportedProgram, EvaluationModeLeavesBatchNormStatisticsAlone) {
   pipe->train();
   pipe->forward(numbered(ref, "input."));
   EXPECT_FALSE(before[0].second.equal(saved[0])) << "training mode updates " << before[0].first;
+}
+
+// GPT-2's lm_head.weight is its transformer.wte.weight: torch.export.save
+// writes the tensor once under both names, and the program reads both.
+TEST(ExportedProgram, ATiedWeightIsOneParameterByItsFirstNameUnderEveryStateDictKey) {
+  REQUIRE_EXPORT_FIXTURES();
+  const auto ref = reference("tied_lm");
+  const ExportedModel model = load_exported(fixture("tied_lm.pt2"));
+  EXPECT_EQ(model.aliases, (std::vector<std::pair<std::string, std::string>>{{"head.weight", "embed.weight"}}));
+  EXPECT_EQ(model.tensors.count("scale"), 1u) << "the non-persistent buffer, from the archive's constants";
+  BuiltPipeline pipe(model.path, {.pipeline = PipelineOptions().microbatches(4),
+                                  .build = BuildOptions().split_points({"head"}),
+                                  .loss = export_loss(true)});
+  std::vector<std::string> names;
+  for (const auto& [name, p] : pipe.named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"embed.weight", "body.0.weight", "body.0.bias"}));
+  std::vector<std::string> keys;
+  for (const auto& [name, t] : pipe.state_dict()) keys.push_back(name);
+  EXPECT_EQ(keys, (std::vector<std::string>{"embed.weight", "body.0.weight", "body.0.bias", "head.weight"}))
+      << "every key of the model's state_dict(), no non-persistent buffer";
+  // A caller's optimizer steps the one parameter; the pipeline keeps the head's copy equal to it.
+  torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.05));
+  for (int step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    const StepResult& r = pipe.train_step(numbered(ref, "input."), numbered(ref, "target."));
+    if (step == 0) {
+      EXPECT_NEAR(r.loss, ref.at("loss").item<double>(), 1e-10);
+      std::vector<std::pair<std::string, at::Tensor>> grads;
+      for (const auto& [name, p] : pipe.named_parameters()) grads.emplace_back(name, p.grad());
+      testing::expect_like_reference(grads, ref, "grad.", "tied_lm");
+    }
+    sgd.step();
+  }
+  // Steps 2 and 3 read the head's copy: unrefreshed, the weights would differ.
+  testing::expect_like_reference(pipe.state_dict(), ref, "step3.", "tied_lm after 3 steps");
 }
 
 TEST(ExportedProgram, BadArchivesAreRefusedByName) {

@@ -21,6 +21,9 @@ Models (split points that the tests use are listed in SPLITS):
   transformer  two nn.TransformerEncoderLayer (scaled dot-product attention)
   seq2seq      LSTM encoder and decoder with dot-product attention over the
                encoder's outputs, which cross every later cut
+  tied_lm      embedding -> "body" -> "head" whose weight is the embedding's,
+               scaled by a non-persistent buffer (kept among the archive's
+               constants)
 Bad inputs for the loader's refusals:
   truncated.pt2       mlp.pt2 cut in half
   foreign.pt2         a TorchScript archive (torch.jit.save), not a program
@@ -66,6 +69,19 @@ class LstmLm(nn.Module):
         h, _ = self.rnn1(self.embed(tokens))
         h, _ = self.rnn2(h)
         return self.proj(h)
+
+
+class TiedLm(nn.Module):
+    def __init__(self, vocab=19, width=8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.body = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+        self.register_buffer("scale", torch.tensor(0.5), persistent=False)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.body(self.embed(tokens)) * self.scale)
 
 
 class Block(nn.Module):
@@ -144,6 +160,7 @@ def cases():
            mse)
     yield ("transformer", Transformer(), (torch.randn(BATCH, 5, 6, generator=g),),
            (torch.randn(BATCH, 5, 3, generator=g),), mse)
+    yield "tied_lm", TiedLm(), (tokens(BATCH, 6, v=19),), (tokens(BATCH, 6, v=19),), cross_entropy
     yield ("seq2seq", Seq2seq(), (tokens(BATCH, 6, v=17), tokens(BATCH, 5, v=17)), (tokens(BATCH, 5, v=17),),
            cross_entropy)
 
