@@ -7,8 +7,8 @@
 #  - the project's own virtual environment .venv with LibTorch (the torch
 #    wheel: the CUDA 13 build where a CUDA compiler is found, the CPU build
 #    where none is; scripts/lib/choose_torch.sh), numpy, pytest,
-#    scikit-learn, sacrebleu, and scikit-build-core (pip install . of the
-#    Python package).
+#    scikit-learn, sacrebleu, scikit-build-core (pip install . of the
+#    Python package), and torchvision and transformers (the ecosystem tests).
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +43,22 @@ fi
 # scores the translator.
 "$py" -c "import numpy, pytest, sklearn, sacrebleu, scikit_build_core" 2>/dev/null ||
   "$py" -m pip install -q numpy pytest scikit-learn sacrebleu "scikit-build-core>=0.10"
+# The models users bring, for the ecosystem tests (tests/python/ecosystem):
+# torchvision's (the release built against this torch) and Hugging Face's
+# transformers, in small configurations with random weights (nothing is
+# downloaded at run time).
+installed_torch="$("$py" -c "import torch; print(torch.__version__.split('+')[0])")"
+torchvision_version="$(conveyor_torchvision_version "$installed_torch")"
+transformers_version="5.24.0"
+"$py" -c "import torchvision, transformers, sys
+sys.exit(0 if (torchvision.__version__.split('+')[0], transformers.__version__) == ('$torchvision_version', '$transformers_version') else 1)" 2>/dev/null ||
+  "$py" -m pip install -q "torchvision==$torchvision_version" "transformers==$transformers_version"
+# The index's torchvision for the CPU wheel of torch 2.13 does not load beside
+# it (its operators are missing): then the tests that need it say so and skip.
+if ! "$py" -c "import torchvision" 2>/dev/null; then
+  echo "setup: torchvision $torchvision_version does not load beside torch $installed_torch; removing it" >&2
+  "$py" -m pip uninstall -q -y torchvision
+fi
 # Build tools: use the machine's cmake/ninja when recent enough, else the venv's.
 if ! cmake --version 2>/dev/null | awk 'NR==1{split($3,v,"."); exit !(v[1]>3 || (v[1]==3 && v[2]>=25))}'; then
   "$py" -m pip install -q "cmake>=3.25"

@@ -39,12 +39,14 @@ def main():
                              process_group=process_group, replica_group=replica_group)
     # Each process steps its own stage's weights; their gradients are the global batch's.
     opt = torch.optim.AdamW(pipe.parameters(), lr=1e-3)
-    if rank == 0:
-        print(f"{dist.get_world_size()} processes: {pipe.replicas} replica(s) of a {pipe.num_stages}-stage pipeline")
     losses = []
     for step in range(args.steps):
         tokens, mask, target = data(seed=step)  # the global batch; each replica trains on its shard
+        # The first step exports the model from its inputs and builds the pipeline.
         result = pipe.train_step(pipe.shard((tokens, mask)), pipe.shard(target))
+        if rank == 0 and step == 0:
+            print(f"{dist.get_world_size()} processes: {pipe.replicas} replica(s) of a {pipe.num_stages}-stage "
+                  "pipeline")
         opt.step()
         opt.zero_grad()
         losses.append(result.loss)  # the global batch's loss, on every process

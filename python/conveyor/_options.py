@@ -25,7 +25,21 @@ _PYTHON_KEYWORDS = {
     "sample": ("Optional[Tuple[Tensors, Tensors]]",
                "An (inputs, target) batch of the size each step trains on, profiled for balance=\"time\" and "
                "plan=\"auto\"."),
-    "example_inputs": ("Optional[Tensors]", "Trace model with these instead of scripting it."),
+    "front_end": ("Optional[str]",
+                  "How an nn.Module becomes a graph the pipeline cuts: \"export\" (torch.export, the batch dimension "
+                  "dynamic, in training mode; the default), \"script\" (torch.jit.script; the default where fused_ops "
+                  "or optimize asks for TorchScript) or \"trace\" (torch.jit.trace of one run on example_inputs). "
+                  "Other models run as given."),
+    "example_inputs": ("Optional[Tensors]",
+                       "Inputs to export or trace the model with, when it is built; without them (or sample) an "
+                       "nn.Module is exported at the first train_step or forward, from its inputs."),
+    "output": ("Union[str, int, Callable, None]",
+               "For a forward that returns a dict, a dataclass (Hugging Face's ModelOutput) or a tuple: the output "
+               "the pipeline returns and the loss reads, by key or attribute (\"logits\"), by index, or as "
+               "output(result) -> tensors. With front_end \"export\" or \"trace\"."),
+    "model_kwargs": ("Optional[Dict[str, Any]]",
+                     "Keyword arguments every forward call takes (use_cache=False, return_dict=True), with the "
+                     "inputs positionally. With front_end \"export\" or \"trace\"."),
     "process_group": ("Optional[ProcessGroup]",
                       "Run across processes (under torchrun, after torch.distributed.init_process_group): the group "
                       "of this replica's processes, each running one worker's stages (its rank in the group is the "
@@ -76,10 +90,12 @@ def signature() -> inspect.Signature:
     return inspect.Signature(params)
 
 
-_MODEL_DOC = ("An nn.Module (scripted here with torch.jit.script, or traced with example_inputs), a "
-              "torch.jit.ScriptModule, or the path of one saved with torch.jit.save: the pipeline trains the "
-              "model's own parameter tensors (on CPU). Or a torch.export program (dynamic batch) or its .pt2: C++ "
-              "runs its graph and trains a copy of its weights.")
+_MODEL_DOC = ("An nn.Module (exported with torch.export by default, see front_end): the pipeline trains the "
+              "module's own parameter and buffer tensors on the CPU (on GPUs, copies placed by devices), so an "
+              "optimizer over model.parameters() and model.state_dict() see them; a tied weight is one parameter, "
+              "by its first name. Or a torch.jit.ScriptModule, a torch.export.ExportedProgram (exported with the "
+              "batch dimension dynamic; the pipeline trains its tensors), or the path of a torch.jit.save or "
+              "torch.export.save file.")
 
 
 def split_keywords(keywords: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from . import _C, _options
-from ._arguments import _bool, _fail, _float, _int, _program_file, _script, _tensors
+from . import _front_end
+from ._arguments import _bool, _fail, _float, _int, _tensors
 from ._distributed import _check_groups, _shard
 
 __all__ = ["Pipeline"]
@@ -31,7 +32,8 @@ staleness their method defines, and need the pipeline's own optimizer.
 
 
 class Pipeline:
-    def __init__(self, model: Union[nn.Module, torch.jit.ScriptModule, str], **keywords: Any):
+    def __init__(self, model: Union[nn.Module, torch.jit.ScriptModule, torch.export.ExportedProgram, str],
+                 **keywords: Any):
         python, options = _options.split_keywords(keywords)
         loss_fn, lr_schedule, sample = python["loss_fn"], python["lr_schedule"], python["sample"]
         python_loss = None
@@ -46,22 +48,70 @@ class Pipeline:
             _fail(TypeError, "lr_schedule", "a callable update -> learning rate", lr_schedule)
         if sample is not None:
             options["sample"] = sample
+        output, model_kwargs = python["output"], python["model_kwargs"]
+        if output is not None and not isinstance(output, (str, int)) and not callable(output):
+            _fail(TypeError, "output", "a name, an index or a callable", output)
+        if model_kwargs is not None and not isinstance(model_kwargs, dict):
+            _fail(TypeError, "model_kwargs", "a dict of keyword arguments", model_kwargs)
         process_group, replica_group = python["process_group"], python["replica_group"]
         workers = options.get("workers")
         local_rank = _check_groups(process_group, replica_group, workers if type(workers) is int and workers else None)
         if process_group is not None:
             options.setdefault("local_rank", local_rank)
         self._has_loss = loss_fn is not None
-        program_file = _program_file(model, python["example_inputs"], options)
-        self._model = model if program_file else _script(model, python["example_inputs"])
-        target = program_file or (self._model if isinstance(self._model, str) else self._model._c)
-        try:
-            self._c = _C.Pipeline(target, options, python_loss, lr_schedule, process_group, replica_group)
-        finally:
-            if program_file:
-                os.unlink(program_file)
-        self._worker, self._replicas, self._replica = self._c.placement()
+        # What needs no model is refused now, even where the build waits for inputs.
+        _C.check_options(options, loss_fn is not None, process_group.size() if process_group is not None else 0)
+        self._front_end = _front_end.choose(model, python["front_end"], options)
+        if self._front_end in ("export", "trace"):
+            _front_end.check_split_points(model, options.get("split_points"))
+        if self._front_end in ("given", "script") and (output is not None or model_kwargs):
+            raise ValueError("conveyor.Pipeline: output and model_kwargs shape the forward that front_end='export' "
+                             "or 'trace' records; " + ("the model is given as it runs" if self._front_end == "given"
+                                                       else "TorchScript compiles the forward as written"))
+        if self._front_end == "trace" and python["example_inputs"] is None and sample is None:
+            raise ValueError("conveyor.Pipeline: front_end='trace' records one run: give example_inputs=(...)")
+        self._model = model
+        self._output, self._model_kwargs = output, dict(model_kwargs or {})
+        self._arguments = (options, python_loss, lr_schedule, process_group, replica_group)
+        self._c = None
         self.training = True
+        self._worker = process_group.rank() if process_group is not None else 0
+        self._replicas, self._replica = (replica_group.size(), replica_group.rank()) if replica_group else (1, 0)
+        example = python["example_inputs"] if python["example_inputs"] is not None else \
+            sample[0] if sample is not None else None
+        # An nn.Module is exported (or traced) from inputs: given, or the first step's.
+        if self._front_end in ("export", "trace") and example is None:
+            return
+        self._build(example)
+
+    def _build(self, example: Any) -> None:
+        options, python_loss, lr_schedule, process_group, replica_group = self._arguments
+        model, inputs = self._model, _front_end.as_inputs(example) if example is not None else ()
+        if self._front_end == "export":
+            built = _front_end.export(model, inputs, self._output, self._model_kwargs)
+        elif self._front_end == "trace":
+            built = _front_end.Built(_front_end.trace(model, inputs, self._output, self._model_kwargs)._c)
+        elif self._front_end == "script":
+            built = _front_end.Built(_front_end.script(model)._c)
+        elif isinstance(model, torch.export.ExportedProgram):
+            built = _front_end.exported_program(model, options)
+        else:
+            built = _front_end.Built(os.fspath(model) if isinstance(model, (str, os.PathLike)) else model._c)
+        try:
+            self._c = _C.Pipeline(built.model, options, python_loss, lr_schedule, process_group, replica_group,
+                                  built.tensors)
+        finally:
+            built.close()
+        self._worker, self._replicas, self._replica = self._c.placement()
+        if not self.training or (self._front_end in ("export", "trace") and not model.training):
+            self._c.train(False)
+            self.training = False
+
+    def _built(self) -> "_C.Pipeline":
+        if self._c is None:
+            raise RuntimeError("conveyor.Pipeline: the model is exported at the first train_step or forward, from "
+                               "its inputs; call one of them first, or build with example_inputs=(...) or sample=")
+        return self._c
 
     __init__.__signature__ = _options.signature()
 
@@ -76,13 +126,19 @@ class Pipeline:
         ``loss_fn`` raised) and is rolled back."""
         if not self._has_loss:
             raise ValueError("conveyor.Pipeline: train_step needs a loss: build the pipeline with loss_fn=...")
-        return self._c.train_step(_tensors("inputs", inputs), _tensors("target", target))
+        inputs, target = _tensors("inputs", inputs), _tensors("target", target)
+        if self._c is None:
+            self._build(inputs)
+        return self._c.train_step(inputs, target)
 
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
         """Inference: the model's output (a tuple when it returns several),
         micro-batches flowing through the stages, no autograd graph. Across
         processes, the output is on the last stage's process; None elsewhere."""
-        out = self._c.forward(inputs[0] if len(inputs) == 1 else tuple(inputs))
+        given = inputs[0] if len(inputs) == 1 else tuple(inputs)
+        if self._c is None:
+            self._build(given)
+        out = self._c.forward(given)
         return None if isinstance(out, tuple) and not out else out
 
     __call__ = forward
@@ -93,12 +149,13 @@ class Pipeline:
         weight once); for a caller's own optimizer, between ``train_step``
         and its step. Returns the norm before clipping."""
         norm = float("inf") if norm_type in ("inf", "infinity") else _float("norm_type", norm_type)
-        return self._c.clip_grad_norm(_float("max_norm", max_norm), norm)
+        return self._built().clip_grad_norm(_float("max_norm", max_norm), norm)
 
     def train(self, mode: bool = True) -> "Pipeline":
         """Training mode of every layer (dropout, batch norm); returns self."""
-        self._c.train(_bool("mode", mode))
-        self.training = mode
+        if self._c is not None:
+            self._c.train(_bool("mode", mode))
+        self.training = _bool("mode", mode)
         return self
 
     def eval(self) -> "Pipeline":
@@ -106,15 +163,25 @@ class Pipeline:
 
     # --- weights -------------------------------------------------------------------------------------------------
     def parameters(self) -> List[torch.Tensor]:
-        """The live weights, stage by stage: what an optimizer steps."""
-        return self._c.parameters()
+        """The live weights, stage by stage, each once (a tied weight by its
+        first holder's tensor): what an optimizer steps. Before an exported
+        model is built (at the first step), the module's own parameters,
+        which the pipeline then trains."""
+        if self._c is None and self._front_end == "export":
+            return list(self._model.parameters())
+        return self._built().parameters()
 
     def named_parameters(self) -> List[Tuple[str, torch.Tensor]]:
-        """(name, parameter) pairs, with the model's own names."""
-        return self._c.named_parameters()
+        """(name, parameter) pairs, with the model's own names (a tied
+        weight once, by its first name, as ``nn.Module.named_parameters``)."""
+        if self._c is None and self._front_end == "export":
+            return list(self._model.named_parameters())
+        return self._built().named_parameters()
 
     def named_buffers(self) -> List[Tuple[str, torch.Tensor]]:
-        return self._c.named_buffers()
+        if self._c is None and self._front_end == "export":
+            return list(self._model.named_buffers())
+        return self._built().named_buffers()
 
     def buffers(self) -> List[torch.Tensor]:
         return [b for _, b in self.named_buffers()]
@@ -122,24 +189,30 @@ class Pipeline:
     def state_dict(self) -> "collections.OrderedDict[str, torch.Tensor]":
         """Parameters and buffers by the model's names (detached), for
         ``torch.save``; ``load_state_dict`` takes it back."""
-        return collections.OrderedDict(self._c.state_dict())
+        if self._c is None and self._front_end == "export":
+            return collections.OrderedDict((k, v.detach()) for k, v in self._model.state_dict().items())
+        state = self._built().state_dict()
+        if isinstance(self._model, nn.Module):  # in the module's own order of keys
+            order = {k: i for i, k in enumerate(self._model.state_dict(keep_vars=True))}
+            state = sorted(state, key=lambda item: order.get(item[0], len(order)))
+        return collections.OrderedDict(state)
 
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> IncompatibleKeys:
         """Copies a state dict's tensors into the pipeline. ``strict``: every
         name must match (``ValueError`` names the first that does not);
         otherwise only the names the pipeline has are loaded. Returns the
         missing and unexpected keys."""
-        return IncompatibleKeys(*self._c.load_state_dict(list(state_dict.items()), _bool("strict", strict)))
+        return IncompatibleKeys(*self._built().load_state_dict(list(state_dict.items()), _bool("strict", strict)))
 
     def save_checkpoint(self, path: Union[str, os.PathLike], step: int = 0) -> None:
         """Weights, buffers, the pipeline's optimizer states, loss scaler,
         step and random streams, in one file (``torch.load`` reads it as a
         dict). A ``torch.optim`` optimizer keeps its own ``state_dict()``."""
-        self._c.save_checkpoint(os.fspath(path), _int("step", step, 0))
+        self._built().save_checkpoint(os.fspath(path), _int("step", step, 0))
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> int:
         """Restores what ``save_checkpoint`` saved; returns its step."""
-        return self._c.load_checkpoint(os.fspath(path))
+        return self._built().load_checkpoint(os.fspath(path))
 
     # --- across processes ----------------------------------------------------------------------------------------
     @property
@@ -166,46 +239,48 @@ class Pipeline:
     # --- what it is -----------------------------------------------------------------------------------------------
     @property
     def model(self):
-        """The TorchScript model (its parameters are the pipeline's on CPU) or ExportedProgram given."""
+        """The model as given: an nn.Module is the module itself, whose tensors the pipeline trains (on CPU)."""
         return self._model
 
     @property
     def num_stages(self) -> int:
-        return self._c.num_stages()
+        return self._built().num_stages()
 
     @property
     def num_workers(self) -> int:
-        return self._c.num_workers()
+        return self._built().num_workers()
 
     @property
     def schedule(self) -> str:
         """The schedule as text: a row of actions per worker."""
-        return self._c.schedule()
+        return self._built().schedule()
 
     @property
     def plan(self) -> str:
         """The split (and, with ``balance="time"``, the predicted times and memory per stage)."""
-        return self._c.plan()
+        return self._built().plan()
 
     @property
     def prediction(self) -> Optional[dict]:
         """The plan's prediction (``balance="time"``): step seconds, bubble, per stage; else None."""
-        return self._c.prediction()
+        return self._built().prediction()
 
     @property
     def completed_steps(self) -> int:
-        return self._c.completed_steps()
+        return self._built().completed_steps()
 
     @property
     def fused_ops_report(self) -> str:
-        return self._c.fused_ops_report()
+        return self._built().fused_ops_report()
 
     @property
     def options(self) -> Dict[str, Any]:
         """Every option as the pipeline runs with it (after the plan and the front end resolved them)."""
-        return self._c.options()
+        return self._built().options()
 
     def __repr__(self) -> str:
+        if self._c is None:
+            return f"conveyor.Pipeline({type(self._model).__name__}, exported at the first train_step or forward)"
         return f"conveyor.Pipeline({self.num_stages} stages on {self.num_workers} workers)\n{self.plan}"
 
 

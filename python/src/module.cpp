@@ -7,6 +7,9 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/errors.h"
+#ifdef CONVEYOR_WITH_EXPORT
+#include "plugin/export/exported.h"
+#endif
 #include "plugin/builder/builder.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/option_values.h"
@@ -105,25 +108,33 @@ struct StepReport : StepResult {
   }
 };
 
+// The request the keywords describe (plugin/builder/dict_options.h).
+BuildRequest request_of(const py::dict& options) {
+  c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [key, value] : options) {
+    const auto name = py::cast<std::string>(key);
+    generic.insert(name, ivalue_of(value, "option '" + name + "'"));
+  }
+  return request_from_dict(c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic)), ValueText::kTyped);
+}
+
 class PyPipeline {
  public:
   // `options`: a dict of the builder's options (plugin/builder/dict_options.h), as the keywords gave them
   // (the C++ side checks each); `loss_fn` and `lr_schedule`: Python callables
   // or None. `process_group` (None for one process) and `replica_group`:
   // torch.distributed's groups, see process_groups().
-  PyPipeline(const py::object& script_module, const py::dict& options, const py::object& loss_fn,
-             const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group)
+  //
+  // `model`: a ScriptModule's C++ module, or the path of a TorchScript file
+  // or torch.export archive. `tensors`: for an archive, the exported
+  // module's own parameters and buffers as (name, tensor) in its order,
+  // which the pipeline then trains in place of the archive's copies.
+  PyPipeline(const py::object& model, const py::dict& options, const py::object& loss_fn,
+             const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group,
+             const std::vector<std::pair<std::string, at::Tensor>>& tensors)
       : raised_(std::make_shared<RaisedInStep>()) {
-    c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
-    for (const auto& [key, value] : options) {
-      const auto name = py::cast<std::string>(key);
-      generic.insert(name, ivalue_of(value, "option '" + name + "'"));
-    }
-    BuildRequest request =
-        request_from_dict(c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic)), ValueText::kTyped);
-    const Model model = py::isinstance<py::str>(script_module)
-                            ? Model(py::cast<std::string>(script_module))
-                            : Model(py::cast<torch::jit::Module>(script_module));
+    BuildRequest request = request_of(options);
+    const Model built_from = model_of(model, tensors);
     if (!loss_fn.is_none()) request.loss = python_loss(loss_fn, raised_);
     if (!lr_schedule.is_none()) request.pipeline.lr_schedule(python_lr_schedule(lr_schedule, raised_));
     if (!process_group.is_none()) {
@@ -131,7 +142,7 @@ class PyPipeline {
     }
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
-    released([&] { pipe_ = std::make_unique<BuiltPipeline>(model, std::move(request)); });
+    released([&] { pipe_ = std::make_unique<BuiltPipeline>(built_from, std::move(request)); });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
 
@@ -172,6 +183,17 @@ class PyPipeline {
       }
       throw;
     }
+  }
+
+  static Model model_of(const py::object& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+    if (!py::isinstance<py::str>(model)) return py::cast<torch::jit::Module>(model);
+    const auto path = py::cast<std::string>(model);
+    if (tensors.empty()) return path;
+#ifdef CONVEYOR_WITH_EXPORT
+    return std::make_shared<const ExportedModel>(load_exported(path, tensors));
+#else
+    throw std::invalid_argument("conveyor: this build reads no torch.export programs (configured without them)");
+#endif
   }
 
   std::shared_ptr<RaisedInStep> raised_;
@@ -236,6 +258,16 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = CONVEYOR_VERSION;
   m.attr("torch_version") = CONVEYOR_TORCH_VERSION;
   py::register_exception_translator(translate_errors);
+  m.def(
+      "check_options",
+      [](const py::dict& options, bool has_loss, int processes) {
+        BuildRequest request = request_of(options);
+        if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // never called
+        check_request(request, processes);
+      },
+      py::arg("options"), py::arg("has_loss"), py::arg("processes"),
+      "Refuses (TypeError, ValueError naming it) an option a pipeline built with these keywords would refuse "
+      "before it reads the model.");
   m.def("option_table", &option_table,
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
 
@@ -293,9 +325,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("path"));
 
   py::class_<PyPipeline>(m, "Pipeline")
-      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object>(), py::arg("model"),
-           py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
-           py::arg("replica_group"))
+      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object,
+                    std::vector<std::pair<std::string, at::Tensor>>>(),
+           py::arg("model"), py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
+           py::arg("replica_group"), py::arg("tensors") = std::vector<std::pair<std::string, at::Tensor>>())
       .def("options", [](PyPipeline& p) { return options_of(p.built()); })
       .def("train_step", &PyPipeline::train_step)
       .def("forward", &PyPipeline::forward)
@@ -316,7 +349,7 @@ PYBIND11_MODULE(_C, m) {
              DistributedPipeline* d = p.built().distributed();
              return d ? d->shared_memory_links() : 0;
            })
-      .def("parameters", [](PyPipeline& p) { return p.pipeline().parameters(); })
+      .def("parameters", [](PyPipeline& p) { return p.built().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.built().named_parameters(); })
       .def("named_buffers", [](PyPipeline& p) { return p.built().named_buffers(); })
       .def("state_dict", [](PyPipeline& p) { return p.built().state_dict(); })

@@ -24,3 +24,12 @@ conveyor_torch_version() {
     echo "$conveyor_cpu_torch"
   fi
 }
+
+# The torchvision release built against torch 2.N.x: 0.(N+15).x (2.14.1 and
+# 0.29.1, 2.11.0 and 0.26.0); the ecosystem tests bring its ResNet-18.
+conveyor_torchvision_version() {
+  local torch="$1" minor patch
+  minor="$(echo "$torch" | cut -d. -f2)"
+  patch="$(echo "$torch" | cut -d. -f3 | cut -d+ -f1)"
+  echo "0.$((minor + 15)).$patch"
+}

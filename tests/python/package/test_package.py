@@ -76,11 +76,11 @@ def test_gradients_equal_eager_pytorch(schedule):
     pipe = conveyor.Pipeline(model, split_points=["block1", "head"], microbatches=4, schedule=name,
                              lookahead=int(ahead) if ahead else None,
                              loss_fn=lambda out, target: F.cross_entropy(out, target))
+    x, gate, y = batch()
+    result = pipe.train_step((x, gate), y)  # exports the model from its inputs, then trains
     assert pipe.num_stages == 3
     if ahead:  # stage 0 runs (1 + 2) forwards ahead per later stage: all 4
         assert pipe.schedule.splitlines()[1].split()[:5] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
-    x, gate, y = batch()
-    result = pipe.train_step((x, gate), y)
     expected = loss_fn(eager(x, gate), y)
     expected.backward()
     assert abs(result.loss - expected.item()) <= 1e-10
@@ -220,12 +220,14 @@ def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline
     for name, row in table.items():
         assert params[name].default == row["default"], name
     # Untouched options run with their defaults; only what the cut resolves differs.
-    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn)
+    x, gate, _ = batch()
+    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, example_inputs=(x, gate))
     changed = {k for k, v in pipe.options.items() if v != table[k]["default"]}
     assert changed == {"split_points", "boundaries"}, changed
     assert pipe.options["boundaries"] == [1] and pipe.num_workers == 2
     # Values given arrive as given, each converted as its row says.
-    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, microbatches=2, timeout=2.5,
+    pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, example_inputs=(x, gate),
+                             microbatches=2, timeout=2.5,
                              clip_norm_type="inf", autocast=torch.bfloat16, loss_scaling={"init_scale": 8.0},
                              optimizer="sgd", lr=0.1, shared_memory=False, loss_reduction="sum", clip_grad_value=0.5)
     got = pipe.options
@@ -290,9 +292,14 @@ class Odd(nn.Module):
         return x * len({"a": x}.items().__iter__.__name__)  # not TorchScript
 
 
-def test_a_model_that_does_not_script_names_the_submodule_and_offers_tracing():
-    with pytest.raises(ValueError, match=r"submodule 'inner.1' \(Odd\)(.|\n)*example_inputs"):
-        conveyor.Pipeline(Unscriptable(), loss_fn=loss_fn)
+def test_a_model_that_does_not_script_names_the_submodule_and_offers_the_other_front_ends():
+    with pytest.raises(ValueError, match=r"submodule 'inner.1' \(Odd\)(.|\n)*front_end='export'"):
+        conveyor.Pipeline(Unscriptable(), loss_fn=loss_fn, front_end="script")
+    # torch.export runs the Python, so the default front end takes it.
+    model = Unscriptable().double()
+    pipe = conveyor.Pipeline(model, loss_fn=loss_fn)
+    x = torch.randn(4, 4, dtype=torch.float64)
+    assert torch.equal(pipe.forward(x), model(x))
 
 
 def test_a_stalled_stage_is_a_timeout_error():

@@ -85,7 +85,8 @@ def sharded(out_dir: str, schedule: str, process_group, replica_group):
     try:  # the option reaches the pipeline: an asynchronous schedule cannot shard
         conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule="pipedream",
                           loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120,
-                          optimizer="sgd", lr=0.01, shard_optimizer_state=True)
+                          optimizer="sgd", lr=0.01, shard_optimizer_state=True,
+                          example_inputs=pipe.shard(inputs))  # built now, not at the first step
         weights["refusal"] = "(accepted)"
     except ValueError as e:
         weights["refusal"] = str(e)

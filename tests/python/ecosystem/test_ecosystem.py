@@ -1,0 +1,100 @@
+"""Models from the ecosystem (torchvision, Hugging Face transformers) through
+conveyor.Pipeline as a user brings them: the module itself, cut inside its
+stack of blocks, exported with torch.export by default. In float64, each
+trains as eager PyTorch does, micro-batch by micro-batch (batch norm's
+running statistics included), under 1F1B, zero-bubble and interleaved
+schedules, and a few AdamW steps over the module's own parameters match."""
+import copy
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import conveyor
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from ecosystem_models import CASES, missing  # noqa: E402
+
+MICROBATCHES = 4
+TOLERANCE = 1e-10
+
+
+def skip_if_missing(name):
+    why = missing(name)
+    if why:
+        pytest.skip(why)
+
+
+def eager_step(case, model):
+    """The eager model's loss and gradients, micro-batch by micro-batch, as a mean."""
+    total = 0.0
+    for i in range(MICROBATCHES):
+        inputs = [t.chunk(MICROBATCHES)[i] for t in case.inputs]
+        loss = case.loss_fn(case.forward(model, *inputs), case.target.chunk(MICROBATCHES)[i]) / MICROBATCHES
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradients_and_statistics_equal_eager_pytorch(name, schedule):
+    skip_if_missing(name)
+    case = CASES[name]()
+    eager = copy.deepcopy(case.model)
+    split = case.four_stages if schedule == "interleaved" else case.split_points
+    pipe = conveyor.Pipeline(case.model, split_points=split, microbatches=MICROBATCHES, schedule=schedule,
+                             loss_fn=case.loss_fn, workers=2 if schedule == "interleaved" else None, **case.keywords)
+    result = pipe.train_step(case.inputs, case.target)
+    assert pipe.num_stages == len(split) + 1
+    assert abs(result.loss - eager_step(case, eager)) <= TOLERANCE
+    # The pipeline's parameters are the module's own, named as PyTorch names them.
+    assert [n for n, _ in pipe.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    assert list(pipe.state_dict()) == list(eager.state_dict())
+    mine = dict(case.model.named_parameters())
+    for n, p in pipe.named_parameters():
+        assert p is mine[n], n
+    for n, p in eager.named_parameters():
+        worst = (mine[n].grad - p.grad).abs().max().item()
+        assert worst <= TOLERANCE, f"{n}: gradient differs by {worst}"
+    for n, b in eager.named_buffers():
+        got = dict(case.model.named_buffers())[n]
+        assert torch.allclose(got.double(), b.double(), rtol=0, atol=TOLERANCE), n
+
+
+@pytest.mark.parametrize("name", ["resnet18", "gpt2"])
+def test_adamw_over_the_modules_parameters_steps_as_eager(name):
+    skip_if_missing(name)
+    case = CASES[name](seed=1)
+    eager = copy.deepcopy(case.model)
+    # The optimizer is made over the module before the pipeline: the pipeline trains those tensors.
+    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    pipe = conveyor.Pipeline(case.model, split_points=case.split_points, microbatches=MICROBATCHES, schedule="1f1b",
+                             loss_fn=case.loss_fn, **case.keywords)
+    for step in range(3):
+        loss = pipe.train_step(case.inputs, case.target).loss
+        assert abs(loss - eager_step(case, eager)) <= 1e-9, step
+        opt.step(), ref.step(), opt.zero_grad(), ref.zero_grad()
+    for n, p in eager.named_parameters():
+        worst = (dict(case.model.named_parameters())[n] - p).abs().max().item()
+        assert worst <= 1e-9, f"{n}: differs by {worst} after 3 AdamW steps"
+    # Inference through the pipeline is the trained module's, in evaluation mode too.
+    for mode in (True, False):
+        pipe.train(mode), eager.train(mode)
+        with torch.no_grad():  # micro-batch by micro-batch, as the pipeline runs (batch norm's statistics)
+            want = torch.cat([case.forward(eager, *[t.chunk(MICROBATCHES)[i] for t in case.inputs])
+                              for i in range(MICROBATCHES)])
+        assert torch.allclose(pipe.forward(*case.inputs), want, rtol=0, atol=1e-9), mode
+
+
+def test_a_model_the_front_ends_cannot_take_is_refused_naming_the_construct():
+    case = CASES["gpt2"]()
+    # As it comes, GPT-2 returns its key/value cache, which no list of tensors holds.
+    with pytest.raises(ValueError, match=r"DynamicCache(.|\n)*choose the tensors the loss reads with output="):
+        conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn,
+                          example_inputs=case.inputs)
+    # TorchScript does not compile it, and says which submodule and which construct.
+    with pytest.raises(ValueError, match=r"TorchScript cannot compile submodule '[\w.]+' \(\w+\)"):
+        conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn, front_end="script")

@@ -1,0 +1,187 @@
+"""How conveyor.Pipeline takes an nn.Module: exported with torch.export by
+default (from example_inputs, a sample, or the first step's inputs), the
+module's own tensors trained, tied weights as one parameter under their
+first name; TorchScript and tracing by keyword; what is refused, and how."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import conveyor
+
+
+class TiedLm(nn.Module):
+    """A language model whose output projection is its embedding."""
+
+    def __init__(self, vocab=20, width=8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.body = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+        self.register_buffer("scale", torch.tensor(0.5), persistent=False)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return {"logits": self.head(self.body(self.embed(tokens)) * self.scale), "hidden": self.embed(tokens)}
+
+
+def token_loss(out, target):
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def tokens(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(20, (6, 5), generator=g), torch.randint(20, (6, 5), generator=g)
+
+
+def tied_model():
+    torch.manual_seed(0)
+    return TiedLm().double()
+
+
+def test_a_module_is_exported_at_its_first_step_and_its_own_tensors_train():
+    model = tied_model()
+    eager = copy.deepcopy(model)
+    pipe = conveyor.Pipeline(model, split_points=["head"], microbatches=3, loss_fn=token_loss, output="logits")
+    assert "first train_step" in repr(pipe)
+    with pytest.raises(RuntimeError, match="exported at the first train_step or forward"):
+        pipe.num_stages
+    # Before it is built, the pipeline's weights are the module's: an optimizer may be made now.
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    x, y = tokens()
+    for _ in range(4):
+        pipe.train_step(x, y)
+        token_loss(eager(x)["logits"], y).backward()
+        opt.step(), ref.step(), opt.zero_grad(), ref.zero_grad()
+    assert pipe.num_stages == 2
+    for name, p in eager.named_parameters():
+        assert torch.allclose(dict(model.named_parameters())[name], p, rtol=0, atol=1e-12), name
+    # The module itself holds the trained weights, and the pipeline's output is the model's.
+    assert torch.allclose(pipe.forward(x), eager(x)["logits"], rtol=0, atol=1e-12)
+    assert torch.allclose(model(x)["logits"], eager(x)["logits"], rtol=0, atol=1e-12)
+
+
+def test_a_tied_weight_is_one_parameter_by_its_first_name_and_every_state_dict_key():
+    model = tied_model()
+    pipe = conveyor.Pipeline(model, split_points=["head"], microbatches=2, loss_fn=token_loss, output="logits",
+                             example_inputs=tokens()[0])
+    assert [n for n, _ in pipe.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert "head.weight" not in dict(pipe.named_parameters())  # the embedding's first name only
+    assert list(pipe.state_dict()) == list(model.state_dict())  # both names; the non-persistent buffer in neither
+    assert "scale" in dict(pipe.named_buffers())
+    assert len(pipe.parameters()) == len(list(model.parameters()))
+    # A state dict loads back into both stages' copies.
+    state = {k: v + 1 for k, v in model.state_dict().items()}
+    pipe.load_state_dict(state)
+    x, _ = tokens()
+    assert torch.allclose(pipe.forward(x), TiedLm.forward(model, x)["logits"], rtol=0, atol=1e-12)
+
+
+def test_the_output_a_loss_reads_is_chosen_by_key_index_or_callable():
+    x, y = tokens()
+    for output in ("logits", lambda out: out["logits"]):
+        model = tied_model()
+        pipe = conveyor.Pipeline(model, microbatches=2, loss_fn=token_loss, output=output)
+        pipe.train_step(x, y)
+        assert torch.allclose(pipe.forward(x), model(x)["logits"], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"output='logit'(.|\n)*it has logits, hidden"):
+        conveyor.Pipeline(tied_model(), loss_fn=token_loss, output="logit", example_inputs=x)
+
+
+class Keywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x, scale=1.0, return_both=False):
+        h = self.a(x) * scale
+        return (self.b(h), h) if return_both else self.b(h)
+
+
+def test_model_kwargs_reach_every_forward():
+    torch.manual_seed(1)
+    model = Keywords().double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    pipe = conveyor.Pipeline(model, split_points=["b"], microbatches=2, loss_fn=F.mse_loss, output=0,
+                             model_kwargs={"scale": 3.0, "return_both": True})
+    result = pipe.train_step(x, y)
+    expected = F.mse_loss(model(x, scale=3.0), y)
+    assert abs(result.loss - expected.item()) <= 1e-12
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h if h.sum() > 0 else -h)  # data-dependent: torch.export cannot take it
+
+
+def test_what_the_front_ends_refuse_is_named_with_the_alternative():
+    x = torch.randn(4, 4)
+    with pytest.raises(ValueError, match=r"torch.export cannot export the model(.|\n)*front_end='script'"):
+        conveyor.Pipeline(Branchy(), loss_fn=F.mse_loss, example_inputs=x)
+    # TorchScript compiles the branch.
+    pipe = conveyor.Pipeline(Branchy(), split_points=["b"], loss_fn=F.mse_loss, front_end="script")
+    assert pipe.forward(x).shape == (4, 4)
+    with pytest.raises(ValueError, match="split point 'bdy' names no submodule of the TiedLm; did you mean body"):
+        conveyor.Pipeline(tied_model(), split_points=["bdy"], loss_fn=token_loss)
+    with pytest.raises(ValueError, match="front_end must be one of 'export', 'script', 'trace'"):
+        conveyor.Pipeline(tied_model(), front_end="fx")
+    with pytest.raises(ValueError, match="front_end='trace' records one run: give example_inputs"):
+        conveyor.Pipeline(tied_model(), front_end="trace")
+    with pytest.raises(ValueError, match="output and model_kwargs shape the forward"):
+        conveyor.Pipeline(torch.jit.script(Branchy()), output=0)
+    with pytest.raises(ValueError, match="fused_ops works on TorchScript"):
+        conveyor.Pipeline(tied_model(), front_end="export", fused_ops=True)
+    # Options that need no model are refused at once, before any export.
+    with pytest.raises(ValueError, match="unknown schedule 'zigzag'"):
+        conveyor.Pipeline(tied_model(), schedule="zigzag")
+    with pytest.raises(ValueError, match='plan "auto" profiles the model: give sample'):
+        conveyor.Pipeline(tied_model(), plan="auto", loss_fn=token_loss)
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_tracing_and_scripting_stay_selectable():
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    for front_end in ("trace", "script"):
+        torch.manual_seed(3)
+        model = Two().double()
+        eager = copy.deepcopy(model)
+        example = {"example_inputs": x} if front_end == "trace" else {}
+        pipe = conveyor.Pipeline(model, split_points=["b"], microbatches=2, loss_fn=F.mse_loss, front_end=front_end,
+                                 **example)
+        assert isinstance(pipe.model, nn.Module) and pipe.num_stages == 2
+        result = pipe.train_step(x, y)
+        expected = F.mse_loss(eager(x), y)
+        expected.backward()
+        assert abs(result.loss - expected.item()) <= 1e-12, front_end
+        for name, p in eager.named_parameters():
+            assert torch.allclose(dict(pipe.named_parameters())[name].grad, p.grad, rtol=0, atol=1e-12), name
+
+
+def test_an_eval_mode_module_builds_in_eval_and_trains_after_train():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2)).double().eval()
+    eager = copy.deepcopy(model)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    pipe = conveyor.Pipeline(model, split_points=["2"], microbatches=2, loss_fn=F.mse_loss, example_inputs=x)
+    assert not pipe.training and not model.training  # exported in training mode, the module's modes restored
+    assert torch.allclose(pipe.forward(x), eager(x), rtol=0, atol=1e-12)  # running statistics, no dropout
+    pipe.train()
+    before = model[1].running_mean.clone()
+    pipe.train_step(x, torch.randn(8, 2, dtype=torch.float64))
+    assert not torch.equal(model[1].running_mean, before)  # batch statistics, in the module's own buffer
