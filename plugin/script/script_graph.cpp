@@ -110,7 +110,7 @@ std::string possible_split_points(const ForwardGraph& f) {
   for (size_t i = f.first_work() + 1; i < f.nodes.size(); ++i) {
     const auto path = called_path(f.nodes[i], f.self);
     const auto live = f.live_at(i);
-    if (path && std::all_of(live.begin(), live.end(), is_tensor)) names.push_back(*path);
+    if (path && std::all_of(live.begin(), live.end(), travels)) names.push_back(*path);
   }
   if (names.empty()) return "no top-level submodule call works as a split point here; name nested submodules instead";
   return "split points that work here: " + join(names);
@@ -144,6 +144,27 @@ void inline_call(ForwardGraph& f, const Module& model, const std::string& path, 
   call->output()->replaceAllUsesWith(outputs.at(0));
   call->destroy();
   f.inlined.insert(path);
+  f.refresh();
+}
+
+// Inlines the calls the forward makes to the model's own methods
+// (self._forward_impl(x), as torchvision's models do), so that the calls of
+// submodules inside them are top-level calls that split points can name.
+void inline_own_methods(ForwardGraph& f, const Module& model) {
+  for (bool again = true; again;) {
+    again = false;
+    f.refresh();
+    for (Node* call : f.nodes) {
+      if (call->kind() != c10::prim::CallMethod || call->input(0) != f.self) continue;
+      const auto callee = model.get_method(call->s(c10::attr::name)).graph();
+      torch::jit::WithInsertPoint guard(call);
+      const auto outputs = torch::jit::insertGraph(*f.graph, *callee, call->inputs());
+      call->output()->replaceAllUsesWith(outputs.at(0));
+      call->destroy();
+      again = true;
+      break;
+    }
+  }
   f.refresh();
 }
 
@@ -193,16 +214,29 @@ void collect_state(const Block* block, const Value* self, const Module& model, S
 }
 
 // `claimed` maps the parameters and buffers of earlier segments to their
-// stage: one this segment reads directly becomes an input of its own (a
-// tied weight, fed the stage's own copy); one it reads through a call is an
-// error.
+// stage, by the first name of their tensor (`first`: a tied weight's other
+// names, as GPT-2's lm_head.weight is its transformer.wte.weight): one this
+// segment reads directly becomes an input of its own (a tied weight, fed the
+// stage's own copy); one it reads through a call is an error.
 ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t begin, size_t end,
                            const std::vector<Value*>& ins, const std::vector<Value*>& outs, std::string description,
-                           const std::map<std::string, size_t>& claimed, size_t stage) {
+                           const std::map<std::string, size_t>& claimed,
+                           const std::map<std::string, std::string>& first, size_t stage) {
   auto g = std::make_shared<Graph>();
   Value* self = g->addInput("self")->setType(f.self->type());
   std::unordered_map<Value*, Value*> env{{f.self, self}};
-  for (size_t i = 0; i < ins.size(); ++i) env[ins[i]] = g->addInput("x" + std::to_string(i))->setType(ins[i]->type());
+  for (size_t i = 0; i < ins.size(); ++i) {
+    Value* in = g->addInput("x" + std::to_string(i));
+    env[ins[i]] = in->setType(is_number(ins[i]) ? c10::TensorType::get() : ins[i]->type());
+  }
+  for (size_t i = 0; i < ins.size(); ++i) {  // a number arrives as a 0-dim tensor
+    if (!is_number(ins[i])) continue;
+    const auto kind = ins[i]->type()->kind();
+    const c10::Symbol to = kind == c10::TypeKind::IntType     ? c10::aten::Int
+                           : kind == c10::TypeKind::FloatType ? c10::aten::Float
+                                                              : c10::aten::Bool;
+    env[ins[i]] = g->insert(to, {env[ins[i]]});
+  }
   std::function<Value*(Value*)> map = [&](Value* v) -> Value* {
     if (auto it = env.find(v); it != env.end()) return it->second;
     Node* n = v->node();
@@ -217,11 +251,13 @@ ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t be
     Node* copy = g->insertNode(g->createClone(n, map));
     for (size_t j = 0; j < n->outputs().size(); ++j) env[n->output(j)] = copy->output(j);
   }
+  // A number leaves as a 0-dim tensor (see is_number).
+  const auto sent = [&](Value* out) { return is_number(out) ? g->insert(c10::prim::NumToTensor, {map(out)}) : map(out); };
   if (outs.size() == 1) {
-    g->registerOutput(map(outs[0]));
+    g->registerOutput(sent(outs[0]));
   } else {
     std::vector<Value*> values;
-    for (Value* out : outs) values.push_back(map(out));
+    for (Value* out : outs) values.push_back(sent(out));
     g->registerOutput(g->insertNode(g->createTuple(values))->output());
   }
 
@@ -237,11 +273,14 @@ ScriptSegment make_segment(const ForwardGraph& f, const Module& model, size_t be
   }
   s.state = std::move(unique);
   for (const auto& name : s.state) {
-    const auto it = claimed.find(name);
+    const auto named = first.find(name);
+    const std::string& tensor = named == first.end() ? name : named->second;
+    const auto it = claimed.find(tensor);
     if (it == claimed.end()) continue;
     if (in_calls.count(name)) {
+      const std::string also = tensor == name ? "" : " (the tensor of '" + tensor + "')";
       throw std::invalid_argument(c10::str(
-          "conveyor: '", name, "' is used by stage ", it->second, " and, inside a submodule it calls, by stage ", stage,
+          "conveyor: '", name, "'", also, " is used by stage ", it->second, " and, inside a submodule it calls, by stage ", stage,
           "; a stage can be given its own copy of a tied weight only where its code reads the weight itself ",
           "(as F.linear(h, self.embed.weight)): choose split points that keep the calls in one stage"));
     }
@@ -324,6 +363,7 @@ std::vector<std::string> chain_of_calls(const Module& model) {
 
 std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<std::string>& split_points) {
   ForwardGraph f = forward_graph(model);
+  inline_own_methods(f, model);
   for (size_t i = 0; i < split_points.size(); ++i) {
     const std::string& sp = split_points[i];
     try {
@@ -367,10 +407,10 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
     }
     const auto live = f.live_at(at[0]);
     for (const Value* v : live) {
-      if (!is_tensor(v)) {
+      if (!travels(v)) {
         throw std::invalid_argument("conveyor: split point '" + sp + "': " + f.describe(v) +
-                                    " is made before the cut and used after it, but only tensors travel between " +
-                                    "stages; compute it after the cut, or make it a tensor (" +
+                                    " is made before the cut and used after it, but only tensors and numbers " +
+                                    "travel between stages; compute it after the cut, or make it a tensor (" +
                                     possible_split_points(f) + ")");
       }
     }
@@ -380,6 +420,15 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
 
   std::vector<ScriptSegment> segments;
   std::map<std::string, size_t> stage_of;
+  // Every name of a parameter or buffer -> the first name of its tensor.
+  std::map<std::string, std::string> first;
+  std::map<const c10::TensorImpl*, std::string> by_tensor;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    first[p.name] = by_tensor.emplace(p.value.unsafeGetTensorImpl(), p.name).first->second;
+  }
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) {
+    first[b.name] = by_tensor.emplace(b.value.unsafeGetTensorImpl(), b.name).first->second;
+  }
   const size_t n = split_points.size();
   for (size_t k = 0; k <= n; ++k) {
     const size_t begin = k == 0 ? 0 : cuts[k - 1];
@@ -390,8 +439,8 @@ std::vector<ScriptSegment> cut_forward(const Module& model, const std::vector<st
         k == 0   ? "the forward up to '" + split_points[0] + "'"
         : k == n ? "the forward from '" + split_points[k - 1] + "' on"
                  : "the forward from '" + split_points[k - 1] + "' up to '" + split_points[k] + "'";
-    segments.push_back(make_segment(f, model, begin, end, in, out, description, stage_of, k));
-    for (const auto& name : segments.back().state) stage_of.emplace(name, k);
+    segments.push_back(make_segment(f, model, begin, end, in, out, description, stage_of, first, k));
+    for (const auto& name : segments.back().state) stage_of.emplace(first.count(name) ? first.at(name) : name, k);
   }
   return segments;
 }

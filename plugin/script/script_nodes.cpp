@@ -80,4 +80,11 @@ void feed_attribute(torch::jit::Block* block, const Value* self, const std::stri
 // A segment takes (self, *ins) and returns its one out, or a tuple of several.
 bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
 
+bool is_number(const Value* v) {
+  const auto kind = v->type()->kind();
+  return kind == c10::TypeKind::IntType || kind == c10::TypeKind::FloatType || kind == c10::TypeKind::BoolType;
+}
+
+bool travels(const Value* v) { return is_tensor(v) || is_number(v); }
+
 }  // namespace conveyor

@@ -34,6 +34,11 @@ bool is_forward(const std::string& method);
 std::optional<std::string> called_path(const torch::jit::Node* n, const torch::jit::Value* self);
 
 bool is_tensor(const torch::jit::Value* v);
+// An int, float or bool: crosses a cut as a 0-dim tensor (as the export front
+// end sends symbolic sizes), made a number again on the other side.
+bool is_number(const torch::jit::Value* v);
+// What may cross a cut: a tensor or a number.
+bool travels(const torch::jit::Value* v);
 
 // Replaces every read of the attribute at `path` in `block` (and the blocks
 // inside it) by `value`.

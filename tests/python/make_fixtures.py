@@ -20,6 +20,7 @@ float64 so the tests can compare gradients to 1e-10.
                   tgt): both decoder attention layers read the encoder's output
   resnet_scripted.pt  resnet.pt's model scripted (cut inside a block)
   non_tensor_cut.pt   scripted; an int made in stage 0 is used in stage 1
+  list_cut.pt     scripted; a list of ints made in stage 0 is used in stage 1
   tied_lm.pt      scripted LSTM language model whose projection is the
                   embedding's weight (self.proj.weight = self.embed.weight)
   shared_call.pt  scripted; one Linear called before and after another
@@ -224,6 +225,18 @@ class NonTensorCut(nn.Module):
         return self.b(h)[:, :n]
 
 
+class ListCut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        shape = x.size()
+        h = self.a(x)
+        return self.b(h).reshape(shape)
+
+
 class TiedLm(LstmLm):
     def __init__(self, vocab=40):
         super().__init__(vocab)
@@ -279,6 +292,7 @@ def main():
     torch.jit.save(torch.jit.script(Seq2Seq().double()), path("seq2seq.pt"))
     torch.jit.save(torch.jit.script(ResNet().double()), path("resnet_scripted.pt"))
     torch.jit.save(torch.jit.script(NonTensorCut().double()), path("non_tensor_cut.pt"))
+    torch.jit.save(torch.jit.script(ListCut().double()), path("list_cut.pt"))
     torch.jit.save(torch.jit.script(TiedLm().double()), path("tied_lm.pt"))
     torch.jit.save(torch.jit.script(TiedHeadLm().double()), path("tied_head_lm.pt"))
     torch.jit.save(torch.jit.script(SharedCall().double()), path("shared_call.pt"))

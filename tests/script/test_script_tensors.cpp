@@ -70,10 +70,19 @@ TEST(ScriptTensors, AScriptedResidualNetworkCutInsideABlock) {
   }
 }
 
-TEST(ScriptTensors, ANonTensorAcrossACutIsRefusedNamingItAndTheCut) {
+TEST(ScriptTensors, ANumberAcrossACutTravelsAsATensorAndOtherValuesAreRefused) {
   REQUIRE_FIXTURES();
-  const std::string msg = error_of([&] { sequential_from_script(load_script(fixture("non_tensor_cut.pt")), {"b"}); });
-  EXPECT_THAT(msg, AllOf(HasSubstr("split point 'b'"), HasSubstr("(int)"), HasSubstr("only tensors travel")));
+  // n = x.size(1) // 2 is made in stage 0 and slices stage 1's output.
+  torch::jit::Module model = load_script(fixture("non_tensor_cut.pt"));
+  const auto pipe = testing::built_pipeline(model, PipelineOptions().microbatches(1), {"b"});
+  const at::Tensor x = torch::randn({3, 8}, torch::kFloat64);
+  const Tensors out = pipe->forward(Tensors{x});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].allclose(model.forward({x}).toTensor(), 0, 1e-12)) << out[0].sizes();
+  // A list of ints is no number: refused, naming it and the cut.
+  const std::string msg = error_of([&] { sequential_from_script(load_script(fixture("list_cut.pt")), {"b"}); });
+  EXPECT_THAT(msg, AllOf(HasSubstr("split point 'b'"), HasSubstr("(List[int])"),
+                         HasSubstr("only tensors and numbers travel")));
 }
 
 TEST(ScriptTensors, AModuleCalledInTwoStagesIsRefusedNamingItsWeight) {

@@ -89,12 +89,29 @@ def test_adamw_over_the_modules_parameters_steps_as_eager(name):
         assert torch.allclose(pipe.forward(*case.inputs), want, rtol=0, atol=1e-9), mode
 
 
+def test_torchscript_cuts_torchvision_resnet_inside_its_helper_method():
+    """ResNet's forward is self._forward_impl(x): its layers are called there."""
+    skip_if_missing("resnet18")
+    case = CASES["resnet18"]()
+    eager = copy.deepcopy(case.model)
+    pipe = conveyor.Pipeline(case.model, split_points=["layer2", "layer4"], microbatches=MICROBATCHES,
+                             loss_fn=case.loss_fn, front_end="script")
+    result = pipe.train_step(case.inputs, case.target)
+    assert abs(result.loss - eager_step(case, eager)) <= TOLERANCE
+    for n, p in eager.named_parameters():
+        assert (dict(case.model.named_parameters())[n].grad - p.grad).abs().max().item() <= TOLERANCE, n
+
+
 def test_a_model_the_front_ends_cannot_take_is_refused_naming_the_construct():
     case = CASES["gpt2"]()
     # As it comes, GPT-2 returns its key/value cache, which no list of tensors holds.
     with pytest.raises(ValueError, match=r"DynamicCache(.|\n)*choose the tensors the loss reads with output="):
         conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn,
                           example_inputs=case.inputs)
+    # Traced, its output projection reads the embedding inside a call in another stage: refused, naming both.
+    with pytest.raises(ValueError, match=r"'lm_head.weight' \(the tensor of 'transformer.wte.weight'\)"):
+        conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn, front_end="trace",
+                          example_inputs=case.inputs, **case.keywords)
     # TorchScript does not compile it, and says which submodule and which construct.
     with pytest.raises(ValueError, match=r"TorchScript cannot compile submodule '[\w.]+' \(\w+\)"):
         conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn, front_end="script")

@@ -185,3 +185,37 @@ def test_an_eval_mode_module_builds_in_eval_and_trains_after_train():
     before = model[1].running_mean.clone()
     pipe.train_step(x, torch.randn(8, 2, dtype=torch.float64))
     assert not torch.equal(model[1].running_mean, before)  # batch statistics, in the module's own buffer
+
+
+class HelperAndNumbers(nn.Module):
+    """A forward that calls a helper method (as torchvision's _forward_impl)
+    and keeps an int and a float, made before the cut, for after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self._forward_impl(x)
+
+    def _forward_impl(self, x):
+        width = x.size(1)
+        scale = float(width) ** 0.5
+        h = self.b(torch.tanh(self.a(x)))
+        return self.c(h) * scale / width
+
+
+@pytest.mark.parametrize("front_end", ["script", "export"])
+def test_torchscript_cuts_inside_helper_methods_and_sends_numbers_across(front_end):
+    torch.manual_seed(4)
+    model = HelperAndNumbers().double()
+    eager = copy.deepcopy(model)
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    pipe = conveyor.Pipeline(model, split_points=["b", "c"], microbatches=3, loss_fn=F.mse_loss, front_end=front_end)
+    result = pipe.train_step(x, y)
+    expected = sum(F.mse_loss(eager(a), t) for a, t in zip(x.chunk(3), y.chunk(3))) / 3
+    expected.backward()
+    assert pipe.num_stages == 3
+    assert abs(result.loss - expected.item()) <= 1e-12
+    for name, p in eager.named_parameters():
+        assert torch.allclose(dict(pipe.named_parameters())[name].grad, p.grad, rtol=0, atol=1e-12), name
