@@ -65,7 +65,9 @@ def _check_groups(process_group, replica_group, workers):
 
 
 def _shard(batch, replica: int, replicas: int, dim: int):
-    """The replica's slice of a tensor (conveyor::shard), or of each tensor of a tuple or list."""
+    """The replica's slice of a tensor (conveyor::shard), or of each tensor of a tuple, list or dict."""
     if isinstance(batch, (tuple, list)):
         return type(batch)(_shard(b, replica, replicas, dim) for b in batch)
+    if isinstance(batch, dict):  # inputs by name
+        return {k: _shard(v, replica, replicas, dim) for k, v in batch.items()}
     return _C.shard(batch, replica, replicas, dim) if isinstance(batch, torch.Tensor) else batch

@@ -120,17 +120,20 @@ def _selected(out: Any, output: OutputChoice) -> Any:
 
 
 @contextlib.contextmanager
-def _forward_as_given(model: nn.Module, n: int, output: OutputChoice, kwargs: Dict[str, Any]):
+def _forward_as_given(model: nn.Module, n: int, output: OutputChoice, kwargs: Dict[str, Any],
+                      names: Optional[Tuple[str, ...]] = None):
     """model's forward, for the time of an export or a trace, taking the
-    pipeline's `n` inputs positionally, with `kwargs`, returning `output`:
-    the module itself is exported, so its parameters keep their names."""
-    if output is None and not kwargs:
+    pipeline's `n` inputs (positionally, or as the keyword arguments `names`
+    where the batch was a dict), with `kwargs`, returning `output`: the
+    module itself is exported, so its parameters keep their names."""
+    if output is None and not kwargs and not names:
         yield
         return
     own = type(model).forward
 
     def forward(*inputs):
-        return _selected(own(model, *inputs, **kwargs), output)
+        given = {**dict(zip(names, inputs)), **kwargs} if names else kwargs
+        return _selected(own(model, *(() if names else inputs), **given), output)
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(f"input{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)])
@@ -168,13 +171,14 @@ def exported_program(program: torch.export.ExportedProgram, options: Dict[str, A
     return Built(path, [(n, t) for n, t in tensors if isinstance(t, torch.Tensor)], path)
 
 
-def export(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwargs: Dict[str, Any]) -> Built:
+def export(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwargs: Dict[str, Any],
+           names: Optional[Tuple[str, ...]] = None) -> Built:
     """`model` exported with torch.export on `inputs` (every tensor's first
     dimension dynamic, so micro-batches of any size run)."""
     batch = torch.export.Dim("batch")
     shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in inputs)
     try:
-        with _training_mode(model), _forward_as_given(model, len(inputs), output, kwargs):
+        with _training_mode(model), _forward_as_given(model, len(inputs), output, kwargs, names):
             program = torch.export.export(model, inputs, dynamic_shapes=shapes)
     except Exception as error:  # torch.export raises many kinds; all are reported alike
         outputs = ""
@@ -221,9 +225,10 @@ def script(model: nn.Module) -> torch.jit.ScriptModule:
                 "flow).") from error
 
 
-def trace(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwargs: Dict[str, Any]):
+def trace(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwargs: Dict[str, Any],
+          names: Optional[Tuple[str, ...]] = None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=FutureWarning)
         warnings.simplefilter("ignore", category=DeprecationWarning)
-        with _forward_as_given(model, len(inputs), output, kwargs):
+        with _forward_as_given(model, len(inputs), output, kwargs, names):
             return torch.jit.trace(model, inputs, check_trace=False)

@@ -72,6 +72,7 @@ class Pipeline:
             raise ValueError("conveyor.Pipeline: front_end='trace' records one run: give example_inputs=(...)")
         self._model = model
         self._output, self._model_kwargs = output, dict(model_kwargs or {})
+        self._input_names = None  # the forward's keywords, where the batches are dicts
         self._arguments = (options, python_loss, lr_schedule, process_group, replica_group)
         self._c = None
         self.training = True
@@ -82,15 +83,16 @@ class Pipeline:
         # An nn.Module is exported (or traced) from inputs: given, or the first step's.
         if self._front_end in ("export", "trace") and example is None:
             return
-        self._build(example)
+        self._build(self._inputs("example_inputs", example) if example is not None else None)
 
     def _build(self, example: Any) -> None:
         options, python_loss, lr_schedule, process_group, replica_group = self._arguments
         model, inputs = self._model, _front_end.as_inputs(example) if example is not None else ()
+        names = self._input_names
         if self._front_end == "export":
-            built = _front_end.export(model, inputs, self._output, self._model_kwargs)
+            built = _front_end.export(model, inputs, self._output, self._model_kwargs, names)
         elif self._front_end == "trace":
-            built = _front_end.Built(_front_end.trace(model, inputs, self._output, self._model_kwargs)._c)
+            built = _front_end.Built(_front_end.trace(model, inputs, self._output, self._model_kwargs, names)._c)
         elif self._front_end == "script":
             built = _front_end.Built(_front_end.script(model)._c)
         elif isinstance(model, torch.export.ExportedProgram):
@@ -107,6 +109,28 @@ class Pipeline:
             self._c.train(False)
             self.training = False
 
+    def _inputs(self, name: str, value: Any, check: bool = True) -> Any:
+        """A batch's inputs as the C++ side takes them: a tensor or a tuple.
+        A dict binds its tensors to the forward's keyword arguments by name
+        (input_ids=..., decoder_input_ids=...); the first one fixes the
+        names and their order, and every later batch must have them."""
+        if not isinstance(value, dict):
+            if self._input_names is not None:
+                raise ValueError(f"conveyor.Pipeline: {name}: the pipeline takes its inputs by name "
+                                 f"({', '.join(self._input_names)}): give a dict of them")
+            return _tensors(name, value) if check else value
+        if self._front_end not in ("export", "trace"):
+            raise ValueError(f"conveyor.Pipeline: {name} given by name binds keyword arguments of an nn.Module's "
+                             "forward (front_end 'export' or 'trace'); this model takes its inputs positionally")
+        if not all(isinstance(k, str) for k in value):
+            _fail(TypeError, name, "a dict with str keys", value)
+        if self._input_names is None:
+            self._input_names = tuple(value)
+        if set(value) != set(self._input_names):
+            raise ValueError(f"conveyor.Pipeline: {name} has the keys {', '.join(value)}; the pipeline was built "
+                             f"for {', '.join(self._input_names)}")
+        return _tensors(name, tuple(value[k] for k in self._input_names))
+
     def _built(self) -> "_C.Pipeline":
         if self._c is None:
             raise RuntimeError("conveyor.Pipeline: the model is exported at the first train_step or forward, from "
@@ -122,11 +146,13 @@ class Pipeline:
         ``parameters()``' ``.grad`` (zero them first, as with
         ``loss.backward()``), or steps the pipeline's own optimizer. Returns
         a ``conveyor.StepResult``. A model of several inputs or targets takes
-        tuples. A step that fails raises (``PipelineError``, or what
+        tuples; an nn.Module's inputs may also be a dict binding its
+        forward's keyword arguments (input_ids=..., decoder_input_ids=...).
+        A step that fails raises (``PipelineError``, or what
         ``loss_fn`` raised) and is rolled back."""
         if not self._has_loss:
             raise ValueError("conveyor.Pipeline: train_step needs a loss: build the pipeline with loss_fn=...")
-        inputs, target = _tensors("inputs", inputs), _tensors("target", target)
+        inputs, target = self._inputs("inputs", inputs), _tensors("target", target)
         if self._c is None:
             self._build(inputs)
         return self._c.train_step(inputs, target)
@@ -135,7 +161,7 @@ class Pipeline:
         """Inference: the model's output (a tuple when it returns several),
         micro-batches flowing through the stages, no autograd graph. Across
         processes, the output is on the last stage's process; None elsewhere."""
-        given = inputs[0] if len(inputs) == 1 else tuple(inputs)
+        given = self._inputs("inputs", inputs[0] if len(inputs) == 1 else tuple(inputs), check=False)
         if self._c is None:
             self._build(given)
         out = self._c.forward(given)

@@ -115,3 +115,33 @@ def test_a_model_the_front_ends_cannot_take_is_refused_naming_the_construct():
     # TorchScript does not compile it, and says which submodule and which construct.
     with pytest.raises(ValueError, match=r"TorchScript cannot compile submodule '[\w.]+' \(\w+\)"):
         conveyor.Pipeline(case.model, split_points=case.split_points, loss_fn=case.loss_fn, front_end="script")
+
+
+def test_an_encoder_decoder_takes_its_inputs_by_name():
+    """Hugging Face's T5: input_ids and decoder_input_ids by keyword, cut
+    before the decoder (the encoder's output crosses the cut), the
+    embedding shared by encoder, decoder and head."""
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(config).double()
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(96, (8, 10), generator=g),
+             "decoder_input_ids": torch.randint(96, (8, 6), generator=g)}
+    target = torch.randint(96, (8, 6), generator=g)
+    loss_fn = CASES["gpt2"]().loss_fn
+    pipe = conveyor.Pipeline(model, split_points=["decoder"], microbatches=MICROBATCHES, schedule="1f1b",
+                             loss_fn=loss_fn, output="logits", model_kwargs={"use_cache": False})
+    result = pipe.train_step(batch, target)
+    expected = 0.0
+    for i in range(MICROBATCHES):
+        out = eager(**{k: v.chunk(MICROBATCHES)[i] for k, v in batch.items()}, use_cache=False).logits
+        loss = loss_fn(out, target.chunk(MICROBATCHES)[i]) / MICROBATCHES
+        loss.backward()
+        expected += loss.item()
+    assert abs(result.loss - expected) <= TOLERANCE
+    assert [n for n, _ in pipe.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    for n, p in eager.named_parameters():
+        assert (dict(model.named_parameters())[n].grad - p.grad).abs().max().item() <= TOLERANCE, n

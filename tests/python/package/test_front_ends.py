@@ -219,3 +219,41 @@ def test_torchscript_cuts_inside_helper_methods_and_sends_numbers_across(front_e
     assert abs(result.loss - expected.item()) <= 1e-12
     for name, p in eager.named_parameters():
         assert torch.allclose(dict(pipe.named_parameters())[name].grad, p.grad, rtol=0, atol=1e-12), name
+
+
+class ByName(nn.Module):
+    """A forward whose tensors come by keyword, as Hugging Face's do."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None):
+        return self.b(self.a(input_ids) * attention_mask + decoder_input_ids)
+
+
+def test_inputs_given_by_name_bind_the_forwards_keyword_arguments():
+    torch.manual_seed(5)
+    model = ByName().double()
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(5)
+    batch = {"decoder_input_ids": torch.randn(6, 4, generator=g, dtype=torch.float64),
+             "input_ids": torch.randn(6, 4, generator=g, dtype=torch.float64),
+             "attention_mask": (torch.rand(6, 4, generator=g) > 0.3).double()}
+    y = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    pipe = conveyor.Pipeline(model, split_points=["b"], microbatches=2, loss_fn=F.mse_loss)
+    result = pipe.train_step(batch, y)
+    expected = sum(F.mse_loss(eager(**{k: v.chunk(2)[i] for k, v in batch.items()}), y.chunk(2)[i])
+                   for i in range(2)) / 2
+    expected.backward()
+    assert abs(result.loss - expected.item()) <= 1e-12
+    for name, p in eager.named_parameters():
+        assert torch.allclose(dict(pipe.named_parameters())[name].grad, p.grad, rtol=0, atol=1e-12), name
+    reordered = dict(reversed(list(batch.items())))  # the names bind, not the order
+    assert torch.allclose(pipe.forward(reordered), eager(**batch), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="has the keys input_ids; the pipeline was built for decoder_input_ids"):
+        pipe.train_step({"input_ids": batch["input_ids"]}, y)
+    with pytest.raises(ValueError, match="takes its inputs by name"):
+        pipe.train_step(batch["input_ids"], y)
+    with pytest.raises(ValueError, match="binds keyword arguments of an nn.Module's forward"):
+        conveyor.Pipeline(torch.jit.script(Two()), split_points=["b"], loss_fn=F.mse_loss).train_step(batch, y)
