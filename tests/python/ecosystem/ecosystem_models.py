@@ -30,6 +30,17 @@ class Case:
         out = model(*inputs, **self.keywords.get("model_kwargs", {}))
         return out.logits if self.keywords.get("output") == "logits" else out
 
+    def eager_step(self, model: nn.Module, microbatches: int) -> float:
+        """The eager model's loss and gradients, micro-batch by micro-batch
+        as the pipeline runs them (batch norm's statistics), as a mean."""
+        total = 0.0
+        for i in range(microbatches):
+            inputs = [t.chunk(microbatches)[i] for t in self.inputs]
+            loss = self.loss_fn(self.forward(model, *inputs), self.target.chunk(microbatches)[i]) / microbatches
+            loss.backward()
+            total += loss.item()
+        return total
+
 
 def token_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))

@@ -27,14 +27,7 @@ def skip_if_missing(name):
 
 
 def eager_step(case, model):
-    """The eager model's loss and gradients, micro-batch by micro-batch, as a mean."""
-    total = 0.0
-    for i in range(MICROBATCHES):
-        inputs = [t.chunk(MICROBATCHES)[i] for t in case.inputs]
-        loss = case.loss_fn(case.forward(model, *inputs), case.target.chunk(MICROBATCHES)[i]) / MICROBATCHES
-        loss.backward()
-        total += loss.item()
-    return total
+    return case.eager_step(model, MICROBATCHES)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved"])

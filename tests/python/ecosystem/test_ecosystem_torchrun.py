@@ -40,15 +40,8 @@ def _eager_run(name):
     model = copy.deepcopy(case.model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     losses, grads = [], {}
-    m = worker.MICROBATCHES
     for step in range(worker.STEPS):
-        total = 0.0
-        for i in range(m):
-            inputs = [t.chunk(m)[i] for t in case.inputs]
-            loss = case.loss_fn(case.forward(model, *inputs), case.target.chunk(m)[i]) / m
-            loss.backward()
-            total += loss.item()
-        losses.append(total)
+        losses.append(case.eager_step(model, worker.MICROBATCHES))
         if step == 0:
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.step()

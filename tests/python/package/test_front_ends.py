@@ -3,6 +3,8 @@ default (from example_inputs, a sample, or the first step's inputs), the
 module's own tensors trained, tied weights as one parameter under their
 first name; TorchScript and tracing by keyword; what is refused, and how."""
 import copy
+import pathlib
+import sys
 
 import pytest
 import torch
@@ -11,20 +13,19 @@ from torch import nn
 
 import conveyor
 
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+from make_export_fixtures import TiedLm as ExportedTiedLm  # noqa: E402
 
-class TiedLm(nn.Module):
-    """A language model whose output projection is its embedding."""
 
-    def __init__(self, vocab=20, width=8):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.body = nn.Sequential(nn.Linear(width, width), nn.Tanh())
-        self.register_buffer("scale", torch.tensor(0.5), persistent=False)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.embed.weight
+class TiedLm(ExportedTiedLm):
+    """A language model whose output projection is its embedding, with a
+    non-persistent buffer, returning a dict."""
+
+    def __init__(self):
+        super().__init__(vocab=20, width=8)
 
     def forward(self, tokens):
-        return {"logits": self.head(self.body(self.embed(tokens)) * self.scale), "hidden": self.embed(tokens)}
+        return {"logits": super().forward(tokens), "hidden": self.embed(tokens)}
 
 
 def token_loss(out, target):
