@@ -1,4 +1,5 @@
-"""Ecosystem models across two processes under torchrun, each process
+"""The ecosystem models (ResNet-18, GPT-2, Llama, BERT) across two processes
+under torchrun, each process
 building conveyor.Pipeline from the module itself (exported there): the
 losses, gradients and optimizer steps equal eager PyTorch's, GPT-2's embedding
 tied across the two processes."""
@@ -49,7 +50,8 @@ def _eager_run(name):
     return losses, grads, dict(model.named_parameters()), list(model.state_dict())
 
 
-@pytest.mark.parametrize("name,schedule", [("gpt2", "1f1b"), ("resnet18", "zb-h1")])
+@pytest.mark.parametrize("name,schedule", [("gpt2", "1f1b"), ("resnet18", "zb-h1"), ("llama", "zb-h1"),
+                                           ("bert", "1f1b")])
 def test_two_processes_train_as_eager_pytorch(tmp_path, name, schedule):
     why = missing(name)
     if why:
