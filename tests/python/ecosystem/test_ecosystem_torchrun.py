@@ -1,8 +1,7 @@
 """The ecosystem models (ResNet-18, GPT-2, Llama, BERT) across two processes
-under torchrun, each process
-building conveyor.Pipeline from the module itself (exported there): the
-losses, gradients and optimizer steps equal eager PyTorch's, GPT-2's embedding
-tied across the two processes."""
+under torchrun, each process building conveyor.Pipeline from the module
+itself (exported there): the losses, gradients and optimizer steps equal
+eager PyTorch's, GPT-2's embedding tied across the two processes."""
 import copy
 import os
 import pathlib
