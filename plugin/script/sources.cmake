@@ -2,6 +2,7 @@
 # (graph cutting, script layers). Builds on the public entry point; only the
 # builder (plugin/builder/) includes it.
 target_sources(conveyor PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/forward_graph.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_graph.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/script_nodes.cpp
