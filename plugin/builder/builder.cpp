@@ -86,8 +86,9 @@ double BuiltPipeline::clip_grad_norm(double max_norm, double norm_type) {
 
 namespace {
 
-// Each name once, at its first place: the later stages' copies of a tied
-// weight carry its name too.
+// Each name once, at its first place: a buffer read by several stages, and
+// the later stages' copies of a tied weight in state_entries(), carry its
+// name too.
 std::vector<std::pair<std::string, at::Tensor>> first_of_each(std::vector<std::pair<std::string, at::Tensor>> named) {
   std::set<std::string> seen;
   std::erase_if(named, [&](const auto& item) { return !seen.insert(item.first).second; });
@@ -103,6 +104,7 @@ std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::named_parameters(
     if (!pipe_->is_local(k)) continue;
     for (const auto& item : pipe_->stage(k).module()->named_parameters()) layer_names.push_back(item.key());
   }
+  const std::set<std::string> local(layer_names.begin(), layer_names.end());
   // A tied weight is listed at its first holder in this process: the
   // pipeline gives the later holders its value (across processes, each
   // process steps its own holder with the summed gradient).
@@ -110,7 +112,7 @@ std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::named_parameters(
   for (const auto& group : pipe_->tied_parameters()) {
     bool first = true;
     for (const std::string& name : group) {
-      if (std::find(layer_names.begin(), layer_names.end(), name) == layer_names.end()) continue;
+      if (!local.count(name)) continue;
       if (!first) later.insert(name);
       first = false;
     }
@@ -121,7 +123,7 @@ std::vector<std::pair<std::string, at::Tensor>> BuiltPipeline::named_parameters(
   for (size_t i = 0; i < named.size(); ++i) {
     if (!later.count(layer_names[i])) out.push_back(named[i]);
   }
-  return first_of_each(std::move(out));
+  return out;
 }
 
 std::vector<at::Tensor> BuiltPipeline::parameters() const {
