@@ -5,6 +5,7 @@
 #include "plugin/support/fault_injection.h"
 #include "plugin/runtime/step_rollback.h"
 #include "plugin/runtime/step_context.h"
+#include "plugin/runtime/stream_order.h"
 #include "plugin/runtime/weight_versions.h"
 
 #include <ATen/ATen.h>
@@ -99,17 +100,24 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
   // share a device can overlap and copies can overlap compute. A worker's
   // stages share its device and its stream (their actions run in turn).
   for (int k : local_) {
-    const c10::Device& d = stages_[k]->device();
-    if (d.is_cpu()) continue;
     for (int j : local_) {
       if (j < k && placement_[j] == placement_[k]) {
-        check_argument(stages_[j]->device() == d, "conveyor: stages ", j, " and ", k, " share worker ", placement_[k],
-                       " but not a device (", stages_[j]->device(), " and ", d, ")");
+        check_argument(stages_[j]->device() == stages_[k]->device(), "conveyor: stages ", j, " and ", k,
+                       " share worker ", placement_[k], " but not a device (", stages_[j]->device(), " and ",
+                       stages_[k]->device(), ")");
         streams_[k] = streams_[j];
       }
     }
-    if (!streams_[k]) streams_[k] = c10::impl::VirtualGuardImpl(d.type()).getStreamFromGlobalPool(d);
-    side_streams_[k] = c10::impl::VirtualGuardImpl(d.type()).getStreamFromGlobalPool(d);
+    const std::optional<c10::Device> d = stream_device(stages_[k]->device(), placement_[k]);
+    if (!d) continue;
+    if (!streams_[k]) streams_[k] = c10::impl::VirtualGuardImpl(d->type()).getStreamFromGlobalPool(*d);
+    side_streams_[k] = c10::impl::VirtualGuardImpl(d->type()).getStreamFromGlobalPool(*d);
+  }
+  for (int w : local_workers_) {
+    worker_streams_.emplace_back();
+    for (int k : local_) {
+      if (placement_[k] == w) worker_streams_.back() = streams_[k];
+    }
   }
 }
 
@@ -152,12 +160,26 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   // nothing, and a retried one draws the same dropout masks.
   for (int k : local_) rollback.keep_random(*stages_[k]);
 
+  // Everything the caller's thread queued before this point (its optimizer's
+  // step, a loaded checkpoint, the rollback's copies, the tied copies, the
+  // inputs) comes before any worker's first action (stream_order.h).
+  workers_wait_for_caller(worker_streams_);
+  finished_.clear();
+  finished_.resize(local_workers_.size());
   const std::vector<std::exception_ptr> errors = workers_.run([&](int i) {
+    // The end fence, also after a failed action: the rollback then restores
+    // weights on the caller's stream, after whatever the worker queued.
+    const auto finish = [&] {
+      if (worker_streams_[i]) finished_[i] = worker_finished(*worker_streams_[i]);
+    };
     try {
       run_worker(local_workers_[i], ctx);
+      finish();
     } catch (const AbortedError&) {
+      finish();
       throw;
     } catch (...) {
+      finish();
       {
         std::lock_guard<std::mutex> lock(ctx.error_mutex);
         if (!ctx.first_error) ctx.first_error = std::current_exception();
@@ -167,6 +189,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
       throw;
     }
   });
+  caller_waits_for(finished_);  // and the caller's stream comes after every worker's last action
   std::exception_ptr error = ctx.first_error;
   for (const auto& e : errors) {
     if (!error && e) error = e;  // an abort with no first error cannot happen; be loud if it does
@@ -317,7 +340,10 @@ void Runtime::run_worker(int w, StepContext& ctx) {
   if (training && schedule.synchronous() && guard_) {
     for (int k : mine) check_finite(k, -1, "gradient", stages_[k]->gradients(), ctx, "");
   }
-  if (stream) stream->synchronize();
+  // Beside the end fence (run), the host waits when it reads values: a
+  // training step's losses and the times of the actions on the stream. A
+  // forward returns once its work is queued.
+  if (stream && (training || running_.trace)) stream->synchronize();
   timer.finish();
   for (int k : mine) ctx.stages[k].busy_seconds = timer.busy_seconds(k);
   for (TraceEvent& e : timer.trace()) ctx.stages[e.action.stage].trace.push_back(e);

@@ -18,6 +18,7 @@
 #include "schedules/schedule.h"
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
 #include <functional>
@@ -158,6 +159,8 @@ class Runtime {
   std::unique_ptr<Transport> transport_;
   std::vector<std::optional<c10::Stream>> streams_;  // per stage (its worker's), on accelerators
   std::vector<std::optional<c10::Stream>> side_streams_;  // per stage: offload copies
+  std::vector<std::optional<c10::Stream>> worker_streams_;  // per local worker (local_workers_' order)
+  std::vector<std::optional<c10::Event>> finished_;  // per local worker: its stream's end of the last run
   TrainingOptions training_;
   RunningOptions running_;
   ReplicaReduction replicas_;

@@ -1,7 +1,8 @@
 # The runtime: executes a schedule over stages and a transport. One file per
 # responsibility: the step loop (runtime.cpp), forward and backward actions
 # (actions.cpp), the split backward (split_backward.cpp), offloading
-# (offload.cpp), tied-parameter gradients (tied_gradients.cpp), the optimizer
+# (offload.cpp), the order between the caller's stream and the workers'
+# (stream_order.cpp), tied-parameter gradients (tied_gradients.cpp), the optimizer
 # step and the divergence guard (optimizer_step.cpp), the update after a step
 # (update.cpp: loss scaler verdicts, clipping by global norm; loss_scaler.cpp,
 # autocast.h), and the bookkeeping
@@ -19,6 +20,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/runtime.cpp
   ${CMAKE_CURRENT_LIST_DIR}/split_backward.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_rollback.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stream_order.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tied_gradients.cpp
   ${CMAKE_CURRENT_LIST_DIR}/update.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_versions.cpp
