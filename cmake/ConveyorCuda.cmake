@@ -54,8 +54,10 @@ endif()
 
 # A CUDA LibTorch's config needs the toolkit even when no kernel is built: say
 # so before it fails with a message that does not name the cause.
-find_file(_conveyor_caffe2_config Caffe2Config.cmake HINTS "${Torch_DIR}/../Caffe2" PATH_SUFFIXES Caffe2 share/cmake/Caffe2
-  NO_CACHE)
+# Torch_DIR when given, else the prefixes find_package(Torch) will search
+# (under pip install ., the environment's torch: cmake/TorchFromPython.cmake).
+find_file(_conveyor_caffe2_config Caffe2Config.cmake HINTS "${Torch_DIR}/../Caffe2" ${CMAKE_PREFIX_PATH}
+  PATH_SUFFIXES Caffe2 share/cmake/Caffe2 NO_CACHE)
 if(_conveyor_caffe2_config AND NOT _conveyor_have_toolkit)
   file(STRINGS "${_conveyor_caffe2_config}" _conveyor_uses_cuda REGEX "set\\(CAFFE2_USE_CUDA 1\\)")
   if(_conveyor_uses_cuda)
@@ -93,7 +95,8 @@ if(_conveyor_have_toolkit)
   endif()
   # Pip wheels carry nvrtc in site-packages/nvidia/cu*/lib while a bare toolkit
   # may not: look beside the Torch that CMAKE_PREFIX_PATH points at.
-  find_path(_conveyor_torch_cfg TorchConfig.cmake HINTS "${Torch_DIR}" PATH_SUFFIXES Torch share/cmake/Torch NO_CACHE)
+  find_path(_conveyor_torch_cfg TorchConfig.cmake HINTS "${Torch_DIR}" ${CMAKE_PREFIX_PATH}
+    PATH_SUFFIXES Torch share/cmake/Torch NO_CACHE)
   set(_conveyor_lib_hints "${CUDAToolkit_LIBRARY_DIR}")
   if(_conveyor_torch_cfg)
     get_filename_component(_site "${_conveyor_torch_cfg}/../../../.." ABSOLUTE)
@@ -121,6 +124,11 @@ if(_conveyor_have_toolkit)
     endforeach()
   endif()
   find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12 HINTS ${_conveyor_lib_hints})
+  if(NOT CUDA_nvrtc_LIBRARY)
+    message(FATAL_ERROR "conveyor: a CUDA LibTorch links NVRTC, and none was found in the toolkit "
+      "(${CUDAToolkit_LIBRARY_DIR}) or beside torch (${_conveyor_lib_hints}). Install the toolkit's nvrtc or the "
+      "nvidia-cuda-nvrtc wheel, or name it with -DCUDA_nvrtc_LIBRARY=/path/to/libnvrtc.so.")
+  endif()
   if(CONVEYOR_WITH_CUDA)
     message(STATUS "conveyor: CUDA kernels ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, arch list ${TORCH_CUDA_ARCH_LIST})")
   else()

@@ -7,8 +7,9 @@
 #  - the project's own virtual environment .venv with LibTorch (the torch
 #    wheel: the CUDA 13 build where a CUDA compiler is found, the CPU build
 #    where none is; scripts/lib/choose_torch.sh), numpy, pytest,
-#    scikit-learn, sacrebleu, scikit-build-core (pip install . of the
-#    Python package), and torchvision and transformers (the ecosystem tests).
+#    scikit-learn, sacrebleu, the build requirements of pip install . (also
+#    as wheels in .venv/wheelhouse), and torchvision and transformers (the
+#    ecosystem tests).
 # Override the torch release with CONVEYOR_TORCH_VERSION=2.13.0 (a CPU build).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,8 +42,21 @@ fi
 # numpy and pytest for the Python tests; scikit-learn ships the digits images
 # the ResNet study trains on (sklearn/datasets/data/digits.csv.gz); sacrebleu
 # scores the translator.
+# pip install . takes its build requirements from pyproject.toml: installed
+# here for the test command's own install (no build isolation), and kept as
+# wheels in .venv/wheelhouse for the test that installs as a user does, in a
+# fresh environment with build isolation (tests/pip_install_configure.sh),
+# where nothing may be fetched.
+mapfile -t build_requires < <("$py" -c "import tomllib
+print(*tomllib.load(open('$root/pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')")
 "$py" -c "import numpy, pytest, sklearn, sacrebleu, scikit_build_core" 2>/dev/null ||
-  "$py" -m pip install -q numpy pytest scikit-learn sacrebleu "scikit-build-core>=0.10"
+  "$py" -m pip install -q numpy pytest scikit-learn sacrebleu "${build_requires[@]}"
+stamp="$venv/wheelhouse/.requires"
+if [ "$(cat "$stamp" 2>/dev/null)" != "${build_requires[*]}" ]; then
+  rm -rf "$venv/wheelhouse"
+  "$py" -m pip download -q -d "$venv/wheelhouse" "${build_requires[@]}"
+  echo "${build_requires[*]}" >"$stamp"
+fi
 # The models users bring, for the ecosystem tests (tests/python/ecosystem):
 # torchvision's (the release built against this torch) and Hugging Face's
 # transformers, in small configurations with random weights (nothing is

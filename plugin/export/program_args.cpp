@@ -40,7 +40,8 @@ c10::ScalarType scalar_type_of(ser::ScalarType t, const std::string& what) {
       {ser::ScalarType::COMPLEXHALF, at::kComplexHalf}, {ser::ScalarType::COMPLEXFLOAT, at::kComplexFloat},
       {ser::ScalarType::COMPLEXDOUBLE, at::kComplexDouble}, {ser::ScalarType::BOOL, at::kBool},
       {ser::ScalarType::BFLOAT16, at::kBFloat16}, {ser::ScalarType::UINT16, at::kUInt16},
-      {ser::ScalarType::UINT32, at::kUInt32},     {ser::ScalarType::UINT64, at::kUInt64},
+      // By number: torch 2.11's schema does not yet name UINT32 (34) and UINT64 (35).
+      {static_cast<ser::ScalarType>(34), at::kUInt32}, {static_cast<ser::ScalarType>(35), at::kUInt64},
       {ser::ScalarType::FLOAT8E4M3FN, at::kFloat8_e4m3fn}, {ser::ScalarType::FLOAT8E5M2, at::kFloat8_e5m2}};
   const auto it = types.find(t);
   if (it == types.end()) {
