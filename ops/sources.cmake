@@ -8,7 +8,8 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/tensors_layers.cpp)
 include(${CMAKE_CURRENT_LIST_DIR}/dispatch/sources.cmake)
 if(CONVEYOR_WITH_CUDA)
-  target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cuda.cu)
+  target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nonfinite/nonfinite_cuda.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/shared_memory.cpp)
 endif()
 set(CONVEYOR_FUSED_OPS "fused_lstm;fused_attention" CACHE STRING "The fused ops (folders of ops/) built into the plugin")
 foreach(op IN LISTS CONVEYOR_FUSED_OPS)

@@ -35,7 +35,21 @@ struct BackwardParams {
 };
 
 // Tensor-core path: float16 / bfloat16 with head_dim 64 or 128.
-bool flash_supports(ElementType dtype, int head_dim);
+inline bool flash_supports(ElementType dtype, int head_dim) {
+  return (dtype == ElementType::kHalf || dtype == ElementType::kBFloat16) && (head_dim == 64 || head_dim == 128);
+}
+// ... whose 16-byte copies (cp.async) need 16-byte aligned rows: a contiguous
+// view that starts inside its storage (x[1:], a chunk of a fused projection)
+// keeps its offset through .contiguous() and may not be. Such calls take the
+// general kernels, which read element by element.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool flash_takes(const ForwardParams& p) {
+  return flash_supports(p.dtype, p.head_dim) && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) &&
+         aligned16(p.out);
+}
+inline bool flash_takes(const BackwardParams& p) {
+  return flash_takes(p.fwd) && aligned16(p.grad_out) && aligned16(p.grad_k) && aligned16(p.grad_v);
+}
 void launch_flash_forward(const ForwardParams& params, cudaStream_t stream);
 void launch_flash_backward(const BackwardParams& params, cudaStream_t stream);
 

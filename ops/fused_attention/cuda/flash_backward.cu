@@ -4,6 +4,8 @@
 
 #include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
 
+#include "ops/cuda/shared_memory.h"
+
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
@@ -14,9 +16,7 @@ template <typename T, int kHeadDim>
 void run_flash_backward(const BackwardParams& params, cudaStream_t stream) {
   using Config = FlashBackwardConfigFor<T, kHeadDim>;
   const auto kernel = flash_backward_kernel<T, Config>;
-  if (Config::kSmemBytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
-  }
+  conveyor::cuda::allow_shared_memory(kernel, Config::kSmemBytes);
   const ForwardParams& p = params.fwd;
   const dim3 grid((p.k_len + Config::kBlockN - 1) / Config::kBlockN, p.heads, p.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
@@ -35,9 +35,9 @@ void run_for_head_dim(const BackwardParams& params, cudaStream_t stream) {
 }  // namespace
 
 void launch_flash_backward(const BackwardParams& params, cudaStream_t stream) {
-  TORCH_CHECK(flash_supports(params.fwd.dtype, params.fwd.head_dim),
-              "fused_attention: the tensor-core kernel takes float16 or bfloat16 with head_dim 64 or 128, got "
-              "head_dim ",
+  TORCH_CHECK(flash_takes(params),
+              "fused_attention: the tensor-core kernel takes 16-byte aligned float16 or bfloat16 tensors with "
+              "head_dim 64 or 128, got head_dim ",
               params.fwd.head_dim);
   TORCH_CHECK(params.grad_q_accum != nullptr, "fused_attention: the tensor-core backward needs grad_q_accum");
   launch_row_dot(params, stream);

@@ -3,6 +3,8 @@
 
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
 
+#include "ops/cuda/shared_memory.h"
+
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
@@ -13,9 +15,7 @@ template <typename T, int kHeadDim>
 void run_flash_forward(const ForwardParams& params, cudaStream_t stream) {
   using Config = FlashForwardConfigFor<T, kHeadDim>;
   const auto kernel = flash_forward_kernel<T, Config>;
-  if (Config::kSmemBytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Config::kSmemBytes));
-  }
+  conveyor::cuda::allow_shared_memory(kernel, Config::kSmemBytes);
   const dim3 grid((params.q_len + Config::kBlockM - 1) / Config::kBlockM, params.heads, params.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -32,14 +32,10 @@ void run_for_head_dim(const ForwardParams& params, cudaStream_t stream) {
 
 }  // namespace
 
-bool flash_supports(ElementType dtype, int head_dim) {
-  return (dtype == ElementType::kHalf || dtype == ElementType::kBFloat16) && (head_dim == 64 || head_dim == 128);
-}
-
 void launch_flash_forward(const ForwardParams& params, cudaStream_t stream) {
-  TORCH_CHECK(flash_supports(params.dtype, params.head_dim),
-              "fused_attention: the tensor-core kernel takes float16 or bfloat16 with head_dim 64 or 128, got "
-              "head_dim ",
+  TORCH_CHECK(flash_takes(params),
+              "fused_attention: the tensor-core kernel takes 16-byte aligned float16 or bfloat16 tensors with "
+              "head_dim 64 or 128, got head_dim ",
               params.head_dim);
   if (params.dtype == ElementType::kHalf) {
     run_for_head_dim<__half>(params, stream);

@@ -1,7 +1,8 @@
 // The CUDA binding: checks arguments (the same checks and messages as the CPU
 // reference), makes the tensors contiguous, allocates outputs and workspaces,
 // and hands plain parameter blocks to the launchers: the tensor-core kernels
-// for float16 / bfloat16 at head_dim 64 and 128, the general kernels otherwise.
+// for float16 / bfloat16 at head_dim 64 and 128 with 16-byte aligned tensors
+// (cuda::flash_takes), the general kernels otherwise.
 
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/fused_attention.h"
@@ -86,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& q_in
   p.out = out.data_ptr();
   p.lse = lse.data_ptr();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (cuda::flash_supports(p.dtype, p.head_dim)) {
+  if (cuda::flash_takes(p)) {
     cuda::launch_flash_forward(p, stream);
   } else {
     cuda::launch_simple_forward(p, stream);
@@ -119,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   bp.grad_k = grad_k.data_ptr();
   bp.grad_v = grad_v.data_ptr();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (cuda::flash_supports(bp.fwd.dtype, bp.fwd.head_dim)) {
+  if (cuda::flash_takes(bp)) {
     at::Tensor grad_q_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     bp.grad_q_accum = grad_q_accum.data_ptr<float>();
     cuda::launch_flash_backward(bp, stream);

@@ -3,6 +3,8 @@
 
 #include "ops/fused_attention/cuda/simple_attention_kernels.cuh"
 
+#include "ops/cuda/shared_memory.h"
+
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
@@ -34,9 +36,7 @@ int prepare_shared_memory(Kernel kernel, int64_t elements, size_t acc_size, cons
   TORCH_CHECK(bytes <= limit, "fused_attention: head_dim ", p.head_dim, " with dtype ", dtype_name(p.dtype), " needs ",
               bytes, " bytes of shared memory per block on CUDA, more than this device's ", limit,
               "; use a smaller head_dim");
-  if (bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  }
+  conveyor::cuda::allow_shared_memory(kernel, static_cast<size_t>(bytes));
   return static_cast<int>(bytes);
 }
 

@@ -37,11 +37,16 @@ __device__ __forceinline__ CellResult<acc_t> lstm_cell(const acc_t (&pre)[4], ac
   return r;
 }
 
+// The sum over a warp's 32 lanes, in every lane (a butterfly: each lane
+// adds the same pairs in the same order, so all get the same bits). The host
+// emulation brings its own, one collective instead of five.
+#ifndef CONVEYOR_EMULATED_WARP_SUM
 template <typename acc_t>
 __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
+#endif
 
 // Global loads cached in L2 only: L1 is not coherent across blocks.
 __device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }

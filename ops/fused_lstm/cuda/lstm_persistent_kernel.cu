@@ -1,102 +1,15 @@
-// The persistent forward kernel: one cooperative launch runs a layer's whole
-// time loop. Block k owns hidden units [k*U, (k+1)*U) and keeps their 4*U rows
-// of W_hh in shared memory for all T steps, so W_hh is read from global memory
-// once per layer instead of once per step. Each step a block copies h_{t-1}
-// (written by every block in the step before) into shared memory, one warp per
-// (batch row, unit) forms the four gate sums, and lane 0 applies the cell
-// update; a grid-wide sync separates the steps.
-#include "ops/fused_lstm/cuda/lstm_cell_math.cuh"
-#include "ops/fused_lstm/cuda/lstm_kernels.h"
+// The persistent forward kernel's launcher (the kernel: lstm_persistent_kernel.cuh).
+#include "ops/fused_lstm/cuda/lstm_persistent_kernel.cuh"
+
+#include "ops/cuda/shared_memory.h"
 
 #include <c10/cuda/CUDAException.h>
-#include <cooperative_groups.h>
-
-#include <cstddef>
-#include <cstdint>
 
 namespace conveyor::lstm::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-// Beyond this batch the per-step kernel has enough parallelism of its own,
-// and h_{t-1} would crowd W_hh out of shared memory.
-constexpr int kMaxBatch = 32;
-
-__host__ __device__ constexpr size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    lstm_forward_persistent_kernel(ForwardSequence<scalar_t> s, int units_per_block) {
-  using acc_t = AccOf<scalar_t>;
-  namespace cg = cooperative_groups;
-  cg::grid_group grid = cg::this_grid();
-  extern __shared__ __align__(16) unsigned char shared_bytes[];
-  const int H = s.hidden;
-  const int B = s.batch;
-  const size_t w_elems = static_cast<size_t>(4) * units_per_block * H;
-  scalar_t* w_s = reinterpret_cast<scalar_t*>(shared_bytes);                                  // [4][U][H]
-  acc_t* h_s = reinterpret_cast<acc_t*>(shared_bytes + align16(w_elems * sizeof(scalar_t)));  // [B][H]
-
-  const int unit0 = blockIdx.x * units_per_block;
-  const int n_units = min(units_per_block, H - unit0);
-  for (size_t e = threadIdx.x; e < w_elems; e += blockDim.x) {
-    const int k = static_cast<int>(e % H);
-    const int row = static_cast<int>(e / H);
-    const int g = row / units_per_block;
-    const int uu = row % units_per_block;
-    w_s[e] =
-        uu < n_units ? s.w_hh[(static_cast<int64_t>(g) * H + unit0 + uu) * H + k] : static_cast<scalar_t>(acc_t(0));
-  }
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int n_warps = blockDim.x / 32;
-  const int64_t BH = static_cast<int64_t>(B) * H;
-  for (int t = 0; t < s.seq_len; ++t) {
-    const scalar_t* h_prev = t == 0 ? s.h0 : s.hs + (t - 1) * BH;
-    for (int64_t e = threadIdx.x; e < BH; e += blockDim.x) h_s[e] = static_cast<acc_t>(load_cg(h_prev + e));
-    __syncthreads();
-
-    // The (b, unit) -> warp assignment is the same every step, so the lane
-    // that reads c_{t-1} below is the one that wrote it.
-    for (int item = warp; item < B * n_units; item += n_warps) {
-      const int b = item / n_units;
-      const int uu = item % n_units;
-      const int j = unit0 + uu;
-      const acc_t* h_row = h_s + static_cast<int64_t>(b) * H;
-      acc_t acc[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-      for (int k = lane; k < H; k += 32) {
-        const acc_t hv = h_row[k];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          acc[g] += static_cast<acc_t>(w_s[(static_cast<int64_t>(g) * units_per_block + uu) * H + k]) * hv;
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < 4; ++g) acc[g] = warp_sum(acc[g]);
-      if (lane == 0) {
-        const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * 4 * H;
-        const int64_t bj = static_cast<int64_t>(b) * H + j;
-        acc_t pre[4];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          pre[g] = acc[g] + static_cast<acc_t>(s.xproj[gate_row + g * H + j]) + (s.bias ? s.bias[g * H + j] : acc_t(0));
-        }
-        const acc_t c_prev = t == 0 ? s.c0[bj] : s.cells[(t - 1) * BH + bj];
-        const CellResult<acc_t> cell = lstm_cell(pre, c_prev);
-        s.cells[t * BH + bj] = cell.c;
-        s.hs[t * BH + bj] = static_cast<scalar_t>(cell.h);
-        if (s.gates) {
-          s.gates[gate_row + j] = cell.i;
-          s.gates[gate_row + H + j] = cell.f;
-          s.gates[gate_row + 2 * H + j] = cell.g;
-          s.gates[gate_row + 3 * H + j] = cell.o;
-        }
-      }
-    }
-    grid.sync();  // h_t complete everywhere before any block reads it
-  }
-}
+using persistent::kMaxBatch;
+using persistent::kThreads;
 
 int device_attribute(cudaDeviceAttr attribute, int device) {
   int value = 0;
@@ -108,7 +21,6 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
 
 template <typename scalar_t>
 bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, cudaStream_t stream) {
-  using acc_t = AccOf<scalar_t>;
   if (seq.batch > kMaxBatch) return false;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -116,16 +28,13 @@ bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, cudaStr
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
   const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
 
-  // One block per SM, each owning an equal slice of the hidden units.
-  const int units_per_block = (seq.hidden + sms - 1) / sms;
-  const int blocks = (seq.hidden + units_per_block - 1) / units_per_block;
-  const size_t shared_bytes = align16(static_cast<size_t>(4) * units_per_block * seq.hidden * sizeof(scalar_t)) +
-                              static_cast<size_t>(seq.batch) * seq.hidden * sizeof(acc_t);
+  const persistent::Plan plan = persistent::plan<scalar_t>(seq.hidden, seq.batch, sms);
+  const int units_per_block = plan.units_per_block, blocks = plan.blocks;
+  const size_t shared_bytes = plan.shared_bytes;
   if (shared_bytes > shared_limit) return false;
 
-  auto* kernel = &lstm_forward_persistent_kernel<scalar_t>;
-  C10_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+  auto* kernel = &persistent::lstm_forward_persistent_kernel<scalar_t>;
+  conveyor::cuda::allow_shared_memory(kernel, shared_bytes);
   int blocks_per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes));
   if (static_cast<int64_t>(blocks_per_sm) * sms < blocks) return false;

@@ -265,8 +265,32 @@ void run_case(const Problem& pr, bool flash, double tol) {
   fflush(stdout);
 }
 
+// The binding sends a call to the tensor-core kernels only when their 16-byte
+// copies are aligned (flash_takes): a view that starts 2 bytes into its
+// storage goes to the general kernels, which the cases below also check.
+void check_alignment_rule() {
+  alignas(16) static unsigned char bytes[64];
+  ForwardParams p;
+  p.dtype = ElementType::kHalf, p.head_dim = 64;
+  p.q = p.k = p.v = bytes, p.out = bytes;
+  BackwardParams bp;
+  bp.fwd = p, bp.grad_out = bytes, bp.grad_k = bytes, bp.grad_v = bytes;
+  const bool aligned = flash_takes(p) && flash_takes(bp);
+  ForwardParams shifted = p;
+  shifted.k = bytes + 2;  // k = kv[1:] of a half tensor, say
+  BackwardParams shifted_grad = bp;
+  shifted_grad.grad_out = bytes + 8;
+  ForwardParams wrong_dim = p;
+  wrong_dim.head_dim = 72;
+  const bool ok = aligned && !flash_takes(shifted) && !flash_takes(shifted_grad) && !flash_takes(wrong_dim);
+  if (!ok) ++failures;
+  printf("  alignment rule: aligned -> tensor cores, misaligned k or grad_out or head_dim 72 -> general %s\n",
+         ok ? "ok" : "FAILED");
+}
+
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
+  check_alignment_rule();
   const std::vector<Problem> flash_cases = {
       {1, 1, 70, 130, 64, false, 1}, {2, 1, 100, 37, 128, true, 3}, {1, 2, 1, 1, 64, false, 0},
       {2, 1, 65, 65, 64, true, 2},   {1, 1, 130, 70, 128, true, 1}, {1, 1, 64, 200, 128, false, 0},
@@ -277,6 +301,16 @@ int main(int argc, char** argv) {
       run_case<__half, float>(pr, true, 6e-3);
       run_case<__nv_bfloat16, float>(pr, true, 3e-2);
     }
+  }
+  // The largest shapes of the GPU test (FusedAttentionCuda), one head each:
+  // the errors they show here are what its tolerances rest on.
+  if (only.empty() || only == "large") {
+    const std::vector<Problem> large_cases = {{1, 1, 300, 300, 64, true, 1}, {1, 1, 257, 513, 128, false, 1}};
+    for (const Problem& pr : large_cases) {
+      run_case<__half, float>(pr, true, 6e-3);
+      run_case<__nv_bfloat16, float>(pr, true, 3e-2);
+    }
+    run_case<float, float>({1, 1, 100, 100, 200, true, 0}, false, 2e-5);
   }
   if (only.empty() || only == "simple") {
     const std::vector<Problem> simple_cases = {
