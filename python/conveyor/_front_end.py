@@ -216,7 +216,10 @@ def script(model: nn.Module) -> torch.jit.ScriptModule:
                 try:
                     torch.jit.script(sub)
                 except Exception as sub_error:  # noqa: BLE001
-                    where, why = f"submodule '{name}' ({type(sub).__name__})", sub_error
+                    # A class the first attempt half-compiled cannot be compiled again
+                    # ("Can't redefine method"): its first error is the one to show.
+                    redefined = "Can't redefine method" in str(sub_error)
+                    where, why = f"submodule '{name}' ({type(sub).__name__})", error if redefined else sub_error
                     break
             raise ValueError(
                 f"conveyor.Pipeline: TorchScript cannot compile {where}: {_first_line(why)}\n{why}\n"

@@ -16,8 +16,11 @@ namespace {
 // null where it has none.
 c10::intrusive_ptr<c10d::Backend> backend_of(const py::object& group, c10::DeviceType type) {
   auto* pg = py::cast<c10d::ProcessGroup*>(group);
-  if (!pg->hasBackendForDeviceType(type)) return {};
-  return pg->getBackend(type);
+  // (getDeviceTypes, not hasBackendForDeviceType: torch 2.11 has only the former.)
+  for (const c10::Device& device : pg->getDeviceTypes()) {
+    if (device.type() == type) return pg->getBackend(type);
+  }
+  return {};
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ first name; TorchScript and tracing by keyword; what is refused, and how."""
 import copy
 import pathlib
 import sys
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -121,6 +122,28 @@ class Branchy(nn.Module):
     def forward(self, x):
         h = self.a(x)
         return self.b(h if h.sum() > 0 else -h)  # data-dependent: torch.export cannot take it
+
+
+class Unpacking(nn.Module):
+    """A block TorchScript cannot compile: a tensor unpacked as a tuple."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(4, 12)
+
+    def forward(self, h):
+        q, k, v = self.qkv(h).view(h.shape[0], 3, 4).permute(1, 0, 2)
+        return q * k + v
+
+
+def test_torchscripts_refusal_names_the_submodule_and_its_first_error():
+    # The whole model's attempt half-compiles the class; the submodule's
+    # second attempt would only say "Can't redefine method".
+    with pytest.raises(ValueError, match=r"cannot compile submodule 'block' \(Unpacking\): "
+                                         r"(.|\n)*Tensor cannot be used as a tuple") as refused:
+        conveyor.Pipeline(nn.Sequential(OrderedDict(a=nn.Linear(4, 4), block=Unpacking())), split_points=["block"],
+                          front_end="script")
+    assert "redefine" not in str(refused.value)
 
 
 def test_what_the_front_ends_refuse_is_named_with_the_alternative():
