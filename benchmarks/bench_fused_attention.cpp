@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
           row.shape = {{"batch_heads", double(o.batch * o.heads)}, {"seq_q", double(s)}, {"seq_k", double(s)},
                        {"head_dim", double(d)}, {"causal", causal ? 1.0 : 0.0}, {"train", train ? 1.0 : 0.0}};
           row.measured = {{"fused_ms", fused_ms}, {"reference_ms", reference_ms}};
-          table << row.str() << "\n";
+          table << row.str() << std::endl;  // row by row: a run cut short keeps what it measured
         }
       }
     }

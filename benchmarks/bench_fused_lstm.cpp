@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
           row.shape = {{"batch", double(s.batch)}, {"seq", double(s.seq)},       {"input", double(s.hidden)},
                        {"hidden", double(s.hidden)}, {"layers", double(s.layers)}, {"train", backward ? 1.0 : 0.0}};
           row.measured = {{"fused_ms", t.fused_ms}, {"reference_ms", t.torch_ms}};
-          table << row.str() << "\n";
+          table << row.str() << std::endl;  // row by row: a run cut short keeps what it measured
         }
         std::fflush(stdout);
       }
