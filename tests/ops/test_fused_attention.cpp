@@ -279,5 +279,24 @@ TEST(FusedAttentionCuda, MatchesMathReferenceOnDevice) {
   }
 }
 
+// Views that start 2 bytes into their storage (x[1:] of a half tensor, flat)
+// cannot take the tensor-core kernels' 16-byte copies: they run the general
+// kernels and still match (ops/fused_attention/cuda/attention_kernels.h).
+TEST(FusedAttentionCuda, MisalignedViewsTakeTheGeneralKernels) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(12);
+  const std::vector<int64_t> shape{2, 2, 40, 64};
+  const int64_t n = 2 * 2 * 40 * 64;
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf);
+  auto misaligned = [&] { return torch::randn({n + 1}, opts).narrow(0, 1, n).view(shape); };
+  const at::Tensor q = misaligned(), k = misaligned(), v = misaligned();
+  ASSERT_TRUE(q.is_contiguous());
+  ASSERT_NE(reinterpret_cast<uintptr_t>(q.data_ptr()) % 16, 0u);
+  const at::Tensor hidden = torch::zeros({2, 1, 40, 40}, torch::kBool);
+  const at::Tensor want = math_attention(q.cpu().to(torch::kDouble), k.cpu().to(torch::kDouble),
+                                         v.cpu().to(torch::kDouble), hidden, 1.0 / 8);
+  EXPECT_LE(relative_error(fused_attention(q, k, v).cpu().to(torch::kDouble), want), 5e-3);
+}
+
 }  // namespace
 }  // namespace conveyor

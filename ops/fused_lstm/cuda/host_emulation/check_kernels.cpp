@@ -152,24 +152,40 @@ void report(const char* what, const std::string& name, double err, double tol) {
   printf("  %-22s %-40s err %.3g (tol %.3g) %s\n", what, name.c_str(), err, tol, ok ? "ok" : "FAILED");
 }
 
+// A forward's inputs in the kernels' dtypes and its outputs, starting as NaN.
+template <typename scalar_t>
+struct Forward {
+  using acc_t = AccOf<scalar_t>;
+  Forward(const Problem& p, const Inputs& in)
+      : bh(static_cast<size_t>(p.B) * p.H),
+        xproj(cast<scalar_t>(in.xproj)),
+        w(cast<scalar_t>(in.w_hh)),
+        h0(cast<scalar_t>(in.h0)),
+        bias(cast<acc_t>(in.bias)),
+        c0(cast<acc_t>(in.c0)),
+        hs(p.T * bh, NAN),
+        cells(p.T * bh, NAN),
+        gates(4 * p.T * bh, NAN) {}
+  size_t bh;
+  std::vector<scalar_t> xproj, w, h0;
+  std::vector<acc_t> bias, c0;
+  std::vector<scalar_t> hs;
+  std::vector<acc_t> cells, gates;
+};
+
 // The persistent forward, laid out as the launcher would on `p.sms` multiprocessors.
 template <typename scalar_t>
 Result persistent_forward(const Problem& p, const Inputs& in) {
-  using acc_t = AccOf<scalar_t>;
-  const size_t bh = static_cast<size_t>(p.B) * p.H;
-  std::vector<scalar_t> xproj = cast<scalar_t>(in.xproj), w = cast<scalar_t>(in.w_hh), h0 = cast<scalar_t>(in.h0);
-  std::vector<acc_t> bias = cast<acc_t>(in.bias), c0 = cast<acc_t>(in.c0);
-  std::vector<scalar_t> hs(p.T * bh, NAN);
-  std::vector<acc_t> cells(p.T * bh, NAN), gates(4 * p.T * bh, NAN);
+  Forward<scalar_t> f(p, in);
   ForwardSequence<scalar_t> s;
-  s.xproj = xproj.data(), s.bias = bias.data(), s.w_hh = w.data(), s.h0 = h0.data(), s.c0 = c0.data();
-  s.hs = hs.data(), s.cells = cells.data(), s.gates = gates.data();
+  s.xproj = f.xproj.data(), s.bias = f.bias.data(), s.w_hh = f.w.data(), s.h0 = f.h0.data(), s.c0 = f.c0.data();
+  s.hs = f.hs.data(), s.cells = f.cells.data(), s.gates = f.gates.data();
   s.seq_len = p.T, s.batch = p.B, s.hidden = p.H;
   const persistent::Plan plan = persistent::plan<scalar_t>(p.H, p.B, p.sms);
   emulated::launch_cooperative(persistent::lstm_forward_persistent_kernel<scalar_t>, dim3(plan.blocks),
                                dim3(persistent::kThreads), plan.shared_bytes, s, plan.units_per_block);
   Result r;
-  r.hs = widen(hs), r.cells = widen(cells), r.gates = widen(gates);
+  r.hs = widen(f.hs), r.cells = widen(f.cells), r.gates = widen(f.gates);
   return r;
 }
 
@@ -178,11 +194,10 @@ Result persistent_forward(const Problem& p, const Inputs& in) {
 template <typename scalar_t>
 Result per_step(const Problem& p, const Inputs& in) {
   using acc_t = AccOf<scalar_t>;
-  const size_t bh = static_cast<size_t>(p.B) * p.H;
-  std::vector<scalar_t> xproj = cast<scalar_t>(in.xproj), w = cast<scalar_t>(in.w_hh), h0 = cast<scalar_t>(in.h0);
-  std::vector<acc_t> bias = cast<acc_t>(in.bias), c0 = cast<acc_t>(in.c0);
-  std::vector<scalar_t> hs(p.T * bh, NAN);
-  std::vector<acc_t> cells(p.T * bh, NAN), gates(4 * p.T * bh, NAN);
+  Forward<scalar_t> f(p, in);
+  const size_t bh = f.bh;
+  auto &xproj = f.xproj, &w = f.w, &h0 = f.h0, &hs = f.hs;
+  auto &bias = f.bias, &c0 = f.c0, &cells = f.cells, &gates = f.gates;
   const dim3 grid = step::step_grid(p.B, p.H), block(step::kTileUnits, step::kTileBatch);
   for (int t = 0; t < p.T; ++t) {
     ForwardStep<scalar_t> s;
