@@ -59,7 +59,7 @@ endif()
 find_file(_conveyor_caffe2_config Caffe2Config.cmake HINTS "${Torch_DIR}/../Caffe2" ${CMAKE_PREFIX_PATH}
   PATH_SUFFIXES Caffe2 share/cmake/Caffe2 NO_CACHE)
 if(_conveyor_caffe2_config AND NOT _conveyor_have_toolkit)
-  file(STRINGS "${_conveyor_caffe2_config}" _conveyor_uses_cuda REGEX "set\\(CAFFE2_USE_CUDA 1\\)")
+  file(STRINGS "${_conveyor_caffe2_config}" _conveyor_uses_cuda REGEX "set\\(CAFFE2_USE_CUDA (1|ON)\\)")  # 2.11 writes ON
   if(_conveyor_uses_cuda)
     message(FATAL_ERROR
       "The LibTorch found (${_conveyor_caffe2_config}) is a CUDA build, and its CMake config needs "

@@ -21,6 +21,7 @@ namespace conveyor::testing {
 namespace {
 
 using ::testing::AnyOf;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -208,8 +209,14 @@ TEST(CheckpointDamage, ATensorThatReachesPastItsRecordIsRefused) {
     load_checkpoint(file, pipe, {adam.get()});
     ADD_FAILURE() << "a tensor reaching past its record was loaded";
   } catch (const std::invalid_argument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("is not a readable checkpoint"));
-    EXPECT_THAT(e.what(), HasSubstr("require a storage of at least 1073741840 bytes, but storage only has 48 bytes"));
+    // LibTorch's own check (2.13 on), or before it ours (torch 2.11 unpickles
+    // the tensor without checking it against the storage).
+    EXPECT_THAT(e.what(),
+                ::testing::AnyOf(
+                    AllOf(HasSubstr("is not a readable checkpoint"),
+                          HasSubstr("require a storage of at least 1073741840 bytes, but storage only has 48 bytes")),
+                    AllOf(HasSubstr("is damaged"),
+                          HasSubstr("'exp_avg' of shape [3, 4] reaches past the end of its storage (48 bytes)"))));
   }
   EXPECT_TRUE(same(weights_of(pipe), before));
   EXPECT_TRUE(adam->state().empty());
