@@ -303,8 +303,9 @@ int main(int argc, char** argv) {
     }
   }
   // The largest shapes of the GPU test (FusedAttentionCuda), one head each:
-  // the errors they show here are what its tolerances rest on.
-  if (only.empty() || only == "large") {
+  // the errors they show here are what its tolerances rest on. Only when
+  // asked: they take twice as long as everything else together.
+  if (only == "large") {
     const std::vector<Problem> large_cases = {{1, 1, 300, 300, 64, true, 1}, {1, 1, 257, 513, 128, false, 1}};
     for (const Problem& pr : large_cases) {
       run_case<__half, float>(pr, true, 6e-3);
