@@ -124,7 +124,7 @@ done
 site="$build/site"
 step python_package 240 - "$py" -m pip install --no-build-isolation --no-deps --upgrade --target "$site" \
   -C build-dir="$build" "$root"
-gpu_step python_pipeline 180 check_pass env PYTHONPATH="$site" "$py" "$root/tests/python/gpu/device_pipeline_check.py" \
+gpu_step python_pipeline 180 check_pass env PYTHONPATH="$site" CONVEYOR_FUSED_DISPATCH=fused "$py" "$root/tests/python/gpu/device_pipeline_check.py" \
   --require-cuda --repeats 3
 
 # --- the fused ops against cuDNN and SDPA ---------------------------------------------

@@ -10,7 +10,9 @@ tests/device_pipeline_checks.h does it from C++:
             Adam) leaves the weights of the same run on the CPU (1e-9),
             repeated to catch races.
 
-Without CUDA it runs on the CPU (so that it cannot rot between GPU runs);
+Run it with CONVEYOR_FUSED_DISPATCH=fused, so that the fused kernels run
+wherever they can (the dispatch table has no GPU rows yet). Without CUDA it
+runs on the CPU (so that it cannot rot between GPU runs);
 with --require-cuda a missing device fails. Prints a line per check and
 PASS or FAIL last; exit status 1 on failure. Run by scripts/gpu.sh on the GPU
 machine, and by ctest (python_device_pipeline) everywhere.
