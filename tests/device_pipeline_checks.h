@@ -10,6 +10,7 @@
 //     steps between them with no synchronisation leave the same weights as
 //     the same run on the CPU (1e-9), repeated to catch races;
 //   - asynchronous (pipedream, the pipeline's own optimizer): the same.
+#include "ops/dispatch/fused_dispatch.h"
 #include "test_models.h"
 
 #include <cstdlib>
@@ -18,6 +19,12 @@
 #include <vector>
 
 namespace conveyor::testing {
+
+// The fixture of these checks: the fused kernels for every call (the dispatch
+// table has no GPU rows yet, and would send the calls to cuDNN and SDPA).
+class FusedKernelsEverywhere : public ::testing::Test {
+  ScopedDispatch fused_{DispatchPolicy::kFused};
+};
 
 inline torch::Device pipeline_test_device() {
   if (torch::cuda::is_available()) return torch::Device(torch::kCUDA, 0);

@@ -3,7 +3,6 @@
 // tests/device_pipeline_checks.h. Sequence-first, as EncoderLayer takes it:
 // the batch is dim 1.
 #include "device_pipeline_checks.h"
-#include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_attention/encoder_layer.h"
 #include "ops/swap.h"
 
@@ -28,13 +27,7 @@ testing::DevicePipelineModel swapped_transformer() {
   return m;
 }
 
-// The fused kernel for every call (not the dispatch table's choice, which
-// may send float64 to PyTorch's attention).
-class FusedAttentionDevicePipeline : public ::testing::Test {
- protected:
-  void SetUp() override { set_dispatch_policy(DispatchPolicy::kFused); }
-  void TearDown() override { reload_dispatch_settings(); }
-};
+using FusedAttentionDevicePipeline = testing::FusedKernelsEverywhere;
 
 TEST_F(FusedAttentionDevicePipeline, ExactGradientsWithWorkersOnOneDevice) {
   testing::check_exact_gradients(swapped_transformer(), testing::pipeline_test_device(), 4);

@@ -1,7 +1,6 @@
 // The language model with its LSTMs swapped for the fused op, pipelined on
 // one device (a GPU where there is one): tests/device_pipeline_checks.h.
 #include "device_pipeline_checks.h"
-#include "ops/dispatch/fused_dispatch.h"
 #include "ops/swap.h"
 
 namespace conveyor {
@@ -21,13 +20,7 @@ testing::DevicePipelineModel swapped_lstm_lm() {
   return m;
 }
 
-// The fused kernel for every call (the dispatch table has no GPU rows yet,
-// and would send the calls to cuDNN).
-class FusedLstmDevicePipeline : public ::testing::Test {
- protected:
-  void SetUp() override { set_dispatch_policy(DispatchPolicy::kFused); }
-  void TearDown() override { reload_dispatch_settings(); }
-};
+using FusedLstmDevicePipeline = testing::FusedKernelsEverywhere;
 
 TEST_F(FusedLstmDevicePipeline, ExactGradientsWithWorkersOnOneDevice) {
   testing::check_exact_gradients(swapped_lstm_lm(), testing::pipeline_test_device(), 4);
