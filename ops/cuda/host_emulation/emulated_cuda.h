@@ -81,6 +81,8 @@ inline void grid_sync() { grid_barrier->arrive_and_wait(); }
 
 inline void __syncthreads() { emulated::tl_block->bar.arrive_and_wait(); }
 
+inline void __syncwarp(unsigned = 0xffffffffu) { emulated::my_warp().bar.arrive_and_wait(); }
+
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) {
   auto& w = emulated::my_warp();

@@ -158,6 +158,11 @@ __global__ void __launch_bounds__(SimpleTiles::kThreads) simple_forward_kernel(c
       const Acc shift = new_max == neg_inf ? Acc(0) : new_max;  // a row with nothing visible stays at 0
       const Acc e = acc_exp(s - shift);
       const Acc block_sum = warp_sum(e);
+      // Every lane has read sMax[r] before lane 0 overwrites it. The shuffles
+      // above already order this on the hardware; the barrier says so, and
+      // compute-sanitizer's racecheck, which does not model shuffles, reported
+      // the pair as a shared-memory hazard on an H200.
+      __syncwarp();
       sS[r * BN + lane] = e;
       if (lane == 0) {
         const Acc rescale = acc_exp(old_max - shift);
