@@ -21,7 +21,7 @@
 namespace conveyor::testing {
 
 // The fixture of these checks: the fused kernels for every call (the dispatch
-// table has no GPU rows yet, and would send the calls to cuDNN and SDPA).
+// table would send most calls to cuDNN and SDPA).
 class FusedKernelsEverywhere : public ::testing::Test {
   ScopedDispatch fused_{DispatchPolicy::kFused};
 };

@@ -11,7 +11,7 @@ tests/device_pipeline_checks.h does it from C++:
             repeated to catch races.
 
 Run it with CONVEYOR_FUSED_DISPATCH=fused, so that the fused kernels run
-wherever they can (the dispatch table has no GPU rows yet). Without CUDA it
+wherever they can (the dispatch table would send most calls to cuDNN and SDPA). Without CUDA it
 runs on the CPU (so that it cannot rot between GPU runs);
 with --require-cuda a missing device fails. Prints a line per check and
 PASS or FAIL last; exit status 1 on failure. Run by scripts/gpu.sh on the GPU
