@@ -175,10 +175,12 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
     "(stages / chunks), else the number of devices when several are given, else 1.")                              \
   X(scheduling, int, chunks, 0, at_least(0),                                                                       \
     "Stages per worker (virtual stages): the model is cut into workers * chunks stages, stage s on worker "        \
-    "s % workers. 0: the schedule's own, 2 for \"interleaved\" and \"zb-interleaved\", 1 for the others.")         \
+    "s % workers (the V schedules: stages w and 2 * workers - 1 - w on worker w). 0: the schedule's own, 2 for "   \
+    "\"interleaved\", \"zb-interleaved\" and the V schedules, 1 for the others.")                                 \
   X(scheduling, std::string, schedule, "1f1b", kAny,                                                               \
     "The schedule: \"sequential\", \"gpipe\", \"1f1b\", \"eager-1f1b\", \"interleaved\", \"zb-h1\", "              \
-    "\"zb-interleaved\" (synchronous: the exact gradients of the whole batch) or \"pipedream\", \"ddg\", \"fr\" "  \
+    "\"zb-interleaved\", the V schedules \"zb-v\", \"v-half\", \"v-min\", \"dualpipev\" (synchronous: the exact "    \
+    "gradients of the whole batch) or \"pipedream\", \"ddg\", \"fr\" "                                              \
     "(asynchronous: every micro-batch is a mini-batch with its own update on every stage).")                       \
   X(scheduling, std::string, schedule_text, "", kAny,                                                              \
     "A schedule in text form (a line of actions per worker), or torch.distributed.pipelining's CSV; overrides "    \

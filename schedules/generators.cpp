@@ -1,5 +1,7 @@
 #include "schedules/generators.h"
 
+#include "schedules/v_shape.h"
+
 #include <algorithm>
 #include <cctype>
 #include <stdexcept>
@@ -233,8 +235,9 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"sequential",     "gpipe",     "1f1b", "eager-1f1b", "interleaved",
-                                                 "zb-h1",          "zb-interleaved", "pipedream", "ddg",        "fr"};
+  static const std::vector<std::string> names = {
+      "sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1", "zb-interleaved",
+      "zb-v",       "v-half", "v-min", "dualpipev", "pipedream",  "ddg",   "fr"};
   return names;
 }
 
@@ -252,6 +255,13 @@ bool is_interleaved(const std::string& name) {
   return lower == "interleaved" || lower == "zb-interleaved";
 }
 
+bool is_v_shape(const std::string& name) {
+  const std::string lower = lowercase(name);
+  return lower == "zb-v" || lower == "v-half" || lower == "v-min" || lower == "dualpipev";
+}
+
+int default_chunks(const std::string& name) { return is_interleaved(name) || is_v_shape(name) ? 2 : 1; }
+
 Schedule make_schedule(const std::string& name, int num_stages, int num_microbatches, bool vertical_sync,
                        int chunks, int lookahead) {
   const std::string lower = lowercase(name);
@@ -264,13 +274,24 @@ Schedule make_schedule(const std::string& name, int num_stages, int num_microbat
     throw std::invalid_argument("only eager-1f1b runs forwards ahead (lookahead " + std::to_string(lookahead) +
                                 " asked of '" + lower + "')");
   }
-  if (chunks == 0) chunks = is_interleaved(lower) ? 2 : 1;
+  if (chunks == 0) chunks = default_chunks(lower);
+  if (is_v_shape(lower)) {
+    if (chunks != 2) {
+      throw std::invalid_argument("schedule '" + lower + "' runs 2 chunks per worker in a V, not " +
+                                  std::to_string(chunks));
+    }
+    if (vertical_sync) throw std::invalid_argument("vertical sync is pipedream's; '" + lower + "' is synchronous");
+    if (lower == "zb-v") return make_zb_v(num_stages, num_microbatches);
+    if (lower == "v-half") return make_v_half(num_stages, num_microbatches);
+    if (lower == "v-min") return make_v_min(num_stages, num_microbatches);
+    return make_dualpipev(num_stages, num_microbatches);
+  }
   if (lower == "interleaved") return make_interleaved_1f1b(num_stages, chunks, num_microbatches);
   if (lower == "zb-interleaved") return make_interleaved_zb(num_stages, chunks, num_microbatches);
   const auto& names = schedule_names();
   if (chunks != 1 && std::find(names.begin(), names.end(), lower) != names.end()) {
     throw std::invalid_argument("schedule '" + lower + "' runs one stage per worker, not " + std::to_string(chunks) +
-                                " chunks (interleaved and zb-interleaved run several)");
+                                " chunks (interleaved and zb-interleaved run several, the V schedules 2)");
   }
   if (lower == "zb-h1") return make_zb_h1(num_stages, num_microbatches);
   if (lower == "pipedream") return make_pipedream(num_stages, num_microbatches, vertical_sync);

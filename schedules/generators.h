@@ -87,8 +87,8 @@ Schedule make_interleaved_zb(int num_workers, int chunks, int num_microbatches);
 Schedule make_forward_only(int num_stages, int num_microbatches, const std::vector<int>& placement = {});
 
 // By name, case-insensitive: see schedule_names(). `num_workers` workers
-// each run `chunks` stages (chunks > 1: the interleaved schedules only; 0:
-// the schedule's default, 2 for interleaved ones, else 1).
+// each run `chunks` stages (chunks > 1: the interleaved schedules, any number,
+// and the V schedules, exactly 2; 0: default_chunks()).
 // Throws std::invalid_argument for an unknown name, K < 1, M < 1, chunks that
 // the schedule does not take, and vertical sync asked of a method without it
 // (only "pipedream" has it). `lookahead`: eager-1f1b's (0: its default, 1);
@@ -96,8 +96,17 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
 Schedule make_schedule(const std::string& name, int num_workers, int num_microbatches, bool vertical_sync = false,
                        int chunks = 0, int lookahead = 0);
 
-// Whether the named schedule runs several chunks per worker (interleaved ones).
+// Whether the named schedule loops several chunks per worker (stage s on
+// worker s % K: interleaved, zb-interleaved), any number of them.
 bool is_interleaved(const std::string& name);
+
+// Whether the named schedule places 2 chunks per worker in a V (zb-v, v-half,
+// v-min, dualpipev: schedules/v_shape.h).
+bool is_v_shape(const std::string& name);
+
+// The chunks per worker a name runs unless told otherwise: 2 for the
+// interleaved and V schedules, 1 for the others.
+int default_chunks(const std::string& name);
 
 // The names make_schedule() knows.
 const std::vector<std::string>& schedule_names();

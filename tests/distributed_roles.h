@@ -124,7 +124,8 @@ inline const std::vector<std::string>& synchronous_cases() {
 // Schedules with two chunks per process (virtual stages), on two ranks: the
 // 7-layer MLP has too few layers for 4 ranks x 2 chunks.
 inline const std::vector<std::string>& virtual_stage_cases() {
-  static const std::vector<std::string> cases = {"interleaved", "zb-interleaved", "interleaved+recompute", "v-shape"};
+  static const std::vector<std::string> cases = {"interleaved", "zb-interleaved", "interleaved+recompute", "v-shape",
+                                                 "zb-v",        "v-half",         "dualpipev",             "zb-v+recompute"};
   return cases;
 }
 

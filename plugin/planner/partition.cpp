@@ -96,7 +96,7 @@ std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, i
 }
 
 int chunks_per_worker(const PipelineOptions& options) {
-  return options.chunks() > 0 ? options.chunks() : (schedules::is_interleaved(options.schedule()) ? 2 : 1);
+  return options.chunks() > 0 ? options.chunks() : schedules::default_chunks(options.schedule());
 }
 
 namespace {

@@ -138,7 +138,8 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   for (int workers = 1; workers <= max_workers; ++workers) {
     for (const std::string& name : space.schedules) {
       const bool exact = synchronous(name);
-      const std::vector<int> chunk_counts = schedules::is_interleaved(name) ? space.chunks : std::vector<int>{1};
+      const std::vector<int> chunk_counts = schedules::is_interleaved(name) ? space.chunks
+                                             : std::vector<int>{schedules::default_chunks(name)};
       // eager-1f1b with each lookahead; on one worker it is 1f1b.
       const bool eager = name == "eager-1f1b";
       const std::vector<int> lookaheads = eager ? space.lookaheads : std::vector<int>{0};

@@ -75,6 +75,9 @@ def test_gradients_equal_the_unsplit_models(schedule, stages):
         {"workers": 2, "microbatches": 4, "schedule": "interleaved"},
         {"workers": 2, "microbatches": 3, "schedule": "zb-h1", "recompute": True},
         {"workers": 2, "microbatches": 4, "schedule": "zb-interleaved", "offload": "true"},
+        {"workers": 2, "microbatches": 3, "schedule": "zb-v"},
+        {"workers": 2, "microbatches": 4, "schedule": "dualpipev", "recompute": True},
+        {"workers": 2, "microbatches": 5, "schedule": "v-min"},
     ],
 )
 def test_interleaved_and_zero_bubble_schedules_give_the_unsplit_gradients(options):

@@ -113,7 +113,7 @@ TEST(Autocast, AnFp32PipelineSendsTwiceTheBytes) {
 }
 
 TEST(Autocast, Bf16TrainingWithAndWithoutClippingLowersTheLossOnEverySchedule) {
-  for (const char* schedule : {"1f1b", "interleaved", "pipedream", "fr"}) {
+  for (const char* schedule : {"1f1b", "interleaved", "zb-v", "pipedream", "fr"}) {
     for (const bool autocast : {false, true}) {
       for (const bool clip : {false, true}) {
         torch::manual_seed(14);

@@ -116,7 +116,7 @@ TEST(Clipping, AsynchronousSchedulesClipEachUpdateByItsStagesNormBitForBit) {
 // pipeline's optimizer steps, then (when also given) by norm, as
 // clip_grad_value_ and clip_grad_norm_ in that order on the unsplit model.
 TEST(Clipping, ByValueEqualsClipGradValueOfTheUnsplitModel) {
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}) {
     for (double max_norm : {0.0, 0.02}) {
       const std::string where = c10::str(schedule, " clip_grad_norm ", max_norm);
       torch::manual_seed(7);

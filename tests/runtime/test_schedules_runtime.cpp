@@ -90,6 +90,16 @@ std::vector<Case> cases() {
     all.push_back({"zb-h1", k, 2 * k, false, true});
     all.push_back({"interleaved", k, 2 * k, false, true});
     for (int lookahead : {1, 2}) all.push_back({"eager-1f1b", k, 2 * k + 1, lookahead == 2, false, 0, lookahead});
+    // The V shapes: worker w runs stages w and 2K-1-w; the turn at K-1 stays on a worker.
+    for (bool recompute : {false, true}) {
+      all.push_back({"zb-v", k, k, recompute});
+      all.push_back({"zb-v", k, 2 * k + 1, recompute});
+      all.push_back({"v-half", k, 2 * k, recompute});
+      all.push_back({"v-min", k, 2 * k + 1, recompute});
+      all.push_back({"dualpipev", k, 2 * k, recompute});
+    }
+    all.push_back({"zb-v", k, 2 * k, false, true});
+    all.push_back({"dualpipev", k, 2 * k + 1, false, true});
   }
   return all;
 }

@@ -19,8 +19,9 @@ namespace {
 
 using testing::error_of;
 
-// Asynchronous methods need at least K micro-batches.
+// Asynchronous methods need at least K micro-batches, dualpipev 2K.
 int first_m(const std::string& name, int k) {
+  if (name == "dualpipev") return 2 * k;
   return make_schedule(name, k, k).synchronous() && !is_interleaved(name) ? 1 : k;
 }
 
@@ -84,7 +85,7 @@ TEST(Generators, KnownShapes) {
   EXPECT_EQ(make_schedule("GPipe", 2, 2), make_gpipe(2, 2));
   EXPECT_ERROR(make_schedule("zigzag", 2, 2),
                "unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, "
-               "zb-interleaved, pipedream, ddg, fr)");
+               "zb-interleaved, zb-v, v-half, v-min, dualpipev, pipedream, ddg, fr)");
   EXPECT_ERROR(make_gpipe(0, 2), "at least 1 stage");
   EXPECT_ERROR(make_1f1b(2, 0), "at least 1 micro-batch");
 }

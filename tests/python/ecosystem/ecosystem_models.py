@@ -22,7 +22,7 @@ class Case:
     target: torch.Tensor
     loss_fn: Callable[[Any, Any], torch.Tensor]
     split_points: List[str]
-    four_stages: List[str]  # split points for an interleaved schedule: 2 workers of 2 chunks
+    four_stages: List[str]  # split points for 2 workers of 2 chunks (interleaved, or a V)
     keywords: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def forward(self, model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:

@@ -30,15 +30,16 @@ def eager_step(case, model):
     return case.eager_step(model, MICROBATCHES)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved"])
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved", "zb-v"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradients_and_statistics_equal_eager_pytorch(name, schedule):
     skip_if_missing(name)
     case = CASES[name]()
     eager = copy.deepcopy(case.model)
-    split = case.four_stages if schedule == "interleaved" else case.split_points
+    two_chunks = schedule in ("interleaved", "zb-v")  # 2 workers of 2 chunks: looped, or in a V
+    split = case.four_stages if two_chunks else case.split_points
     pipe = conveyor.Pipeline(case.model, split_points=split, microbatches=MICROBATCHES, schedule=schedule,
-                             loss_fn=case.loss_fn, workers=2 if schedule == "interleaved" else None, **case.keywords)
+                             loss_fn=case.loss_fn, workers=2 if two_chunks else None, **case.keywords)
     result = pipe.train_step(case.inputs, case.target)
     assert pipe.num_stages == len(split) + 1
     assert abs(result.loss - eager_step(case, eager)) <= TOLERANCE
