@@ -101,7 +101,7 @@ class Greedy {
       default: return p_.weight[a.stage];
     }
   }
-  double link(int s) const { return placement_[s] == placement_[s + 1] ? 0 : p_.latency; }
+  double link(int s) const { return placement_[s] == placement_[s + 1] ? 0 : at_or(p_.transfers, s, p_.latency); }
   // A micro-batch enters worker w (its first stage there) only while the
   // worker could still take its later chunks too, so one of them always has
   // room; a later chunk's F needs only its own room.
@@ -214,6 +214,10 @@ void check_problem(const SynthesisProblem& p) {
   sized(p.input, "input", false);
   sized(p.weight, "weight", false);
   sized(p.activation, "activation", true);
+  if (!p.transfers.empty() && p.transfers.size() + 1 != stages) {
+    fail("transfers gives " + std::to_string(p.transfers.size()) + " boundaries, the problem has " +
+         std::to_string(stages - 1));
+  }
   if (p.memory_cap > 0) {
     const std::vector<int> placement = p.chunks == 2 ? v_placement(p.workers) : std::vector<int>{};
     std::vector<double> need(p.workers, 0);
@@ -264,7 +268,7 @@ StageCosts synthesis_costs(const SynthesisProblem& p) {
   for (size_t s = 0; s < p.forward.size(); ++s) costs.backward.push_back(p.input[s] + p.weight[s]);
   for (size_t s = 0; s + 1 < p.forward.size(); ++s) {
     const bool turn = !placement.empty() && placement[s] == placement[s + 1];
-    costs.transfers.push_back(turn ? 0 : p.latency);
+    costs.transfers.push_back(turn ? 0 : at_or(p.transfers, static_cast<int>(s), p.latency));
   }
   return costs;
 }

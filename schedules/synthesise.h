@@ -50,6 +50,8 @@ struct SynthesisProblem {
   // (bytes, or micro-batches' worth). Empty: 1 each.
   std::vector<double> activation;
   double latency = 0;       // one transfer between two workers (a turn within a worker costs nothing)
+  // Per boundary (stage s to s+1): its transfer, measured; overrides latency.
+  std::vector<double> transfers;
   double memory_cap = 0;    // per worker, in activation's unit; 0: no cap
   int channel_capacity = 2;
   // Whether the fixed families that fit join the race (false: the greedy

@@ -204,6 +204,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     costs.cores = p.cores;
   }
   plan.simulation = schedules::simulate(s, costs);
+  plan.costs = std::move(costs);
 
   double slowest_stage = 0, model = 0, slowest_layer = 0;
   size_t which = 0;

@@ -84,6 +84,7 @@ struct Plan {
   int64_t batch_size = 0;  // samples per step
   std::string balance;     // how the split was chosen ("time", "uniform", ...)
   std::vector<StagePrediction> predicted;
+  schedules::StageCosts costs;       // what the simulation priced each action at
   schedules::Simulation simulation;  // the predicted step
   // Set when the slowest stage is (almost) one layer alone.
   std::optional<SpeedBound> bound;

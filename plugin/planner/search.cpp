@@ -2,6 +2,7 @@
 
 #include "plugin/errors.h"
 #include "plugin/planner/balance_time.h"
+#include "plugin/planner/synthesised_plan.h"
 #include "plugin/planner/units.h"
 #include "schedules/generators.h"
 
@@ -94,6 +95,11 @@ std::string PlanChoice::describe() const {
 PipelineOptions PlanChoice::options(PipelineOptions base) const {
   std::vector<int64_t> boundaries;
   for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
+  if (plan.schedule.name == kSynthesisedSchedule) {  // not a generator's: the schedule itself travels
+    return with_choices(std::move(base), "1f1b", workers, 0, 0, plan.schedule.num_microbatches, false, false)
+        .schedule_text(plan.schedule.str())
+        .boundaries(std::move(boundaries));
+  }
   return with_choices(std::move(base), plan.schedule.name, workers, chunks, lookahead, plan.schedule.num_microbatches,
                       recompute, offload)
       .boundaries(std::move(boundaries));
@@ -135,6 +141,30 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   PlanSearch out;
   std::string first_error, closest;
   int64_t closest_excess = std::numeric_limits<int64_t>::max();
+  // Ranks a priced plan, or counts it over the budget and keeps the closest miss.
+  const auto admit = [&](PlanChoice choice) {
+    choice.worker_bytes.assign(static_cast<size_t>(choice.plan.schedule.num_workers()), 0);
+    for (size_t k = 0; k < choice.plan.predicted.size(); ++k) {
+      choice.worker_bytes.at(static_cast<size_t>(choice.plan.schedule.worker_of(static_cast<int>(k)))) +=
+          choice.plan.predicted[k].peak_bytes();
+    }
+    const int64_t excess = space.memory_budget > 0 ? choice.peak_bytes() - space.memory_budget : 0;
+    if (excess > 0) {
+      ++out.over_budget;
+      if (excess < closest_excess) {
+        const auto worst = std::max_element(choice.worker_bytes.begin(), choice.worker_bytes.end());
+        closest_excess = excess;
+        closest = c10::str(choice.describe(), ": worker ", worst - choice.worker_bytes.begin(), " needs ",
+                           bytes_text(*worst), ", ", bytes_text(excess), " more than the budget");
+      }
+      return;
+    }
+    out.ranked.push_back(std::move(choice));
+  };
+  // The plans whose split and costs a synthesised schedule takes: zb-h1 and
+  // zb-v without recomputation, per micro-batch count, priced whether or not
+  // they fit the budget (the synthesised one may fit where they do not).
+  std::vector<PlanChoice> synthesis_bases;
   for (int workers = 1; workers <= max_workers; ++workers) {
     for (const std::string& name : space.schedules) {
       const bool exact = synchronous(name);
@@ -160,14 +190,25 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
             choice.offload = offload;
             choice.plan.schedule.name = name;  // for describe() until the plan is made
             choice.plan.schedule.num_microbatches = m;
+            const PipelineOptions split_by_time = with_choices(options, name, workers, chunks, lookahead, m,
+                                                               recompute, offload)
+                                                      .boundaries({})
+                                                      .balance(Balance::kTime);
+            if (space.synthesise && (name == "zb-h1" || name == "zb-v") && !recompute && !offload) {
+              try {  // the split by time alone: a synthesised order may fit where this one does not
+                PlanChoice base = choice;
+                base.plan = make_plan(model, PipelineOptions(split_by_time).memory_budgets({}), batch);
+                synthesis_bases.push_back(std::move(base));
+              } catch (const std::invalid_argument&) {
+                // the candidate below names the problem
+              }
+            }
             try {
               // Split by time within the budget's share of each stage.
-              const PipelineOptions candidate =
-                  with_choices(options, name, workers, chunks, lookahead, m, recompute, offload)
-                      .boundaries({})
-                      .balance(Balance::kTime)
-                      .memory_budgets(space.memory_budget > 0 ? std::vector<int64_t>{space.memory_budget / chunks}
-                                                              : std::vector<int64_t>{});
+              const PipelineOptions candidate = PipelineOptions(split_by_time)
+                                                    .memory_budgets(space.memory_budget > 0
+                                                                        ? std::vector<int64_t>{space.memory_budget / chunks}
+                                                                        : std::vector<int64_t>{});
               choice.plan = make_plan(model, candidate, batch);
             } catch (const std::invalid_argument& e) {
               const std::string message = e.what();
@@ -179,27 +220,34 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
               }
               continue;
             }
-            choice.worker_bytes.assign(static_cast<size_t>(choice.plan.schedule.num_workers()), 0);
-            for (size_t k = 0; k < choice.plan.predicted.size(); ++k) {
-              choice.worker_bytes.at(static_cast<size_t>(choice.plan.schedule.worker_of(static_cast<int>(k)))) +=
-                  choice.plan.predicted[k].peak_bytes();
-            }
-            const int64_t excess = space.memory_budget > 0 ? choice.peak_bytes() - space.memory_budget : 0;
-            if (excess > 0) {
-              ++out.over_budget;
-              if (excess < closest_excess) {
-                const auto worst = std::max_element(choice.worker_bytes.begin(), choice.worker_bytes.end());
-                closest_excess = excess;
-                closest = c10::str(choice.describe(), ": worker ", worst - choice.worker_bytes.begin(), " needs ",
-                                   bytes_text(*worst), ", ", bytes_text(excess), " more than the budget");
-              }
-              continue;
-            }
-            out.ranked.push_back(std::move(choice));
+            admit(std::move(choice));
           }
         }
       }
     }
+    // A schedule synthesised for each split the fixed families' search priced
+    // with zb-h1 (1 chunk per worker) or zb-v (2 in a V), under the budget.
+    if (!space.synthesise || workers < 2) continue;
+    for (const PlanChoice& base : synthesis_bases) {
+      const PlanChoice* priced = &base;
+      PlanChoice choice = base;
+      ++out.considered;
+      try {
+        choice.plan = synthesised_plan(model, with_choices(options, priced->plan.schedule.name, workers, 0, 0,
+                                                           priced->plan.schedule.num_microbatches, false, false),
+                                       priced->plan, batch, space.memory_budget);
+      } catch (const std::invalid_argument& e) {
+        if (std::string(e.what()).find("memory cap") != std::string::npos ||
+            std::string(e.what()).find("budget") != std::string::npos) {
+          ++out.over_budget;
+        } else if (first_error.empty()) {
+          first_error = c10::str(kSynthesisedSchedule, " on ", workers, " workers: ", e.what());
+        }
+        continue;
+      }
+      admit(std::move(choice));
+    }
+    synthesis_bases.clear();
   }
   // Fastest first; among equals (to rounding), fewer workers, then less
   // memory on the fullest worker, then on all of them.

@@ -34,8 +34,8 @@ struct PlanSpace {
   // Workers available (devices, or processes): plans use 1 to this many. 0:
   // as many as PipelineOptions::devices names when it names several, else 1.
   int max_workers = 0;
-  std::vector<std::string> schedules = {"sequential", "gpipe",          "1f1b", "eager-1f1b",
-                                        "interleaved", "zb-h1", "zb-interleaved"};
+  std::vector<std::string> schedules = {"sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1",
+                                        "zb-interleaved", "zb-v", "v-half", "v-min", "dualpipev"};
   // Chunks per worker (v) the interleaved schedules are tried with.
   std::vector<int> chunks = {2, 4};
   // Forwards ahead (PipelineOptions::lookahead) eager-1f1b is tried with: it
@@ -52,6 +52,11 @@ struct PlanSpace {
   std::vector<bool> offload = {false, true};
   // Bytes a worker's device may hold for its stages; 0: no limit.
   int64_t memory_budget = 0;
+  // Also a schedule synthesised (schedules/synthesise.h) for each worker count
+  // (from 2), micro-batch count and 1 or 2 chunks (a V), from the split and
+  // predicted costs of the zb-h1 / zb-v plan, under the budget: it runs as
+  // schedule_text, named "synthesised".
+  bool synthesise = true;
 };
 
 struct PlanChoice {

@@ -113,6 +113,7 @@ PlanSpace small_space() {
   space.schedules = {"sequential", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-interleaved"};
   space.microbatches = {1, 2, 4, 8};
   space.chunks = {2};
+  space.synthesise = false;  // brute force prices the fixed families' orders only
   return space;
 }
 
@@ -278,6 +279,63 @@ TEST(SearchPlans, ThePipelineBuiltFromThePlanRunsItWithExactGradients) {
     pipe.train_step(x, y, testing::mse);
     testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, choice->describe());
   }
+}
+
+// Synthesised schedules join the search. With a budget between what 1F1B and
+// ZB-H1 need on 3 workers, ZB-H1 no longer fits and the synthesised schedule
+// (ZB-H1's split, an order that holds less) is faster than 1F1B; the pipeline
+// built from the plan runs that schedule, as text, with exact gradients.
+TEST(SearchPlans, ASynthesisedScheduleUsesABudgetBetween1F1BAndZbH1) {
+  torch::manual_seed(0);
+  auto mlp = testing::make_mlp();
+  const at::Tensor x = torch::randn({32, 8}, torch::kFloat64), y = torch::randn({32, 3}, torch::kFloat64);
+  const auto base = PipelineOptions().profile(six_layer_profile());
+  PlanSpace space;
+  space.max_workers = 3;
+  space.schedules = {"1f1b", "zb-h1"};
+  space.microbatches = {8};
+  space.recompute = {false};
+  space.synthesise = false;
+  const auto fixed = search_plans(six_layers(), base, 32, space);
+  int64_t one_f_one_b = 0, zb_h1 = 0;
+  double one_f_one_b_step = 0;
+  for (const auto& c : fixed.ranked) {
+    if (c.workers != 3) continue;
+    if (c.plan.schedule.name == "1f1b") one_f_one_b = c.peak_bytes(), one_f_one_b_step = c.plan.step_seconds();
+    if (c.plan.schedule.name == "zb-h1") zb_h1 = c.peak_bytes();
+  }
+  ASSERT_LT(one_f_one_b, zb_h1);
+  space.memory_budget = (one_f_one_b + zb_h1) / 2;
+  space.synthesise = true;
+  const PlanSearch search = search_plans(six_layers(), base, 32, space);
+  SCOPED_TRACE(search.str());
+  const PlanChoice& best = search.best();
+  EXPECT_EQ(best.plan.schedule.name, "synthesised");
+  EXPECT_LE(best.peak_bytes(), space.memory_budget);
+  EXPECT_LT(best.plan.step_seconds(), one_f_one_b_step);
+  for (const auto& c : search.ranked) EXPECT_NE(c.plan.schedule.name, "zb-h1") << "ZB-H1 does not fit";
+
+  // The synthesised plan, built and run on a model of the same depth.
+  auto profile = std::make_shared<ModelProfile>(
+      profile_model(mlp, x.narrow(0, 0, 4), y.narrow(0, 0, 4), testing::mse, ProfileOptions().warmup(0).repeats(1)));
+  PlanSpace small;
+  small.max_workers = 2;
+  small.schedules = {"zb-h1"};
+  small.microbatches = {4};
+  small.recompute = {false};
+  const PlanSearch found = search_plans(mlp, PipelineOptions().profile(profile), 32, small);
+  const PlanChoice* synthesised = nullptr;
+  for (const auto& c : found.ranked) {
+    if (c.plan.schedule.name == "synthesised" && c.workers == 2) synthesised = &c;
+  }
+  ASSERT_NE(synthesised, nullptr) << found.str();
+  auto reference = testing::clone_of(mlp);
+  testing::mse(reference->forward(x), y).backward();
+  auto model = testing::clone_of(mlp);
+  Pipeline pipe(model, synthesised->options(PipelineOptions().profile(profile)));
+  EXPECT_EQ(pipe.schedule().str(), synthesised->plan.schedule.str());
+  pipe.train_step(x, y, testing::mse);
+  testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, synthesised->describe());
 }
 
 // A link whose latency is a micro-batch's compute: 1F1B waits a round trip
