@@ -5,7 +5,9 @@ The model and batch of bench_schedules (a 16-layer MLP of width 512, mean
 squared error, batch 64, M = 8) on K = 2 ranks: torch.distributed.pipelining
 runs one process per rank (Gloo, CPU, one intra-op thread each) under
 ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B and
-ScheduleInterleavedZeroBubble (two chunks per rank, looped like Conveyor's);
+ScheduleInterleavedZeroBubble (two chunks per rank, looped like Conveyor's),
+ScheduleZBVZeroBubble and ScheduleDualPipeV (two chunks per rank in a V: rank r
+runs stages r and 2K-1-r, as Conveyor's zb-v and dualpipev);
 Conveyor runs bench_schedules (a thread per stage in one process). The two
 take turns --rounds times; each reports the median step of its --steps steps
 per round, and the table gives the median over rounds, with the ratio
@@ -30,12 +32,14 @@ from spawn_ranks import run_ranks  # noqa: E402
 
 WIDTH, LAYERS = 512, 8  # Linear + Tanh pairs: 16 layers, as bench_schedules' MLP
 
-# Conveyor's name -> (torch.distributed.pipelining's class name, chunks per rank)
+# Conveyor's name -> (torch.distributed.pipelining's class name, chunks per rank, placed in a V)
 SCHEDULES = {
-    "gpipe": ("ScheduleGPipe", 1),
-    "1f1b": ("Schedule1F1B", 1),
-    "interleaved (v=2)": ("ScheduleInterleaved1F1B", 2),
-    "zb-interleaved (v=2)": ("ScheduleInterleavedZeroBubble", 2),
+    "gpipe": ("ScheduleGPipe", 1, False),
+    "1f1b": ("Schedule1F1B", 1, False),
+    "interleaved (v=2)": ("ScheduleInterleaved1F1B", 2, False),
+    "zb-interleaved (v=2)": ("ScheduleInterleavedZeroBubble", 2, False),
+    "zb-v": ("ScheduleZBVZeroBubble", 2, True),
+    "dualpipev": ("ScheduleDualPipeV", 2, True),
 }
 
 
@@ -63,10 +67,13 @@ def rank_main(rank, port, args, queue):
     x = torch.randn(args.batch, WIDTH)
     y = torch.randn(args.batch, WIDTH)
     runs = {}
-    for name, (cls_name, chunks) in SCHEDULES.items():
+    for name, (cls_name, chunks, v_shape) in SCHEDULES.items():
         n = world * chunks
         parts = pieces(make_model(), n)
-        mine = [s for s in range(n) if s % world == rank]  # looped placement
+        if v_shape:
+            mine = [rank, n - 1 - rank]
+        else:
+            mine = [s for s in range(n) if s % world == rank]  # looped placement
         stages = [pipelining.PipelineStage(parts[s], s, n, torch.device("cpu")) for s in mine]
         cls = getattr(pipelining, cls_name)
         loss_fn = nn.functional.mse_loss

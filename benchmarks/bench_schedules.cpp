@@ -139,7 +139,11 @@ int main(int argc, char** argv) {
            {"1f1b + recompute", "1f1b", true},
            {"interleaved (v=2)", "interleaved", false},
            {"zb-h1", "zb-h1", false},
-           {"zb-interleaved (v=2)", "zb-interleaved", false}}) {
+           {"zb-interleaved (v=2)", "zb-interleaved", false},
+           {"zb-v", "zb-v", false},
+           {"v-half", "v-half", false},
+           {"v-min", "v-min", false},
+           {"dualpipev", "dualpipev", false}}) {
     torch::manual_seed(1);
     Config c{label, schedule, recompute, nullptr, {}, {}, {}};
     c.pipe = std::make_unique<conveyor::Pipeline>(make_model(args.model), conveyor::PipelineOptions()
