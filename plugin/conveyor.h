@@ -23,4 +23,6 @@
 #include "schedules/schedule.h"
 #include "schedules/simulate.h"
 #include "schedules/stash_memory.h"
+#include "schedules/synthesise.h"
+#include "schedules/v_shape.h"
 #include "schedules/validate.h"

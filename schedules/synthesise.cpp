@@ -214,6 +214,7 @@ void check_problem(const SynthesisProblem& p) {
   sized(p.input, "input", false);
   sized(p.weight, "weight", false);
   sized(p.activation, "activation", true);
+  sized(p.backward, "backward", true);
   if (!p.transfers.empty() && p.transfers.size() + 1 != stages) {
     fail("transfers gives " + std::to_string(p.transfers.size()) + " boundaries, the problem has " +
          std::to_string(stages - 1));
@@ -265,7 +266,10 @@ StageCosts synthesis_costs(const SynthesisProblem& p) {
   costs.forward = p.forward;
   costs.input = p.input;
   costs.weight = p.weight;
-  for (size_t s = 0; s < p.forward.size(); ++s) costs.backward.push_back(p.input[s] + p.weight[s]);
+  costs.backward = p.backward;
+  if (costs.backward.empty()) {
+    for (size_t s = 0; s < p.forward.size(); ++s) costs.backward.push_back(p.input[s] + p.weight[s]);
+  }
   for (size_t s = 0; s + 1 < p.forward.size(); ++s) {
     const bool turn = !placement.empty() && placement[s] == placement[s + 1];
     costs.transfers.push_back(turn ? 0 : at_or(p.transfers, static_cast<int>(s), p.latency));

@@ -46,6 +46,9 @@ struct SynthesisProblem {
   std::vector<double> forward;
   std::vector<double> input;   // a split backward's I
   std::vector<double> weight;  // its W
+  // A whole backward (B), for the fixed families that do not split it; a
+  // split often costs more than B (W walks the graph again). Empty: I + W.
+  std::vector<double> backward;
   // What a micro-batch keeps on each stage from its F until its W, in any unit
   // (bytes, or micro-batches' worth). Empty: 1 each.
   std::vector<double> activation;

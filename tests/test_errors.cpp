@@ -59,7 +59,7 @@ TEST(BadInput, ConfigurationErrorsAreClear) {
               HasSubstr("unknown device 'gpu:1' for worker 1"));
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).schedule("zigzag")); }),
               HasSubstr("unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, "
-                        "zb-interleaved, pipedream, ddg, fr)"));
+                        "zb-interleaved, zb-v, v-half, v-min, dualpipev, pipedream, ddg, fr)"));
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(0)); }),
               HasSubstr("microbatches must be at least 1, got 0"));
   EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(2).channel_capacity(0)); }),

@@ -29,6 +29,7 @@ Plan synthesised_plan(const torch::nn::Sequential& model, const PipelineOptions&
     problem.forward.push_back(costs.forward.at(k));
     problem.input.push_back(costs.input_of(k));
     problem.weight.push_back(costs.weight_of(k));
+    problem.backward.push_back(costs.backward.at(k));
     if (k + 1 < stages) problem.transfers.push_back(costs.transfer_after(k));
     const StagePrediction& p = priced.predicted.at(static_cast<size_t>(k));
     // What one micro-batch keeps on the stage until its W: the stage's

@@ -186,6 +186,26 @@ TEST(Synthesis, UsesABudgetBetween1F1BAndZbH1) {
   }
 }
 
+// Where splitting a backward costs more than the whole one (W walks the graph
+// again, as on a CPU), whole-B families win, and the synthesiser knows it.
+TEST(Synthesis, PricesWholeBackwardsWhereASplitCostsMore) {
+  for (int k : {2, 4}) {
+    SynthesisProblem p = unit_problem(k, 1, 8, k);
+    p.input.assign(k, 1.5);
+    p.weight.assign(k, 1.5);
+    p.backward.assign(k, 2.0);
+    const StageCosts costs = synthesis_costs(p);
+    EXPECT_EQ(costs.backward, p.backward);
+    const double one_f_one_b = simulate(make_1f1b(k, 8), costs).makespan;
+    const Synthesis r = synthesise(p);
+    EXPECT_LE(r.simulation.makespan, one_f_one_b * (1 + 1e-12)) << "K=" << k << " " << r.method;
+    EXPECT_LT(one_f_one_b, simulate(make_zb_h1(k, 8), costs).makespan) << "K=" << k;
+  }
+  SynthesisProblem p = unit_problem(2, 1, 4);
+  p.backward.assign(3, 1.0);
+  EXPECT_ERROR(synthesise(p), "backward gives 3 stages, the problem has 2");
+}
+
 TEST(Synthesis, RefusesWhatItCannotBuild) {
   EXPECT_ERROR(synthesise(unit_problem(3, 2, 4, 1.5)),
                "a memory cap of 1.5 per worker cannot hold one micro-batch on worker 0, which keeps 2");
