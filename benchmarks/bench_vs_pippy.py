@@ -16,7 +16,8 @@ same weights and see the same data, K = 2 stages cut as Conveyor cuts them
 
 Four contestants, one intra-op thread per stage, CPU:
 
-  pippy     torch.distributed.pipelining (ScheduleGPipe / Schedule1F1B), one
+  pippy     torch.distributed.pipelining (ScheduleGPipe / Schedule1F1B; the
+            interleaved and V schedules with two chunks per rank), one
             process per stage, Gloo (spawned here); against Conveyor's
             eager-1f1b (1F1B with forwards run ahead, "eager-1f1b+N" for a
             lookahead of N) it runs Schedule1F1B, the schedule it replaces;
@@ -143,11 +144,13 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
     model, spec = make_model(kind), MODELS[kind]
     interleaved = {"interleaved": pipelining.ScheduleInterleaved1F1B,
                    "zb-interleaved": pipelining.ScheduleInterleavedZeroBubble}
-    if schedule in interleaved:  # two chunks per rank, placed in a loop: pieces r and r + 2
+    v_shaped = {"zb-v": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
+    if schedule in interleaved or schedule in v_shaped:
+        # Two chunks per rank: in a loop (pieces r and r + 2), or in a V (r and 3 - r: the loss on rank 0).
         pieces = [nn.Sequential(*p) for p in uniform_pieces(list(model), 4)]
-        mine = [rank, rank + 2]
+        mine = [rank, rank + 2] if schedule in interleaved else [rank, 3 - rank]
         stages = [pipelining.PipelineStage(pieces[i], i, 4, torch.device("cpu")) for i in mine]
-        sched = interleaved[schedule](stages, n_microbatches=microbatches, loss_fn=cross_entropy)
+        sched = {**interleaved, **v_shaped}[schedule](stages, n_microbatches=microbatches, loss_fn=cross_entropy)
         params = [p for i in mine for p in pieces[i].parameters()]
     else:
         cut = spec["cut"]
@@ -158,20 +161,26 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
         params = list(part.parameters())
     opt = torch.optim.SGD(params, lr=spec["lr"])
     losses_by_step, start = [], None
+    last = 0 if schedule in v_shaped else 1  # the rank that computes the loss
     for step in range(args.steps):
         x, y = global_batch(kind, step, spec["batch"])
-        if rank == 0:
+        losses = []
+        if rank == 0 and rank == last:
+            sched.step(x, target=y, losses=losses)
+        elif rank == 0:
             sched.step(x)
-        else:
-            losses = []
+        elif rank == last:
             sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        if rank == last:
             losses_by_step.append(torch.stack(losses).mean().item())
         opt.step()
         opt.zero_grad()
         if step == 0:
             start = time.perf_counter()
     seconds = time.perf_counter() - start
-    if rank == 1:
+    if rank == last:
         queue.put((spec["batch"] * (args.steps - 1) / seconds, losses_by_step[0], losses_by_step[-1]))
     dist.destroy_process_group()
 
