@@ -16,8 +16,9 @@
 #
 # conveyor_shared_libstdcxx(<var>) sets <var> to the path of that shared
 # library: the compiler's own (-print-file-name) where it has one, else the
-# system's libstdc++.so.6; CONVEYOR_LIBSTDCXX (cache) overrides both. Empty
-# where the compiler does not use libstdc++ (libc++, MSVC).
+# system's libstdc++.so.6; CONVEYOR_LIBSTDCXX (cache) overrides both. For GCC
+# only (the top-level CMakeLists calls it there); stops the configure when no
+# shared libstdc++ is found.
 function(conveyor_shared_libstdcxx out)
   if(CONVEYOR_LIBSTDCXX)
     set(${out} "${CONVEYOR_LIBSTDCXX}" PARENT_SCOPE)

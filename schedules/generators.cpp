@@ -235,9 +235,13 @@ Schedule make_forward_only(int num_stages, int num_microbatches, const std::vect
 }
 
 const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {
-      "sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1", "zb-interleaved",
-      "zb-v",       "v-half", "v-min", "dualpipev", "pipedream",  "ddg",   "fr"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = {"sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1",
+                                    "zb-interleaved"};
+    all.insert(all.end(), v_shape_names().begin(), v_shape_names().end());
+    for (const char* asynchronous : {"pipedream", "ddg", "fr"}) all.push_back(asynchronous);
+    return all;
+  }();
   return names;
 }
 
@@ -257,7 +261,7 @@ bool is_interleaved(const std::string& name) {
 
 bool is_v_shape(const std::string& name) {
   const std::string lower = lowercase(name);
-  return lower == "zb-v" || lower == "v-half" || lower == "v-min" || lower == "dualpipev";
+  return std::find(v_shape_names().begin(), v_shape_names().end(), lower) != v_shape_names().end();
 }
 
 int default_chunks(const std::string& name) { return is_interleaved(name) || is_v_shape(name) ? 2 : 1; }
@@ -281,10 +285,7 @@ Schedule make_schedule(const std::string& name, int num_stages, int num_microbat
                                   std::to_string(chunks));
     }
     if (vertical_sync) throw std::invalid_argument("vertical sync is pipedream's; '" + lower + "' is synchronous");
-    if (lower == "zb-v") return make_zb_v(num_stages, num_microbatches);
-    if (lower == "v-half") return make_v_half(num_stages, num_microbatches);
-    if (lower == "v-min") return make_v_min(num_stages, num_microbatches);
-    return make_dualpipev(num_stages, num_microbatches);
+    return make_v_shape(lower, num_stages, num_microbatches);
   }
   if (lower == "interleaved") return make_interleaved_1f1b(num_stages, chunks, num_microbatches);
   if (lower == "zb-interleaved") return make_interleaved_zb(num_stages, chunks, num_microbatches);

@@ -39,6 +39,14 @@ double at_or(const std::vector<double>& v, int i, double fallback) {
   return v.empty() ? fallback : v.at(static_cast<size_t>(i));
 }
 
+// Stage -> worker: a V for 2 chunks, else stage k on worker k.
+std::vector<int> placement_of(const SynthesisProblem& p) {
+  if (p.chunks == 2) return v_placement(p.workers);
+  std::vector<int> identity;
+  for (int s = 0; s < p.workers; ++s) identity.push_back(s);
+  return identity;
+}
+
 // One pass of list scheduling under one policy; nullopt when it gets stuck
 // (the cap or the channels leave no action to run).
 class Greedy {
@@ -220,9 +228,9 @@ void check_problem(const SynthesisProblem& p) {
          std::to_string(stages - 1));
   }
   if (p.memory_cap > 0) {
-    const std::vector<int> placement = p.chunks == 2 ? v_placement(p.workers) : std::vector<int>{};
+    const std::vector<int> placement = placement_of(p);
     std::vector<double> need(p.workers, 0);
-    for (size_t s = 0; s < stages; ++s) need[placement.empty() ? s : placement[s]] += at_or(p.activation, s, 1.0);
+    for (size_t s = 0; s < stages; ++s) need[placement[s]] += at_or(p.activation, s, 1.0);
     for (int w = 0; w < p.workers; ++w) {
       if (need[w] > p.memory_cap + 1e-9) {
         std::ostringstream os;
@@ -261,7 +269,7 @@ std::vector<int> v_placement(int workers) {
 }
 
 StageCosts synthesis_costs(const SynthesisProblem& p) {
-  const std::vector<int> placement = p.chunks == 2 ? v_placement(p.workers) : std::vector<int>{};
+  const std::vector<int> placement = placement_of(p);
   StageCosts costs;
   costs.forward = p.forward;
   costs.input = p.input;
@@ -271,7 +279,7 @@ StageCosts synthesis_costs(const SynthesisProblem& p) {
     for (size_t s = 0; s < p.forward.size(); ++s) costs.backward.push_back(p.input[s] + p.weight[s]);
   }
   for (size_t s = 0; s + 1 < p.forward.size(); ++s) {
-    const bool turn = !placement.empty() && placement[s] == placement[s + 1];
+    const bool turn = placement[s] == placement[s + 1];
     costs.transfers.push_back(turn ? 0 : at_or(p.transfers, static_cast<int>(s), p.latency));
   }
   return costs;
@@ -294,12 +302,7 @@ std::vector<double> peak_worker_memory(const Schedule& schedule, const std::vect
 
 Synthesis synthesise(const SynthesisProblem& problem) {
   check_problem(problem);
-  const std::vector<int> placement =
-      problem.chunks == 2 ? v_placement(problem.workers) : [&] {
-        std::vector<int> identity;
-        for (int s = 0; s < problem.workers; ++s) identity.push_back(s);
-        return identity;
-      }();
+  const std::vector<int> placement = placement_of(problem);
   const StageCosts costs = synthesis_costs(problem);
   std::optional<Synthesis> best;
   const auto consider = [&](Schedule s, const std::string& method) {

@@ -38,7 +38,18 @@ double v_memory_cap(const std::string& name, int k) {
   if (name == "zb-v") return 2.0 * k;
   if (name == "v-half") return k + 1.0;
   if (name == "v-min") return std::max(2.0, std::ceil(2.0 * k / 3.0) + 1.0);
-  throw std::invalid_argument("no V schedule is called '" + name + "' (zb-v, v-half, v-min)");
+  throw std::invalid_argument("no V schedule is called '" + name + "' (zb-v, v-half, v-min, dualpipev)");
+}
+
+const std::vector<std::string>& v_shape_names() {
+  static const std::vector<std::string> names = {"zb-v", "v-half", "v-min", "dualpipev"};
+  return names;
+}
+
+Schedule make_v_shape(const std::string& name, int k, int m) {
+  if (name == "dualpipev") return make_dualpipev(k, m);
+  v_memory_cap(name, k);  // refuses a name that is no V
+  return synthesised_v(name.c_str(), k, m);
 }
 
 Schedule make_zb_v(int k, int m) { return synthesised_v("zb-v", k, m); }

@@ -17,7 +17,15 @@
 
 #include "schedules/schedule.h"
 
+#include <string>
+#include <vector>
+
 namespace conveyor::schedules {
+
+// Their names, lower case: "zb-v", "v-half", "v-min", "dualpipev".
+const std::vector<std::string>& v_shape_names();
+// By one of those names; throws std::invalid_argument for another.
+Schedule make_v_shape(const std::string& name, int num_workers, int num_microbatches);
 
 Schedule make_zb_v(int num_workers, int num_microbatches);
 Schedule make_v_half(int num_workers, int num_microbatches);

@@ -194,7 +194,9 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
                                                                recompute, offload)
                                                       .boundaries({})
                                                       .balance(Balance::kTime);
-            if (space.synthesise && (name == "zb-h1" || name == "zb-v") && !recompute && !offload) {
+            const bool synthesis_base =
+                space.synthesise && (name == "zb-h1" || name == "zb-v") && !recompute && !offload;
+            if (synthesis_base && space.memory_budget > 0) {
               try {  // the split by time alone: a synthesised order may fit where this one does not
                 PlanChoice base = choice;
                 base.plan = make_plan(model, PipelineOptions(split_by_time).memory_budgets({}), batch);
@@ -210,6 +212,7 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
                                                                         ? std::vector<int64_t>{space.memory_budget / chunks}
                                                                         : std::vector<int64_t>{});
               choice.plan = make_plan(model, candidate, batch);
+              if (synthesis_base && space.memory_budget == 0) synthesis_bases.push_back(choice);  // the same split
             } catch (const std::invalid_argument& e) {
               const std::string message = e.what();
               if (message.find("budget") != std::string::npos) {
@@ -229,13 +232,12 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
     // with zb-h1 (1 chunk per worker) or zb-v (2 in a V), under the budget.
     if (!space.synthesise || workers < 2) continue;
     for (const PlanChoice& base : synthesis_bases) {
-      const PlanChoice* priced = &base;
       PlanChoice choice = base;
       ++out.considered;
       try {
-        choice.plan = synthesised_plan(model, with_choices(options, priced->plan.schedule.name, workers, 0, 0,
-                                                           priced->plan.schedule.num_microbatches, false, false),
-                                       priced->plan, batch, space.memory_budget);
+        choice.plan = synthesised_plan(model, with_choices(options, base.plan.schedule.name, workers, 0, 0,
+                                                           base.plan.schedule.num_microbatches, false, false),
+                                       base.plan, batch, space.memory_budget);
       } catch (const std::invalid_argument& e) {
         if (std::string(e.what()).find("memory cap") != std::string::npos ||
             std::string(e.what()).find("budget") != std::string::npos) {
