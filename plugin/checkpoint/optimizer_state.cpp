@@ -4,9 +4,13 @@
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/errors.h"
 
+#include <ATen/Dispatch.h>
 #include <c10/util/StringUtil.h>
 #include <torch/optim.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -98,6 +102,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(
   const auto step = [&]() {
     const int64_t n = checked::has(d, "step") ? checked::int_field(d, "step", what) : int64_t{0};
     if (n < 0) throw std::invalid_argument(what + "'step' is negative");
+    // The step counts on from it, and Adam raises its betas to that power as a double.
+    if (n > (int64_t{1} << 53)) throw std::invalid_argument(what + "'step' is " + std::to_string(n) + ", past 2^53");
     return n;
   };
   if (type == "SGD") {
@@ -128,6 +134,44 @@ std::unique_ptr<torch::optim::OptimizerParamState> param_state_from_dict(
   st->momentum_buffer(tensor("momentum_buffer"));
   st->grad_avg(tensor("grad_avg"));
   return st;
+}
+
+// The largest factor the optimizer's step multiplies a parameter by or adds
+// to it, as a scalar of the parameter's type: the learning rate, Adam's over
+// its first bias correction at the first step (1 - beta1), AdamW's decay
+// factor 1 - lr * weight_decay. Adagrad's decayed rate is at most the rate.
+double largest_step_scalar(const std::string& type, const torch::optim::OptimizerOptions& options, double lr) {
+  const auto adam = [&](double beta1, double decay) {
+    return std::max(beta1 < 1 ? lr / (1 - beta1) : lr, std::abs(1 - lr * decay));
+  };
+  if (type == "Adam") {
+    const auto& o = static_cast<const torch::optim::AdamOptions&>(options);
+    return adam(std::get<0>(o.betas()), 0);
+  }
+  if (type == "AdamW") {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(options);
+    return adam(std::get<0>(o.betas()), o.weight_decay());
+  }
+  return lr;
+}
+
+// A saved learning rate the optimizer can step with: finite, not negative,
+// and its step's scalars representable in every parameter's type (a float
+// parameter's step fails on an lr of 1e39 with an error of LibTorch's own).
+double checked_learning_rate(const std::string& type, const torch::optim::OptimizerOptions& options,
+                             const std::vector<at::Tensor>& params, double lr, const std::string& what) {
+  check_argument(std::isfinite(lr) && lr >= 0, what, "'lr' is ", lr, ", not a finite rate of 0 or more");
+  const double scalar = largest_step_scalar(type, options, lr);
+  for (const auto& p : params) {
+    if (!at::isFloatingType(p.scalar_type())) continue;
+    double largest = 0;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.scalar_type(), "checked_learning_rate", [&] {
+      largest = static_cast<double>(std::numeric_limits<scalar_t>::max());
+    });
+    check_argument(std::isfinite(scalar) && scalar <= largest, what, "'lr' is ", lr, ": its optimizer's step would ",
+                   "scale by ", scalar, ", more than a ", p.scalar_type(), " parameter holds");
+  }
+  return lr;
 }
 
 }  // namespace
@@ -181,12 +225,13 @@ std::function<void()> optimizer_state_restorer(torch::optim::Optimizer& opt, con
       same = checked::to_string(saved_params.get(i), group_name + ".params", what) == name_of(params[i]);
     }
     check_argument(same, what, "parameter group ", g, " holds other parameters than the saved one");
-    lrs.push_back(checked::to_double(checked::field(group, "lr", what), "lr", what));
+    const auto& options = opt.param_groups()[g].options();
+    lrs.push_back(checked_learning_rate(
+        type, options, params, checked::to_double(checked::field(group, "lr", what), "lr", what), what));
     for (const auto& p : params) {
       const std::string name = name_of(p);
       if (!checked::has(state, name)) continue;
       const Dict fields = checked::dict_field(state, name, what);
-      const auto& options = opt.param_groups()[g].options();
       states.emplace_back(p.unsafeGetTensorImpl(),
                           param_state_from_dict(type, options, fields, p, what + "'" + name + "': "));
     }
