@@ -12,7 +12,7 @@ namespace conveyor {
 
 namespace {
 
-constexpr int kWidth = 1000, kLeft = 100, kRight = 20, kRow = 26, kGap = 4, kTitle = 24, kAxis = 30;
+constexpr int kWidth = 1000, kMinLeft = 100, kRight = 20, kRow = 26, kGap = 4, kTitle = 24, kAxis = 30;
 constexpr Rgb kBackground{255, 255, 255}, kIdle{232, 232, 232}, kForward{76, 120, 168}, kBackward{245, 133, 24},
     kInk{40, 40, 40}, kOnBar{255, 255, 255};
 
@@ -62,6 +62,8 @@ std::string escaped(const std::string& text) {
 
 TimelineBlock timeline_block(const schedules::Simulation& sim, const std::string& title) {
   TimelineBlock block{title, {}};
+  // The simulator's rows are its workers: stages, unless a worker runs several.
+  if (sim.busy.size() != sim.stage_busy.size()) block.row_name = "worker";
   for (const auto& stage : sim.timeline) {
     block.rows.emplace_back();
     for (const auto& t : stage) block.rows.back().push_back({t.action, t.start, t.end});
@@ -89,8 +91,14 @@ Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
   double span = 0;
   for (const auto& b : blocks) span = std::max(span, end_of(b));
   if (span <= 0) span = 1e-3;
-  const double px_per_second = (kWidth - kLeft - kRight) / span;
-  const auto x_of = [&](double t) { return kLeft + static_cast<int>(std::lround(t * px_per_second)); };
+  // The rows' labels ("stage 3", "worker 12") fit left of the bars.
+  int left = kMinLeft;
+  for (const auto& b : blocks) {
+    const std::string widest = b.row_name + " " + std::to_string(b.rows.size());
+    left = std::max(left, 16 + kGlyphWidth * static_cast<int>(widest.size()));
+  }
+  const double px_per_second = (kWidth - left - kRight) / span;
+  const auto x_of = [&](double t) { return left + static_cast<int>(std::lround(t * px_per_second)); };
   Scene scene;
   scene.width = kWidth;
   int y = 8;
@@ -98,8 +106,8 @@ Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
     scene.texts.push_back({8, y + 4, b.title, kInk, false});
     y += kTitle;
     for (size_t k = 0; k < b.rows.size(); ++k) {
-      scene.texts.push_back({8, y + (kRow - kGlyphHeight) / 2, "stage " + std::to_string(k), kInk, false});
-      scene.rects.push_back({kLeft, y, x_of(span) - kLeft, kRow, kIdle});
+      scene.texts.push_back({8, y + (kRow - kGlyphHeight) / 2, b.row_name + " " + std::to_string(k), kInk, false});
+      scene.rects.push_back({left, y, x_of(span) - left, kRow, kIdle});
       for (const auto& bar : b.rows[k]) {
         const int x0 = x_of(bar.start), x1 = std::max(x_of(bar.end), x0 + 1);
         const bool fwd = bar.action.kind == schedules::ActionKind::kForward;
@@ -114,19 +122,19 @@ Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
     y += kGap * 2;
   }
   // The time axis, and a legend.
-  scene.rects.push_back({kLeft, y, x_of(span) - kLeft, 1, kInk});
+  scene.rects.push_back({left, y, x_of(span) - left, 1, kInk});
   const double step = tick_step(span, 6);
   for (double t = 0; t <= span * 1.0001; t += step) {
     scene.rects.push_back({x_of(t), y, 1, 5, kInk});
     scene.texts.push_back({x_of(t), y + 8, milliseconds(t), kInk, true});
   }
   y += kAxis - 4;
-  scene.rects.push_back({kLeft, y + 2, 12, 12, kForward});
-  scene.texts.push_back({kLeft + 18, y + 1, "forward", kInk, false});
-  scene.rects.push_back({kLeft + 130, y + 2, 12, 12, kBackward});
-  scene.texts.push_back({kLeft + 148, y + 1, "backward (n: micro-batch)", kInk, false});
-  scene.rects.push_back({kLeft + 470, y + 2, 12, 12, kIdle});
-  scene.texts.push_back({kLeft + 488, y + 1, "idle", kInk, false});
+  scene.rects.push_back({left, y + 2, 12, 12, kForward});
+  scene.texts.push_back({left + 18, y + 1, "forward", kInk, false});
+  scene.rects.push_back({left + 130, y + 2, 12, 12, kBackward});
+  scene.texts.push_back({left + 148, y + 1, "backward (n: micro-batch)", kInk, false});
+  scene.rects.push_back({left + 470, y + 2, 12, 12, kIdle});
+  scene.texts.push_back({left + 488, y + 1, "idle", kInk, false});
   scene.height = y + kGlyphHeight + 8;
   return scene;
 }

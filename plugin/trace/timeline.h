@@ -21,7 +21,8 @@ struct TimelineBar {
 
 struct TimelineBlock {
   std::string title;                         // "predicted: 0.215 s, bubble 20.1%"
-  std::vector<std::vector<TimelineBar>> rows;  // per stage
+  std::vector<std::vector<TimelineBar>> rows;  // per stage, or per worker
+  std::string row_name = "stage";              // what a row is: "stage", or "worker" with virtual stages
 };
 
 TimelineBlock timeline_block(const schedules::Simulation& simulation, const std::string& title);

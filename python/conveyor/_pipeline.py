@@ -23,9 +23,10 @@ _DOC = """A model cut into stages that run under a pipeline schedule, each step
 split into micro-batches flowing through the stages on worker threads.
 
 Synchronous schedules ("sequential", "gpipe", "1f1b", "eager-1f1b",
-"interleaved", "zb-h1", "zb-interleaved") give the gradients of the whole
-batch exactly, accumulated into parameters()' .grad as loss.backward()
-would; step any torch.optim optimizer over them. Asynchronous ones
+"interleaved", "zb-h1", "zb-interleaved", "zb-v", "v-half", "v-min",
+"dualpipev") give the gradients of the whole batch exactly, accumulated
+into parameters()' .grad as loss.backward() would; step any torch.optim
+optimizer over them. Asynchronous ones
 ("pipedream", "ddg", "fr") update after every micro-batch with the
 staleness their method defines, and need the pipeline's own optimizer.
 """

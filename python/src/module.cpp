@@ -14,6 +14,8 @@
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/option_values.h"
 #include "plugin/trace/timeline.h"
+#include "schedules/generators.h"
+#include "schedules/simulate.h"
 #include "plugin/version.h"
 #include "python/src/process_groups.h"
 #include "python/src/values.h"
@@ -21,6 +23,7 @@
 #include <torch/extension.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -270,6 +273,23 @@ PYBIND11_MODULE(_C, m) {
       "before it reads the model.");
   m.def("option_table", &option_table,
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
+  m.def("options_reference", &options_reference, "Every option as a markdown table per section.");
+  m.def(
+      "schedule_svg",
+      [](const std::vector<std::string>& names, int workers, int microbatches, int chunks) {
+        std::vector<TimelineBlock> blocks;
+        for (const auto& name : names) {
+          const schedules::Schedule s = schedules::make_schedule(name, workers, microbatches, false, chunks);
+          const auto sim = schedules::simulate(s, schedules::StageCosts::uniform(s.num_stages, 1e-3, 2e-3));
+          blocks.push_back(timeline_block(sim, c10::str(s.name, ": ", workers, " workers, ", microbatches,
+                                                        " micro-batches, bubble ",
+                                                        std::lround(100 * sim.bubble_fraction), "%")));
+        }
+        return timeline_svg(blocks);
+      },
+      py::arg("names"), py::arg("workers"), py::arg("microbatches"), py::arg("chunks") = 0,
+      "The named schedules simulated with a forward of 1 ms and a backward of 2 ms on every stage, drawn "
+      "one above the other on one time axis as an SVG timeline (a row per worker).");
 
   m.def(
       "layout",

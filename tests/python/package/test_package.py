@@ -213,6 +213,20 @@ def test_step_result_shows_where_the_time_went(tmp_path):
         result.write_timeline(str(tmp_path / "step.png"))
 
 
+def test_schedule_svg_draws_named_schedules_on_one_axis():
+    svg = conveyor.schedule_svg(["1f1b", "zb-v"], workers=4, microbatches=8)
+    assert svg.startswith("<svg")
+    # 1F1B's bubble on 4 stages of F = 1, B = 2 and 8 micro-batches: 3 * 3 / (3 * 3 + 8 * 3) = 27%.
+    assert ">1f1b: 4 workers, 8 micro-batches, bubble 27%</text>" in svg
+    assert ">zb-v: 4 workers, 8 micro-batches, bubble " in svg
+    assert ">stage 3</text>" in svg and ">worker 3</text>" in svg  # a V's rows are workers of two stages
+    assert conveyor.schedule_svg("gpipe", 2, 4).count(">stage ") == 2
+    with pytest.raises(ValueError, match="unknown schedule 'nope'"):
+        conveyor.schedule_svg("nope", 4, 8)
+    with pytest.raises(ValueError, match="dualpipev"):
+        conveyor.schedule_svg("dualpipev", 4, 2)  # fewer micro-batches than it takes
+
+
 def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline():
     import inspect
     table = {row["name"]: row for row in conveyor._C.option_table() if row["type"] is not None}

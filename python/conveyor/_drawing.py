@@ -1,0 +1,28 @@
+"""Pictures of schedules, drawn by the library itself."""
+from typing import Sequence, Union
+
+from . import _C
+
+
+def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: int, chunks: int = 0) -> str:
+    """The named schedules as an SVG timeline: a row per worker, forwards and
+    backwards in two colours with their micro-batch numbers, idle time grey
+    (with virtual stages, as the interleaved and V schedules have, a row is
+    a worker and runs several stages).
+
+    Each schedule is simulated with a forward of 1 ms and a backward of 2 ms
+    on every stage (a split backward: an input gradient and a weight
+    gradient of 1 ms each), so the picture shows the schedule's shape and its
+    bubble, not a model's times; several names are drawn one above the other
+    on one time axis. ``chunks`` is the stages per worker (0: the schedule's
+    own). A step of a real model is drawn by ``StepResult.timeline_svg()``.
+
+    Raises ``ValueError`` for an unknown schedule or counts it does not take::
+
+        svg = conveyor.schedule_svg(["1f1b", "zb-v"], workers=4, microbatches=8)
+        with open("schedules.svg", "w") as f:
+            f.write(svg)
+    """
+    if isinstance(names, str):
+        names = [names]
+    return _C.schedule_svg(list(names), workers, microbatches, chunks)
