@@ -5,7 +5,7 @@
 // they are), PipelineOptions' builder methods (plugin/options.h), the Python
 // keywords with their types, defaults and help (python/conveyor), the
 // TorchScript class's dictionary keys, the bounds every value is checked
-// against, and the README's reference table.
+// against, and the manual's option reference (docs/reference/options.md).
 //
 // A row is X(section, Type, name, default, bound, documentation). The
 // documentation speaks of values as Python passes them ("uniform"); C++

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The test command: set-up, build, the Python package installed into .venv
-# (pip install . reusing the build), fuzzing of the parsers, every test (C++
-# and Python) via ctest, then the C++ tests again under sanitizers.
+# (pip install . reusing the build), fuzzing of the parsers, the manual's
+# build and checks (scripts/docs.sh), every test (C++ and Python) via ctest,
+# then the C++ tests again under sanitizers.
 #   bash scripts/test.sh            the full run, as CI makes it
 #   bash scripts/test.sh --quick    for contributors: set-up, an incremental
 #                                   build and install, and every test not
-#                                   labelled "slow" (no fuzzing, no sanitizers);
+#                                   labelled "slow", the manual's build included
+#                                   (no fuzzing, no sanitizers);
 #                                   a few minutes after the first build
 #   bash scripts/test.sh --busy     either run with every core kept busy by a
 #                                   load generator (Debian's stress-ng, one
@@ -39,14 +41,11 @@ fi
 bash "$root/scripts/build.sh"
 build="${CONVEYOR_BUILD_DIR:-$root/build}"
 export PATH="$root/.venv/bin:$PATH"
-py="$root/.venv/bin/python"
-# The package as a user installs it (pip install .), built in the build
-# directory just made, so that the library is not compiled a second time.
-t0=$(date +%s)
-"$py" -m pip install -q --no-build-isolation --no-deps -C build-dir="$build" "$root" >"$build/pip-install.log" 2>&1 ||
-  { tail -n 40 "$build/pip-install.log" >&2; echo "test.sh: pip install . failed (log: $build/pip-install.log)" >&2; exit 1; }
-echo "test.sh: installed the conveyor package into .venv in $(( $(date +%s) - t0 )) s"
+# shellcheck source=lib/install_package.sh
+source "$root/scripts/lib/install_package.sh"
+install_conveyor_package test.sh "$root" "$build"
 if [ "$quick" = 1 ]; then
+  bash "$root/scripts/docs.sh" --no-build
   ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 --label-exclude slow
   echo "test.sh --quick: done in $(( $(date +%s) - start )) s"
   exit 0
@@ -57,6 +56,10 @@ fi
 if [ "${CONVEYOR_FUZZ_SECONDS:-60}" != 0 ]; then
   CONVEYOR_FUZZ_SEED="${CONVEYOR_FUZZ_SEED:-1}" bash "$root/scripts/fuzz.sh"
 fi
+# The manual (scripts/docs.sh): built with warnings as errors, its pictures
+# drawn by the library, its pages checked in a headless browser; its code
+# blocks run, compile and are checked as ctest tests (tests/docs).
+bash "$root/scripts/docs.sh" --no-build
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900
 # The C++ tests under ASan + UBSan and the in-process runtime's under TSan,
 # in build-asan/ and build-tsan/ (CONVEYOR_SANITIZE=0 skips).

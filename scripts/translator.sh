@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The translator's full run (README, "The translator"): builds the example,
+# The translator's full run (docs/guides/examples.md, "The translator"): builds the example,
 # trains it on the CPU for a few minutes (2-stage 1F1B pipeline), and fails
 # unless the training loss falls and the model's BLEU on the test split beats
 # the copy-the-source baseline's. Then the torchrun hybrid: samples/s for 1

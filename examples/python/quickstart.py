@@ -1,4 +1,4 @@
-"""The README's first Python example, whole: a small tagger (embedding, four
+"""The Python guide's example (docs/guides/python.md), whole: a small tagger (embedding, four
 residual layers in an nn.ModuleList, a head) trained as a 3-stage 1F1B
 pipeline with a Python loss function and torch.optim.AdamW. Exits 1 unless
 the loss falls. Needs the installed package (pip install .).
@@ -58,13 +58,11 @@ def main():
     for step in range(args.steps):
         tokens, mask, target = data(seed=step)
         if step == 0:
-            # --- as in the README ---
             pipe = conveyor.Pipeline(model, split_points=["layers.2", "head"], microbatches=8, schedule="1f1b",
                                      loss_fn=lambda out, target: F.cross_entropy(out.flatten(0, 1), target.flatten()))
             opt = torch.optim.AdamW(pipe.parameters(), lr=1e-3)
             result = pipe.train_step((tokens, mask), target)   # a conveyor.StepResult: .loss, .microbatch_losses, .bubble, ...
             opt.step(); opt.zero_grad()
-            # --- end ---
             print(pipe)
         else:
             result = pipe.train_step((tokens, mask), target)

@@ -285,7 +285,7 @@ std::string options_reference() {
   for (const OptionDescription& row : every_option()) {
     if (row.section != section) {
       section = row.section;
-      out += c10::str(out.empty() ? "" : "\n", "#### ", section,
+      out += c10::str(out.empty() ? "" : "\n", "# ", section,
                       "\n\n| Option | Python type | Default | What it does |\n|---|---|---|---|\n");
     }
     std::string doc = row.doc;

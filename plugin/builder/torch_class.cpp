@@ -19,8 +19,8 @@
 // Options: a dict, its values of the documented types or strings of them;
 // plugin/builder/dict_options.h lists and reads them (the conveyor Python
 // package reads the same, as typed keywords). Python users who do not write
-// TorchScript reach Conveyor through that package (README, "Using it from
-// Python"); this class stays for TorchScript code.
+// TorchScript reach Conveyor through that package (docs/guides/python.md, "Train an
+// nn.Module from Python"); this class stays for TorchScript code.
 //
 // last_step() returns what the last train_step did: {"loss", "grad_norm",
 // "loss_scale", "skipped_updates", "stepped"}; clip_grad_norm(max_norm,
