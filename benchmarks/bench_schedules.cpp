@@ -3,8 +3,9 @@
 // the measured step time and bubble, the simulator's makespan and bubble fed
 // with the per-stage action times the same run measured (F, B, and for split
 // backwards I and W), and the peak stashed bytes per stage the runtime
-// reports, and a schedule synthesised from the measured action times (ZB-H1's
-// F, I, W, 1F1B's B) at 1F1B's memory. Configurations take turns step by step; medians of --steps steps.
+// reports, and schedules synthesised from the measured action times (ZB-H1's
+// F, I, W, 1F1B's B) at half, once and twice 1F1B's memory. Configurations take
+// turns step by step; medians of --steps steps.
 //
 //   bench_schedules [--model mlp|lstm] [--workers 2] [--microbatches 8] [--batch 64] [--steps 7]
 //                   [--threads 1]
@@ -83,7 +84,7 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
 
 constexpr const char* kHelp =
     "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved, the V schedules\n"
-    "  and a schedule synthesised from zb-h1's measured costs.\n"
+    "  and schedules synthesised from zb-h1's measured costs at half, once and twice 1F1B's memory.\n"
     "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
     "  --workers K        workers (default 2)\n"
     "  --microbatches M   a multiple of K (default 8)\n"
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
 
   std::vector<Config> configs;
   for (const auto& [label, schedule, recompute] : std::vector<std::tuple<std::string, std::string, bool>>{
+           {"sequential", "sequential", false},
            {"gpipe", "gpipe", false},
            {"gpipe + recompute", "gpipe", true},
            {"1f1b", "1f1b", false},
@@ -157,16 +159,16 @@ int main(int argc, char** argv) {
     c.last = c.pipe->train_step(x, y, loss);  // warm-up
     configs.push_back(std::move(c));
   }
-  // A schedule synthesised from zb-h1's measured F, I and W and 1f1b's
-  // measured B at 1F1B's memory (K micro-batches on a worker), run as text on
-  // the same split.
+  // Schedules synthesised from zb-h1's measured F, I and W and 1f1b's
+  // measured B under three memory caps (micro-batches a worker keeps): half
+  // of 1F1B's, 1F1B's (K) and twice it; each run as text on the same split.
   std::vector<double> whole_backward;
   for (const auto& c : configs) {
     if (c.schedule == "1f1b" && !c.recompute) whole_backward = measured_costs(c.last).backward;
   }
-  for (const auto& c : configs) {
-    if (c.schedule != "zb-h1") continue;
-    const conveyor::schedules::StageCosts measured = measured_costs(c.last);
+  const auto zb = std::find_if(configs.begin(), configs.end(), [](const Config& c) { return c.schedule == "zb-h1"; });
+  const conveyor::schedules::StageCosts measured = measured_costs(zb->last);
+  for (const int cap : {std::max(1, (args.workers + 1) / 2), args.workers, 2 * args.workers}) {
     conveyor::schedules::SynthesisProblem problem;
     problem.backward = whole_backward;
     problem.workers = args.workers;
@@ -176,11 +178,13 @@ int main(int argc, char** argv) {
       problem.weight.push_back(measured.weight_of(static_cast<int>(k)));
       problem.input.push_back(measured.input_of(static_cast<int>(k)));
     }
-    problem.memory_cap = args.workers;
+    problem.memory_cap = cap;
     problem.channel_capacity = 4;
     const auto synthesis = conveyor::schedules::synthesise(problem);
     torch::manual_seed(1);
-    Config s{"synthesised (1F1B's memory)", "synthesised", false, nullptr, {}, {}, {}};
+    const std::string label = "synthesised, cap " + std::to_string(cap) +
+                              (cap == args.workers ? " (1F1B's memory)" : cap < args.workers ? " (half)" : " (twice)");
+    Config s{label, "synthesised", false, nullptr, {}, {}, {}};
     s.pipe = std::make_unique<conveyor::Pipeline>(
         make_model(args.model), conveyor::PipelineOptions()
                                     .workers(args.workers)
@@ -189,7 +193,6 @@ int main(int argc, char** argv) {
                                     .channel_capacity(4));
     s.last = s.pipe->train_step(x, y, loss);  // warm-up
     configs.push_back(std::move(s));
-    break;
   }
   for (int s = 0; s < args.steps; ++s) {
     for (auto& c : configs) {

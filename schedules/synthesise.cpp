@@ -251,6 +251,7 @@ std::vector<std::pair<Schedule, std::string>> fixed_families(const SynthesisProb
     out.emplace_back(std::move(s), "fixed family " + family);
   };
   if (p.chunks == 1) {
+    add(make_sequential(p.workers, p.microbatches));
     add(make_1f1b(p.workers, p.microbatches));
     add(make_zb_h1(p.workers, p.microbatches));
     add(make_gpipe(p.workers, p.microbatches));
@@ -258,6 +259,18 @@ std::vector<std::pair<Schedule, std::string>> fixed_families(const SynthesisProb
     add(make_dualpipev(p.workers, p.microbatches));
   }
   return out;
+}
+
+// The caps the greedy passes race at (see synthesise()): from the cap (or
+// from what every micro-batch on every chunk of a worker holds, past which a
+// cap binds nothing) down by the largest activation, while one still fits.
+std::vector<double> race_caps(const SynthesisProblem& p) {
+  if (p.memory_cap <= 0 || !p.race_lower_caps) return {p.memory_cap};
+  const double step = p.activation.empty() ? 1.0 : *std::max_element(p.activation.begin(), p.activation.end());
+  const double top = std::min(p.memory_cap, step * p.microbatches * p.chunks);
+  std::vector<double> caps;
+  for (double cap = top; cap >= step - 1e-12 && caps.size() < 64; cap -= step) caps.push_back(cap);
+  return caps.empty() ? std::vector<double>{p.memory_cap} : caps;
 }
 
 }  // namespace
@@ -318,8 +331,20 @@ Synthesis synthesise(const SynthesisProblem& problem) {
       best = Synthesis{std::move(s), std::move(sim), std::move(peaks), method};
     }
   };
-  for (const Policy& policy : kPolicies) {
-    if (std::optional<Schedule> s = Greedy(problem, placement, policy).run()) consider(std::move(*s), policy.name);
+  // A schedule that fits a lower cap fits this one, and a pass that fills a
+  // large cap may start more forwards than pay (each held micro-batch delays
+  // a W): the passes race at the cap and at every cap a micro-batch's largest
+  // activation lower, so that with caps counted in micro-batches more memory
+  // never gives a slower schedule.
+  const std::vector<double> caps = race_caps(problem);
+  for (const double cap : caps) {
+    SynthesisProblem at = problem;
+    at.memory_cap = cap;
+    for (const Policy& policy : kPolicies) {
+      std::string method = policy.name;
+      if (cap < problem.memory_cap) method += ", at a cap of " + std::to_string(cap);
+      if (std::optional<Schedule> s = Greedy(at, placement, policy).run()) consider(std::move(*s), method);
+    }
   }
   if (problem.race_fixed_families) {
     for (auto& [s, method] : fixed_families(problem)) consider(std::move(s), method);

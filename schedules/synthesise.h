@@ -22,13 +22,16 @@
 // second chunk. The policies differ in when a W runs (whenever nothing else
 // can start, or only where it delays no I or F; always when an F waits for
 // memory), whether an F goes before an I that could start as early, and which
-// chunk's F goes first. They race, and so do the fixed families that fit the
-// placement and the cap (1F1B, ZB-H1, GPipe; DualPipeV on a V): the shortest
-// simulated makespan wins, so the result is never slower than a fixed family
-// that fits. A race of cheap greedy passes rather than a search over orders:
-// each pass is linear in the actions, so the planner can synthesise for every
-// candidate plan it prices. Deterministic: the same problem gives
-// the same schedule.
+// chunk's F goes first. They race at the cap and at each cap one
+// micro-batch's largest activation lower (a schedule for less memory fits
+// more, and a pass that fills a large cap may start more forwards than pay;
+// with caps in micro-batches, more memory never gives a slower schedule), and
+// so do the fixed families that fit the placement and the cap (sequential,
+// 1F1B, ZB-H1, GPipe; DualPipeV on a V): the shortest simulated makespan
+// wins, so the result is never slower than a fixed family that fits. A race
+// of cheap greedy passes rather than a search over orders: each pass is
+// linear in the actions, so the planner can synthesise for every candidate
+// plan it prices. Deterministic: the same problem gives the same schedule.
 
 #include "schedules/schedule.h"
 #include "schedules/simulate.h"
@@ -60,6 +63,10 @@ struct SynthesisProblem {
   // Whether the fixed families that fit join the race (false: the greedy
   // policies alone, to see what they find).
   bool race_fixed_families = true;
+  // Whether the greedy passes also race at the caps below memory_cap, one
+  // largest activation apart (false: at the cap alone, as the named V
+  // schedules are defined).
+  bool race_lower_caps = true;
   std::string name = "synthesised";
 };
 

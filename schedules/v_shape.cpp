@@ -29,6 +29,7 @@ Schedule synthesised_v(const char* name, int k, int m) {
   p.weight.assign(2 * k, 1.0);
   p.memory_cap = v_memory_cap(name, k);
   p.channel_capacity = 1;  // valid at every capacity the pipeline may have
+  p.race_lower_caps = false;  // each name is the passes' shape at its own cap
   return synthesise(p).schedule;
 }
 
