@@ -10,7 +10,13 @@
 #   bash scripts/fuzz.sh schedule 600    one target, ten minutes
 # CONVEYOR_FUZZ_SEED=N (the test command sets 1) makes a run repeatable: the
 # same seed from the committed corpus alone (a fresh working corpus) mutates the
-# same inputs in the same order, so a failure in CI fails the same way here.
+# same inputs in the same order, and each target then runs a fixed number of
+# inputs (CONVEYOR_FUZZ_RUNS, or the target's own below: about a minute's worth
+# on a 2-core machine), not a time's worth, so that a faster or slower machine
+# fuzzes as far; the time, four times CONVEYOR_FUZZ_SECONDS, then only bounds
+# the run. (The checkpoint target's coverage varies a little from run to run,
+# LibTorch's threads taking other paths, and with it the inputs its corpus
+# keeps: its runs are alike, not identical.)
 # Unset, each run draws its own seed (printed in the log) and keeps the corpus
 # it grew in build-fuzz/corpus-<target>/ for the next.
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
@@ -21,6 +27,7 @@ if [ $# -ge 1 ]; then targets=("$1"); fi
 seconds="${2:-${CONVEYOR_FUZZ_SECONDS:-60}}"
 seed="${CONVEYOR_FUZZ_SEED:-}"
 build="${CONVEYOR_FUZZ_BUILD_DIR:-$root/build-fuzz}"
+declare -A seeded_runs=([schedule]=1000000 [c10d_header]=6000000 [checkpoint]=12000)
 
 # shellcheck source=lib/debian_packages.sh
 source "$root/scripts/lib/debian_packages.sh"
@@ -52,8 +59,13 @@ fuzz_one() {
     echo "fuzz: $t: a committed input fails (log: $build/replay-$t.log)"
     return 1
   fi
-  echo "fuzz: $t: fuzzing for ${seconds} s${seed:+, seed $seed}"
-  if "$bin" "$work" "$corpus" "${seeding[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=$rss \
+  local bound=(-max_total_time="$seconds") what="for ${seconds} s"
+  if [ -n "$seed" ]; then
+    bound=(-runs="${CONVEYOR_FUZZ_RUNS:-${seeded_runs[$t]}}" -max_total_time=$((seconds * 4)))
+    what="${CONVEYOR_FUZZ_RUNS:-${seeded_runs[$t]}} inputs, seed $seed"
+  fi
+  echo "fuzz: $t: fuzzing $what"
+  if "$bin" "$work" "$corpus" "${seeding[@]}" "${bound[@]}" -timeout=10 -rss_limit_mb=$rss \
       -artifact_prefix="$artifacts" -print_final_stats=1 >"$build/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-$t.log" | grep -o '[0-9]*$' || echo "?")
     echo "fuzz: $t: PASS, $runs inputs run, corpus $(find "$work" -type f | wc -l) files"

@@ -50,9 +50,10 @@ if [ "$quick" = 1 ]; then
   echo "test.sh --quick: done in $(( $(date +%s) - start )) s"
   exit 0
 fi
-# The parsers under libFuzzer + ASan/UBSan first (CONVEYOR_FUZZ_SECONDS per
-# target, default 60; 0 skips; seed CONVEYOR_FUZZ_SEED, default 1, so that
-# every run of this command fuzzes the same inputs), then every test.
+# The parsers under libFuzzer + ASan/UBSan first (seed CONVEYOR_FUZZ_SEED,
+# default 1, and a fixed number of inputs per target, so that every run of
+# this command fuzzes as far on any machine; CONVEYOR_FUZZ_SECONDS=0 skips
+# it), then every test.
 if [ "${CONVEYOR_FUZZ_SECONDS:-60}" != 0 ]; then
   CONVEYOR_FUZZ_SEED="${CONVEYOR_FUZZ_SEED:-1}" bash "$root/scripts/fuzz.sh"
 fi
