@@ -14,9 +14,8 @@
 # inputs (CONVEYOR_FUZZ_RUNS, or the target's own below: about a minute's worth
 # on a 2-core machine), not a time's worth, so that a faster or slower machine
 # fuzzes as far; the time, four times CONVEYOR_FUZZ_SECONDS, then only bounds
-# the run. (The checkpoint target's coverage varies a little from run to run,
-# LibTorch's threads taking other paths, and with it the inputs its corpus
-# keeps: its runs are alike, not identical.)
+# the run. (Runs from one seed are alike, not identical: the corpora they keep
+# differ by a few inputs from run to run, and the inputs mutated after them.)
 # Unset, each run draws its own seed (printed in the log) and keeps the corpus
 # it grew in build-fuzz/corpus-<target>/ for the next.
 # A crash becomes a regression test: add its input to tests/fuzz/corpus/<target>/.
