@@ -1,25 +1,7 @@
-# The README quotes an example verbatim: fails when the two differ. The whole
-# file, or with -DMARKER=<text> the lines between "# --- <text> ---" and
-# "# --- end ---", each with its indentation removed.
-# Usage: cmake -DREADME=<README.md> -DEXAMPLE=<file> [-DMARKER=<text>] -P check_readme_quote.cmake
+# The README quotes an example file whole and verbatim: fails when the two differ.
+# Usage: cmake -DREADME=<README.md> -DEXAMPLE=<file> -P check_readme_quote.cmake
 file(READ "${README}" _readme)
 file(READ "${EXAMPLE}" _example)
-if(MARKER)
-  string(FIND "${_example}" "# --- ${MARKER} ---\n" _begin)
-  string(FIND "${_example}" "# --- end ---" _end)
-  if(_begin EQUAL -1 OR _end EQUAL -1)
-    message(FATAL_ERROR "${EXAMPLE} has no '# --- ${MARKER} ---' ... '# --- end ---' region")
-  endif()
-  string(LENGTH "# --- ${MARKER} ---\n" _skip)
-  math(EXPR _begin "${_begin} + ${_skip}")
-  math(EXPR _length "${_end} - ${_begin}")
-  string(SUBSTRING "${_example}" ${_begin} ${_length} _region)
-  string(REGEX MATCH "^ *" _indent "${_region}")
-  # (CMake's ^ anchors again after each match, so the lines are found by their newlines.)
-  string(REPLACE "\n${_indent}" "\n" _example "\n${_region}")
-  string(SUBSTRING "${_example}" 1 -1 _example)
-  string(REGEX REPLACE " *$" "" _example "${_example}")
-endif()
 string(FIND "${_readme}" "${_example}" _at)
 if(_at EQUAL -1)
   message(FATAL_ERROR "README.md does not quote ${EXAMPLE} verbatim: paste it into its code block:\n${_example}")
