@@ -1,6 +1,6 @@
 // The V schedules and the synthesiser, simulated: bubble and peak memory per
 // worker against 1F1B and ZB-H1 on the same model, and synthesised schedules
-// at three memory caps. Each of 2K model chunks costs F = I = W = 1 (a whole
+// at three memory caps, and v-half and v-min at every K up to 8. Each of 2K model chunks costs F = I = W = 1 (a whole
 // 1F1B stage is two chunks: 2, 2, 2); memory is counted in chunk activations
 // (one micro-batch's on one chunk; a 1F1B stage's is 2). No LibTorch.
 //
@@ -59,6 +59,26 @@ int main() {
         row(label.c_str(), r.schedule, v, base);
       }
     }
+  }
+  // v-half and v-min at every K: step against 1F1B's, peak against the cap.
+  std::printf("\nv-half and v-min at every K (step / 1F1B's at M = 16 and 32; peak memory / its cap, in chunk "
+              "activations)\n\n"
+              "| K | v-half, M = 16 | M = 32 | peak / cap | v-min, M = 16 | M = 32 | peak / cap |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (int k = 2; k <= 8; ++k) {
+    std::printf("| %d |", k);
+    for (const char* name : {"v-half", "v-min"}) {
+      double peak = 0;
+      for (int m : {16, 32}) {
+        const Schedule s = make_schedule(name, k, m);
+        const double base = simulate(make_1f1b(k, m), synthesis_costs(problem(k, 1, m, 2))).makespan;
+        std::printf(" %.3f |", simulate(s, synthesis_costs(problem(k, 2, m, 1))).makespan / base);
+        const auto peaks = peak_worker_memory(s);
+        peak = std::max(peak, *std::max_element(peaks.begin(), peaks.end()));
+      }
+      std::printf(" %.0f / %.0f |", peak, v_memory_cap(name, k));
+    }
+    std::printf("\n");
   }
   // A slow, memory-heavy last stage (an LM's output layer: 2x the time, 3x
   // the activations) on 4 workers, M = 16, with the cap 1F1B needs.

@@ -1,6 +1,7 @@
 #include "schedules/synthesise.h"
 
 #include "schedules/generators.h"
+#include "schedules/modulo.h"
 #include "schedules/v_shape.h"
 #include "schedules/validate.h"
 
@@ -344,6 +345,20 @@ Synthesis synthesise(const SynthesisProblem& problem) {
       std::string method = policy.name;
       if (cap < problem.memory_cap) method += ", at a cap of " + std::to_string(cap);
       if (std::optional<Schedule> s = Greedy(at, placement, policy).run()) consider(std::move(*s), method);
+    }
+  }
+  // Patterns repeated at the busiest worker's interval and at longer ones,
+  // a chunk's action longer each time (a steady bubble for less memory).
+  const double interval = modulo_interval(problem, placement);
+  const int actions = 3 * problem.chunks;
+  for (const bool weights_last : {true, false}) {
+    for (int longer = 0; longer <= actions; ++longer) {
+      const double every = interval * (1.0 + static_cast<double>(longer) / actions);
+      if (std::optional<Schedule> s = modulo_schedule(problem, placement, every, weights_last)) {
+        std::ostringstream method;
+        method << "modulo: the pattern repeated every " << every << (weights_last ? ", W's last" : ", W after its I");
+        consider(std::move(*s), method.str());
+      }
     }
   }
   if (problem.race_fixed_families) {

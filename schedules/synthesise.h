@@ -26,8 +26,11 @@
 // micro-batch's largest activation lower (a schedule for less memory fits
 // more, and a pass that fills a large cap may start more forwards than pay;
 // with caps in micro-batches, more memory never gives a slower schedule), and
-// so do the fixed families that fit the placement and the cap (sequential,
-// 1F1B, ZB-H1, GPipe; DualPipeV on a V): the shortest simulated makespan
+// so do repeated patterns (modulo_schedule(), schedules/modulo.h: one
+// micro-batch's actions placed modulo an interval, at the busiest worker's
+// F + I + W and at longer ones, which hold less) and the fixed families that
+// fit the placement and the cap (sequential, 1F1B, ZB-H1, GPipe; DualPipeV on
+// a V): the shortest simulated makespan
 // wins, so the result is never slower than a fixed family that fits. A race
 // of cheap greedy passes rather than a search over orders: each pass is
 // linear in the actions, so the planner can synthesise for every candidate

@@ -11,8 +11,11 @@
 // worker, in chunk activations (one micro-batch's activations on one chunk,
 // half of a 1F1B stage's):
 //   zb-v    2K: 1F1B's peak (K whole stages), close to zero bubble;
-//   v-half  K + 1: about half of 1F1B's, its bubble about half of 1F1B's;
-//   v-min   ceil(2K/3) + 1 (at least 2): about a third, a bubble about 2/3 of 1F1B's.
+//   v-half  K + 1: about half of 1F1B's, a smaller bubble than 1F1B's;
+//   v-min   ceil(2K/3) + 1 (at least 2): about a third; below 1F1B's step at
+//           K = 2, 4 and 7, where a repeated pattern fits the cap, and up to
+//           1.28 of it at K = 3, 5, 6 and 8, where only the greedy passes do.
+// Each is the synthesiser's best at its cap, so it holds at most the cap.
 // Synchronous, exact gradients; splits backwards into I and W.
 
 #include "schedules/schedule.h"
