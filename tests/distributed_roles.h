@@ -129,6 +129,26 @@ inline const std::vector<std::string>& virtual_stage_cases() {
   return cases;
 }
 
+// The V schedules on four ranks (stages r and 7 - r on rank r), 8
+// micro-batches (DualPipeV needs 2 per rank), on a 9-layer MLP: 8 pieces.
+inline const std::vector<std::string>& four_rank_v_cases() {
+  static const std::vector<std::string> cases = {"zb-v", "v-half", "v-min", "dualpipev"};
+  return cases;
+}
+
+inline torch::nn::Sequential seeded_deep_mlp() {
+  torch::manual_seed(0);
+  torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::ReLU(),
+                          torch::nn::Linear(16, 16), torch::nn::Tanh(), torch::nn::Linear(16, 8), torch::nn::Tanh(),
+                          torch::nn::Linear(8, 3));
+  m->to(torch::kFloat64);
+  return m;
+}
+
+inline PipelineOptions four_rank_v_case(const std::string& name) {
+  return PipelineOptions().microbatches(2 * kMicrobatches).schedule(name);
+}
+
 inline PipelineOptions synchronous_case(const std::string& name) {
   if (name == "v-shape") {  // the README's: rank 0 runs pieces 0 and 3, rank 1 pieces 1 and 2
     return PipelineOptions().microbatches(2).schedule_text(
@@ -158,6 +178,13 @@ inline void pipelines(Worker& w) {
     TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
     write_tensors(w.file(schedule), grads);
+  }
+  for (const std::string& schedule : w.env.world_size == 4 ? four_rank_v_cases() : std::vector<std::string>{}) {
+    DistributedPipeline pipe(seeded_deep_mlp(), four_rank_v_case(schedule), groups, link_options());
+    const StepResult r = pipe.train_step(d.x, d.y, mse);
+    TensorMap grads = grads_of(pipe.named_parameters());
+    grads["loss"] = at::full({1}, r.loss, at::kDouble);
+    write_tensors(w.file("v4-" + schedule), grads);
   }
   DistributedPipeline pipe(
       seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),

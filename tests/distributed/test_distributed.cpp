@@ -281,6 +281,24 @@ TEST_F(FourRanks, SynchronousGradientsEqualTheInProcessRuntime) {
   }
 }
 
+// Two chunks per process in a V across four processes: rank r runs stages r
+// and 7 - r, the turn at stage 3 to 4 stays in rank 3, and the loss is on
+// rank 0.
+TEST_F(FourRanks, VSchedulesWithTwoChunksPerProcessEqualTheInProcessRuntime) {
+  expect_success(exits_);
+  const Data d = global_batch(0);
+  for (const std::string& schedule : four_rank_v_cases()) {
+    Pipeline pipe(seeded_deep_mlp(), four_rank_v_case(schedule).workers(4));
+    EXPECT_EQ(pipe.num_stages(), 8) << schedule;
+    const StepResult r = pipe.train_step(d.x, d.y, mse);
+    TensorMap want = grads_of(pipe.named_parameters());
+    want["loss"] = at::full({1}, r.loss, at::kDouble);
+    const TensorMap got = merged(out_, "v4-" + schedule, 4);
+    EXPECT_EQ(got.size(), 11u) << schedule;  // 5 linear layers' weights and biases, and the loss
+    expect_equal(got, want, schedule + " K=4 in a V");
+  }
+}
+
 TEST_F(FourRanks, PipeDreamWeightsEqualTheInProcessRuntime) {
   expect_success(exits_);
   expect_equal(merged(out_, "pipedream", 4), in_process_pipedream(4), "pipedream K=4");
