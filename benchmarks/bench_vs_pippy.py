@@ -3,16 +3,22 @@
 
 Two models of examples/distributed_train (--model), each built from the same
 seed in the same order here as there, so all contestants start from the
-same weights and see the same data, K = 2 stages cut as Conveyor cuts them
-(uniform by layers), mean cross-entropy, SGD stepped after every batch:
+same weights and see the same data, K stages (--ranks, default 2) cut as
+Conveyor cuts them (uniform by layers, the first pieces one layer longer),
+mean cross-entropy, SGD stepped after every batch:
 
   mlp  6 hidden layers of 512 (ReLU, He initialisation) + a linear layer to 10
-       classes, 13 layers cut 7 | 6, batch 256 of synthetic features labelled
-       by a fixed linear teacher (seeded per step), learning rate 0.05;
+       classes, 13 layers (K = 2: cut 7 | 6), batch 256 of synthetic
+       features labelled by a fixed linear teacher (seeded per step), learning
+       rate 0.05;
   lm   the demo's LSTM language model (examples/common/lm_model.h: embedding 64, two
-       LSTMs of 128, dropout 0, linear to 2000 words), 7 layers cut 4 | 3,
-       batch 64 sequences of 20 tokens, each target a fixed function of its
-       token, learning rate 0.5.
+       LSTMs of 128, dropout 0, linear to 2000 words), 7 layers (K = 2: cut
+       4 | 3), batch 64 sequences of 20 tokens, each target a fixed function
+       of its token, learning rate 0.5.
+
+The schedules with two chunks per rank cut 2K pieces: the interleaved ones
+place pieces r and r + K on rank r, the V ones r and 2K - 1 - r (the loss on
+rank 0); the lm's 7 layers make at most 7 pieces.
 
 Four contestants, one intra-op thread per stage, CPU:
 
@@ -53,9 +59,11 @@ from spawn_ranks import run_ranks  # noqa: E402
 
 SEED = 1
 MODELS = {
-    "mlp": dict(batch=256, cut=7, lr=0.05, flags=[]),
-    "lm": dict(batch=64, cut=4, lr=0.5, flags=["--model=lm", "--hidden=128"]),
+    "mlp": dict(batch=256, lr=0.05, flags=[]),
+    "lm": dict(batch=64, lr=0.5, flags=["--model=lm", "--hidden=128"]),
 }
+# The schedules with two chunks per rank.
+TWO_CHUNKS = {"interleaved", "zb-interleaved", "zb-v", "dualpipev"}
 INPUTS, HIDDEN, LAYERS, CLASSES = 256, 512, 6, 10  # mlp
 VOCAB, EMBED, LM_HIDDEN, LENGTH = 2000, 64, 128, 20  # lm
 
@@ -138,7 +146,8 @@ def uniform_pieces(layers, n):
 def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ranks = args.ranks
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
     from torch.distributed import pipelining
 
     model, spec = make_model(kind), MODELS[kind]
@@ -146,22 +155,21 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
                    "zb-interleaved": pipelining.ScheduleInterleavedZeroBubble}
     v_shaped = {"zb-v": pipelining.ScheduleZBVZeroBubble, "dualpipev": pipelining.ScheduleDualPipeV}
     if schedule in interleaved or schedule in v_shaped:
-        # Two chunks per rank: in a loop (pieces r and r + 2), or in a V (r and 3 - r: the loss on rank 0).
-        pieces = [nn.Sequential(*p) for p in uniform_pieces(list(model), 4)]
-        mine = [rank, rank + 2] if schedule in interleaved else [rank, 3 - rank]
-        stages = [pipelining.PipelineStage(pieces[i], i, 4, torch.device("cpu")) for i in mine]
+        # Two chunks per rank: in a loop (pieces r and r + K), or in a V (r and 2K - 1 - r: the loss on rank 0).
+        pieces = [nn.Sequential(*p) for p in uniform_pieces(list(model), 2 * ranks)]
+        mine = [rank, rank + ranks] if schedule in interleaved else [rank, 2 * ranks - 1 - rank]
+        stages = [pipelining.PipelineStage(pieces[i], i, 2 * ranks, torch.device("cpu")) for i in mine]
         sched = {**interleaved, **v_shaped}[schedule](stages, n_microbatches=microbatches, loss_fn=cross_entropy)
         params = [p for i in mine for p in pieces[i].parameters()]
     else:
-        cut = spec["cut"]
-        part = nn.Sequential(*list(model)[:cut]) if rank == 0 else nn.Sequential(*list(model)[cut:])
-        stage = pipelining.PipelineStage(part, rank, 2, torch.device("cpu"))
+        part = nn.Sequential(*uniform_pieces(list(model), ranks)[rank])
+        stage = pipelining.PipelineStage(part, rank, ranks, torch.device("cpu"))
         cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[pippy_schedule(schedule)]
         sched = cls(stage, n_microbatches=microbatches, loss_fn=cross_entropy)
         params = list(part.parameters())
     opt = torch.optim.SGD(params, lr=spec["lr"])
     losses_by_step, start = [], None
-    last = 0 if schedule in v_shaped else 1  # the rank that computes the loss
+    last = 0 if schedule in v_shaped else ranks - 1  # the rank that computes the loss
     for step in range(args.steps):
         x, y = global_batch(kind, step, spec["batch"])
         losses = []
@@ -186,7 +194,7 @@ def pippy_rank(rank, port, args, kind, schedule, microbatches, queue):
 
 
 def run_pippy(args, kind, schedule, microbatches):
-    return run_ranks(pippy_rank, 2, args, kind, schedule, microbatches)
+    return run_ranks(pippy_rank, args.ranks, args, kind, schedule, microbatches)
 
 
 def pippy_schedule(schedule):
@@ -202,13 +210,14 @@ def conveyor_schedule_flags(schedule):
 
 def run_conveyor(args, kind, mode, schedule, microbatches, extra=()):
     spec = MODELS[kind]
-    flags = [f"--parallel={mode}", "--workers=2", f"--microbatches={microbatches}"] + conveyor_schedule_flags(schedule)
+    flags = [f"--parallel={mode}", f"--workers={args.ranks}", f"--microbatches={microbatches}"]
+    flags += conveyor_schedule_flags(schedule)
     flags += list(extra)
     flags += [f"--steps={args.steps}", f"--batch={spec['batch']}", f"--lr={spec['lr']}", "--threads=1",
               f"--log-every={args.steps - 1}"] + spec["flags"]
     if mode == "pipeline":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        cmd = [torchrun, "--standalone", "--nproc-per-node=2", "--no-python", args.binary] + flags
+        cmd = [torchrun, "--standalone", f"--nproc-per-node={args.ranks}", "--no-python", args.binary] + flags
     else:
         cmd = [args.binary] + flags
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
@@ -239,12 +248,19 @@ def main():
     parser.add_argument("--microbatches", nargs="+", type=int, default=[4, 16, 64])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2, help="K: processes (and threads), one stage or two chunks each")
     parser.add_argument("--check", action="store_true", help="only check that both frameworks start the same")
     args = parser.parse_args()
     if not os.access(args.binary, os.X_OK):
         sys.exit(f"bench_vs_pippy: no {args.binary} (build it: bash scripts/build.sh --target distributed_train)")
     if args.check:
         return check_same_start(args)
+    for kind in args.models:
+        for schedule in args.schedules:
+            pieces = args.ranks * (2 if schedule in TWO_CHUNKS else 1)
+            if pieces > len(make_model(kind)):
+                sys.exit(f"bench_vs_pippy: {schedule} on {args.ranks} ranks cuts {pieces} pieces; "
+                         f"the {kind} has {len(make_model(kind))} layers")
     contestants = {
         "pippy": lambda k, s, m: run_pippy(args, k, s, m),
         "c10d": lambda k, s, m: run_conveyor(args, k, "pipeline", s, m, ["--no-shared-memory"]),
@@ -261,8 +277,8 @@ def main():
                 rates.setdefault(config + (name,), []).append(rate)
                 losses.setdefault(config, []).append((first, last))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"K = 2, {args.steps} steps, {os.cpu_count()} CPUs, one intra-op thread per stage; median samples/s "
-          f"over {args.rounds} alternated rounds\n")
+    print(f"K = {args.ranks}, {args.steps} steps, {os.cpu_count()} CPUs, one intra-op thread per stage; median "
+          f"samples/s over {args.rounds} alternated rounds\n")
     print("| model | schedule | M | pippy | Conveyor c10d | c10d, shared memory | Conveyor threads | c10d / pippy "
           "| shared memory / pippy | threads / pippy | losses agree (max diff) |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|")
