@@ -19,6 +19,12 @@ namespace conveyor::schedules {
 // `bytes` does not cover every stage and micro-batch.
 std::vector<int64_t> peak_stash_bytes(const Schedule& schedule, const std::vector<std::vector<int64_t>>& bytes);
 
+// The same entries counted per worker: the largest total its stages hold at
+// once, in the order of its line. A worker of two chunks (a V, interleaved)
+// holds less than the sum of its stages' peaks where those come at
+// different times.
+std::vector<int64_t> peak_worker_stash_bytes(const Schedule& schedule, const std::vector<std::vector<int64_t>>& bytes);
+
 // Micro-batch sizes of a batch of n samples split into m: n / m each, the
 // first n % m one larger (torch::tensor_split's split).
 std::vector<int64_t> microbatch_sizes(int64_t n, int m);

@@ -40,9 +40,11 @@ int64_t weight_bytes(const ModelProfile& p, int64_t a, int64_t b) {
   return total;
 }
 
-// Stage k's memory holding [a, b) with micro-batches of `sizes` samples.
+// Stage k's memory holding [a, b) with micro-batches of `sizes` samples; and
+// into `held` (when given), what it keeps per micro-batch in flight (its stash
+// entry and the estimate of autograd's), for a worker's total.
 void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOptions& o, int k, int64_t a, int64_t b,
-                    const std::vector<int64_t>& sizes, StagePrediction& out) {
+                    const std::vector<int64_t>& sizes, StagePrediction& out, std::vector<int64_t>* held = nullptr) {
   std::vector<std::vector<int64_t>> entries(s.num_stages, std::vector<int64_t>(sizes.size(), 0));
   std::vector<std::vector<int64_t>> ones(s.num_stages, std::vector<int64_t>(sizes.size(), 1));
   const int64_t entry = stash_entry_bytes(p, s, o, a, b);
@@ -56,8 +58,13 @@ void predict_memory(const ModelProfile& p, const Schedule& s, const PipelineOpti
   int64_t inner = 0;
   for (int64_t i = a; i + 1 < b; ++i) inner += p.layers[i].output_bytes;
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  const int64_t held = schedules::replays_forward(s.stash) ? 1 : out.peak_inflight;
-  out.activation_bytes = held * at_size(p, inner, largest);
+  const bool replays = schedules::replays_forward(s.stash);
+  out.activation_bytes = (replays ? 1 : out.peak_inflight) * at_size(p, inner, largest);
+  if (held) {
+    const int64_t autograd = replays ? 0 : at_size(p, inner, largest);
+    held->clear();
+    for (const int64_t size : sizes) held->push_back(at_size(p, entry, size) + autograd);
+  }
   if (s.stash == schedules::Stash::kOffload && !p.host_link.kind.empty()) {
     const int64_t on_device = std::min(out.peak_inflight, 2) * at_size(p, entry, largest);
     out.offloaded_bytes = std::max<int64_t>(0, out.stash_bytes - on_device);
@@ -104,6 +111,33 @@ SplitCosts split_costs(const ModelProfile& p, const PipelineOptions& o, int num_
   return c;
 }
 
+// Per worker: its stages' peaks summed, except that a worker of several
+// stages (two chunks of a V, or interleaved) holds their in-flight
+// micro-batches at most as its line's order has them at once, which is less
+// where the stages' peaks come at different times. Offloaded stashes keep the
+// sum (what waits in host memory is counted per stage).
+std::vector<int64_t> worker_bytes(const Schedule& s, const std::vector<StagePrediction>& predicted,
+                                  const std::vector<std::vector<int64_t>>& held) {
+  std::vector<int64_t> out(static_cast<size_t>(s.num_workers()), 0), fixed = out;
+  std::vector<int> stages(out.size(), 0);
+  bool offloaded = false;
+  for (size_t k = 0; k < predicted.size(); ++k) {
+    const auto w = static_cast<size_t>(s.worker_of(static_cast<int>(k)));
+    const StagePrediction& sp = predicted[k];
+    out[w] += sp.peak_bytes();
+    const bool replays = schedules::replays_forward(s.stash);  // its activations are one micro-batch's, fixed
+    fixed[w] += sp.peak_bytes() - sp.stash_bytes - (replays ? 0 : sp.activation_bytes);
+    ++stages[w];
+    offloaded = offloaded || sp.offloaded_bytes > 0;
+  }
+  if (offloaded) return out;
+  const std::vector<int64_t> together = schedules::peak_worker_stash_bytes(s, held);
+  for (size_t w = 0; w < out.size(); ++w) {
+    if (stages[w] > 1) out[w] = fixed[w] + together[w];
+  }
+  return out;
+}
+
 Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, int64_t batch,
              const PipelineOptions& o) {
   const int num = static_cast<int>(stages.stages.size());
@@ -139,6 +173,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   const bool guard = o.divergence_guard() && !o.loss_scaling();  // as the Pipeline sets its runtime
   // An asynchronous step first keeps every stage's weights, to roll back to.
   double rollback_copy = 0;
+  std::vector<std::vector<int64_t>> held(num);  // per stage and micro-batch, for the workers' totals
   for (int k = 0; k < num; ++k) {
     const StageSpec& spec = stages.stages[k];
     StagePrediction sp;
@@ -167,7 +202,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
           p.link.seconds(static_cast<int64_t>(static_cast<double>(p.layers[spec.end - 1].output_bytes) * scale));
       costs.transfers.push_back(sp.transfer_seconds);
     }
-    predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp);
+    predict_memory(p, s, o, k, spec.begin, spec.end, sizes, sp, &held[k]);
     // A forward receives its inputs and sends its outputs, a backward (or a
     // split backward's I) receives and sends the gradients.
     const bool first = k == 0, last = k + 1 == num;
@@ -196,6 +231,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
     costs.weight.push_back(weight + overhead);
     plan.predicted.push_back(sp);
   }
+  plan.worker_bytes = worker_bytes(s, plan.predicted, held);
   if (!split_measured) costs.input.clear(), costs.weight.clear();
   plan.update_seconds += rollback_copy;
   if (shared_cpu && s.num_workers() > 1 && !p.slowdown.empty()) {

@@ -84,6 +84,9 @@ struct Plan {
   int64_t batch_size = 0;  // samples per step
   std::string balance;     // how the split was chosen ("time", "uniform", ...)
   std::vector<StagePrediction> predicted;
+  // Per worker: the most its stages hold at once, weights and states
+  // included (a worker of one stage: that stage's peak_bytes()).
+  std::vector<int64_t> worker_bytes;
   schedules::StageCosts costs;       // what the simulation priced each action at
   schedules::Simulation simulation;  // the predicted step
   // Set when the slowest stage is (almost) one layer alone.

@@ -76,7 +76,8 @@ PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, 
 }  // namespace
 
 int64_t PlanChoice::peak_bytes() const {
-  return worker_bytes.empty() ? 0 : *std::max_element(worker_bytes.begin(), worker_bytes.end());
+  const auto& bytes = plan.worker_bytes;
+  return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
 }
 
 std::string PlanChoice::describe() const {
@@ -143,18 +144,14 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   int64_t closest_excess = std::numeric_limits<int64_t>::max();
   // Ranks a priced plan, or counts it over the budget and keeps the closest miss.
   const auto admit = [&](PlanChoice choice) {
-    choice.worker_bytes.assign(static_cast<size_t>(choice.plan.schedule.num_workers()), 0);
-    for (size_t k = 0; k < choice.plan.predicted.size(); ++k) {
-      choice.worker_bytes.at(static_cast<size_t>(choice.plan.schedule.worker_of(static_cast<int>(k)))) +=
-          choice.plan.predicted[k].peak_bytes();
-    }
     const int64_t excess = space.memory_budget > 0 ? choice.peak_bytes() - space.memory_budget : 0;
     if (excess > 0) {
       ++out.over_budget;
       if (excess < closest_excess) {
-        const auto worst = std::max_element(choice.worker_bytes.begin(), choice.worker_bytes.end());
+        const auto& bytes = choice.plan.worker_bytes;
+        const auto worst = std::max_element(bytes.begin(), bytes.end());
         closest_excess = excess;
-        closest = c10::str(choice.describe(), ": worker ", worst - choice.worker_bytes.begin(), " needs ",
+        closest = c10::str(choice.describe(), ": worker ", worst - bytes.begin(), " needs ",
                            bytes_text(*worst), ", ", bytes_text(excess), " more than the budget");
       }
       return;
@@ -254,7 +251,7 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   // Fastest first; among equals (to rounding), fewer workers, then less
   // memory on the fullest worker, then on all of them.
   const auto total = [](const PlanChoice& c) {
-    return std::accumulate(c.worker_bytes.begin(), c.worker_bytes.end(), int64_t{0});
+    return std::accumulate(c.plan.worker_bytes.begin(), c.plan.worker_bytes.end(), int64_t{0});
   };
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [&](const PlanChoice& a, const PlanChoice& b) {
     const double ta = a.plan.step_seconds(), tb = b.plan.step_seconds();

@@ -66,9 +66,8 @@ struct PlanChoice {
   int lookahead = 0;  // eager-1f1b's forwards ahead; 0 for the other schedules
   bool recompute = false;
   bool offload = false;  // recomputation from inputs kept in host memory
-  std::vector<int64_t> worker_bytes;  // per worker: its stages' predicted peaks, summed
 
-  int64_t peak_bytes() const;  // the largest worker's
+  int64_t peak_bytes() const;  // the largest worker's (plan.worker_bytes)
   // "1f1b, 2 workers, 8 micro-batches, recompute"; "..., offload"; "eager-1f1b +2, ..."
   std::string describe() const;
   // `base` with this plan's choices: workers, chunks, schedule (and its

@@ -3,6 +3,7 @@
 // built from its plan running that plan with exact gradients.
 #include "error_of.h"
 #include "every_split.h"
+#include "planner/six_layers.h"
 #include "test_models.h"
 
 #include "plugin/planner/partition.h"
@@ -18,38 +19,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::error_of;
-
-// Six layers of uneven cost, with activations that dominate memory, measured
-// (as if) at 4 samples per micro-batch.
-std::shared_ptr<ModelProfile> six_layer_profile() {
-  auto p = std::make_shared<ModelProfile>();
-  p->device = "cpu";
-  p->batch_size = 4;
-  p->input_bytes = 4 * 64 * 4;
-  p->loss_forward_seconds = 0.0002;
-  p->loss_backward_seconds = 0.0002;
-  p->action_overhead_seconds = 0.00005;
-  p->link = LinkProfile{"in-process handoff (same device)", 0.00002, 0};
-  const double seconds[] = {0.004, 0.001, 0.003, 0.002, 0.005, 0.001};
-  for (int i = 0; i < 6; ++i) {
-    LayerProfile l;
-    l.name = std::to_string(i) + " torch::nn::Linear";
-    l.forward_seconds = seconds[i];
-    l.backward_seconds = 2 * seconds[i];
-    l.forward_fixed = 0.0001;
-    l.backward_fixed = 0.0001;
-    l.output_bytes = l.output_grad_bytes = 4 * 4096;
-    l.parameter_bytes = 64 * 64 * 4;
-    p->layers.push_back(l);
-  }
-  return p;
-}
-
-torch::nn::Sequential six_layers() {
-  torch::nn::Sequential m;
-  for (int i = 0; i < 6; ++i) m->push_back(torch::nn::Linear(64, 64));
-  return m;
-}
 
 using testing::every_split;
 
@@ -380,6 +349,45 @@ TEST(SearchPlans, ASlowLinkMakesItRunForwardsAheadExactly) {
   EXPECT_EQ(pipe.schedule(), schedules::make_eager_1f1b(2, 8, best.lookahead));
   pipe.train_step(x, y, testing::mse);
   testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, best.describe());
+}
+
+// A worker of two chunks (a V, or interleaved) holds its stages'
+// micro-batches as its line orders them, not each stage's peak at once: its
+// predicted bytes are its stages' weights and states and the most their
+// in-flight micro-batches take together, walked here action by action, and at
+// most the sum of the stages' peaks (less on some worker of each). A worker of
+// one stage holds that stage's peak.
+TEST(SearchPlans, AWorkerOfTwoChunksHoldsItsMicroBatchesAsItsLineOrdersThem) {
+  for (const char* name : {"zb-v", "v-min", "interleaved", "1f1b"}) {
+    const int chunks = schedules::default_chunks(name);
+    const auto options = PipelineOptions().workers(6 / chunks).chunks(chunks).microbatches(12).schedule(name)
+                             .balance(Balance::kUniform).profile(six_layer_profile());
+    const Plan plan = make_plan(six_layers(), options, 48);  // 4 samples a micro-batch, as profiled
+    ASSERT_EQ(plan.predicted.size(), 6u) << name;
+    ASSERT_EQ(plan.worker_bytes.size(), static_cast<size_t>(6 / chunks)) << name;
+    bool less = false;
+    for (int w = 0; w < 6 / chunks; ++w) {
+      int64_t sum = 0, fixed = 0, held = 0, most = 0;
+      for (int k = 0; k < 6; ++k) {
+        if (plan.schedule.worker_of(k) != w) continue;
+        const StagePrediction& sp = plan.predicted[k];
+        sum += sp.peak_bytes();
+        fixed += sp.peak_bytes() - sp.stash_bytes - sp.activation_bytes;
+      }
+      for (const schedules::Action& a : plan.schedule.workers[w]) {
+        const StagePrediction& sp = plan.predicted[a.stage];
+        const int64_t each = (sp.stash_bytes + sp.activation_bytes) / sp.peak_inflight;  // equal micro-batches
+        if (a.kind == schedules::ActionKind::kForward) held += each;
+        if (a.kind == schedules::ActionKind::kBackward || a.kind == schedules::ActionKind::kWeight) held -= each;
+        most = std::max(most, held);
+      }
+      const std::string where = std::string(name) + " worker " + std::to_string(w);
+      EXPECT_EQ(plan.worker_bytes[w], chunks == 1 ? sum : fixed + most) << where;
+      EXPECT_LE(plan.worker_bytes[w], sum) << where;
+      less = less || plan.worker_bytes[w] < sum;
+    }
+    EXPECT_EQ(less, chunks > 1) << name;
+  }
 }
 
 }  // namespace
