@@ -4,7 +4,8 @@
 // with the per-stage action times the same run measured (F, B, and for split
 // backwards I and W), and the peak stashed bytes per stage the runtime
 // reports, and schedules synthesised from the measured action times (ZB-H1's
-// F, I, W, 1F1B's B) at half, once and twice 1F1B's memory. Configurations take
+// F, I, W, 1F1B's B) at half, once and twice 1F1B's memory, and in a V
+// (ZB-V's F, I, W, DualPipeV's B) at the V schedules' caps. Configurations take
 // turns step by step; medians of --steps steps.
 //
 //   bench_schedules [--model mlp|lstm] [--workers 2] [--microbatches 8] [--batch 64] [--steps 7]
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,7 +86,8 @@ conveyor::schedules::StageCosts measured_costs(const conveyor::StepResult& r) {
 
 constexpr const char* kHelp =
     "bench_schedules: measured vs simulated steps of 1f1b, interleaved, zb-h1, zb-interleaved, the V schedules\n"
-    "  and schedules synthesised from zb-h1's measured costs at half, once and twice 1F1B's memory.\n"
+    "  and schedules synthesised from measured costs: from zb-h1's at half, once and twice 1F1B's memory, and\n"
+    "  in a V from zb-v's at the caps of v-min, v-half and zb-v.\n"
     "  --model mlp|lstm   16-layer MLP of width 512 (default) or an LSTM LM of 8 layers\n"
     "  --workers K        workers (default 2)\n"
     "  --microbatches M   a multiple of K (default 8)\n"
@@ -159,19 +162,22 @@ int main(int argc, char** argv) {
     c.last = c.pipe->train_step(x, y, loss);  // warm-up
     configs.push_back(std::move(c));
   }
-  // Schedules synthesised from zb-h1's measured F, I and W and 1f1b's
-  // measured B under three memory caps (micro-batches a worker keeps): half
-  // of 1F1B's, 1F1B's (K) and twice it; each run as text on the same split.
-  std::vector<double> whole_backward;
-  for (const auto& c : configs) {
-    if (c.schedule == "1f1b" && !c.recompute) whole_backward = measured_costs(c.last).backward;
-  }
-  const auto zb = std::find_if(configs.begin(), configs.end(), [](const Config& c) { return c.schedule == "zb-h1"; });
-  const conveyor::schedules::StageCosts measured = measured_costs(zb->last);
-  for (const int cap : {std::max(1, (args.workers + 1) / 2), args.workers, 2 * args.workers}) {
+  // Schedules synthesised from measured action times, each run as text on
+  // the split it was measured on: F, I and W from a run of split backwards,
+  // B from a run of whole ones.
+  const auto costs_of = [&](const std::string& schedule) {
+    for (const auto& c : configs) {
+      if (c.schedule == schedule && !c.recompute) return measured_costs(c.last);
+    }
+    throw std::logic_error("bench_schedules: no run of " + schedule);
+  };
+  const auto synthesised = [&](const std::string& label, int chunks, const std::string& split,
+                               const std::string& whole, double cap) {
+    const conveyor::schedules::StageCosts measured = costs_of(split);
     conveyor::schedules::SynthesisProblem problem;
-    problem.backward = whole_backward;
+    problem.backward = costs_of(whole).backward;
     problem.workers = args.workers;
+    problem.chunks = chunks;
     problem.microbatches = args.microbatches;
     problem.forward = measured.forward;
     for (size_t k = 0; k < measured.forward.size(); ++k) {
@@ -182,8 +188,6 @@ int main(int argc, char** argv) {
     problem.channel_capacity = 4;
     const auto synthesis = conveyor::schedules::synthesise(problem);
     torch::manual_seed(1);
-    const std::string label = "synthesised, cap " + std::to_string(cap) +
-                              (cap == args.workers ? " (1F1B's memory)" : cap < args.workers ? " (half)" : " (twice)");
     Config s{label, "synthesised", false, nullptr, {}, {}, {}};
     s.pipe = std::make_unique<conveyor::Pipeline>(
         make_model(args.model), conveyor::PipelineOptions()
@@ -193,6 +197,29 @@ int main(int argc, char** argv) {
                                     .channel_capacity(4));
     s.last = s.pipe->train_step(x, y, loss);  // warm-up
     configs.push_back(std::move(s));
+  };
+  // On one chunk a worker, from zb-h1's and 1f1b's runs, at half of 1F1B's
+  // memory (micro-batches a worker keeps), 1F1B's (K) and twice it.
+  for (const int cap : {std::max(1, (args.workers + 1) / 2), args.workers, 2 * args.workers}) {
+    synthesised("synthesised, cap " + std::to_string(cap) +
+                    (cap == args.workers ? " (1F1B's memory)" : cap < args.workers ? " (half)" : " (twice)"),
+                1, "zb-h1", "1f1b", cap);
+  }
+  // In a V, from zb-v's and dualpipev's runs, at the named V schedules' caps
+  // (chunk activations a worker keeps): shaped for the measured costs where
+  // the named ones take every chunk's F, I and W as equal.
+  std::vector<std::pair<double, std::string>> v_caps;  // each cap once, with the names that hold it
+  for (const char* name : {"v-min", "v-half", "zb-v"}) {
+    const double cap = conveyor::schedules::v_memory_cap(name, args.workers);
+    if (!v_caps.empty() && v_caps.back().first == cap) {
+      v_caps.back().second += std::string(", ") + name + "'s";
+    } else {
+      v_caps.emplace_back(cap, std::string(name) + "'s");
+    }
+  }
+  for (const auto& [cap, names] : v_caps) {
+    synthesised("synthesised V, cap " + std::to_string(static_cast<int>(cap)) + " (" + names + ")", 2, "zb-v",
+                "dualpipev", cap);
   }
   for (int s = 0; s < args.steps; ++s) {
     for (auto& c : configs) {

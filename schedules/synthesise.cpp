@@ -348,16 +348,33 @@ Synthesis synthesise(const SynthesisProblem& problem) {
     }
   }
   // Patterns repeated at the busiest worker's interval and at longer ones,
-  // a chunk's action longer each time (a steady bubble for less memory).
-  const double interval = modulo_interval(problem, placement);
-  const int actions = 3 * problem.chunks;
-  for (const bool weights_last : {true, false}) {
-    for (int longer = 0; longer <= actions; ++longer) {
-      const double every = interval * (1.0 + static_cast<double>(longer) / actions);
-      if (std::optional<Schedule> s = modulo_schedule(problem, placement, every, weights_last)) {
-        std::ostringstream method;
-        method << "modulo: the pattern repeated every " << every << (weights_last ? ", W's last" : ", W after its I");
-        consider(std::move(*s), method.str());
+  // a chunk's action longer each time (a steady bubble for less memory);
+  // placed for the problem's costs, and for equal ones (the named V
+  // schedules' order: measured costs that differ a little can split a
+  // worker's free time into gaps that need a longer interval).
+  const SynthesisProblem equal = [&] {
+    SynthesisProblem p = problem;
+    for (auto* v : {&p.forward, &p.input, &p.weight}) v->assign(v->size(), 1.0);
+    p.backward.clear(), p.transfers.clear(), p.latency = 0;
+    return p;
+  }();
+  std::vector<const SynthesisProblem*> placed_for = {&problem};
+  if (equal.forward != problem.forward || equal.input != problem.input || equal.weight != problem.weight ||
+      problem.latency != 0 || !problem.transfers.empty()) {
+    placed_for.push_back(&equal);
+  }
+  for (const SynthesisProblem* costs : placed_for) {
+    const double interval = modulo_interval(*costs, placement);
+    const int actions = 3 * problem.chunks;
+    for (const bool weights_last : {true, false}) {
+      for (int longer = 0; longer <= actions; ++longer) {
+        const double every = interval * (1.0 + static_cast<double>(longer) / actions);
+        if (std::optional<Schedule> s = modulo_schedule(*costs, placement, every, weights_last)) {
+          std::ostringstream method;
+          method << "modulo: the pattern " << (costs == &equal ? "of equal costs " : "") << "repeated every " << every
+                 << (weights_last ? ", W's last" : ", W after its I");
+          consider(std::move(*s), method.str());
+        }
       }
     }
   }
