@@ -28,7 +28,8 @@
 // with caps in micro-batches, more memory never gives a slower schedule), and
 // so do repeated patterns (modulo_schedule(), schedules/modulo.h: one
 // micro-batch's actions placed modulo an interval, at the busiest worker's
-// F + I + W and at longer ones, which hold less) and the fixed families that
+// F + I + W and at longer ones, which hold less; placed for the problem's
+// costs and for equal ones) and the fixed families that
 // fit the placement and the cap (sequential, 1F1B, ZB-H1, GPipe; DualPipeV on
 // a V): the shortest simulated makespan
 // wins, so the result is never slower than a fixed family that fits. A race
