@@ -21,6 +21,12 @@ def test_schedule_text_round_trips_through_validate_and_simulate():
     assert peak == [4, 3, 2, 1]
 
 
+def test_the_v_schedules_memory_caps():
+    assert [torch.ops.conveyor.v_memory_cap(name, 6) for name in ("zb-v", "v-half", "v-min")] == [12.0, 7.0, 5.0]
+    with pytest.raises(ValueError, match="no V schedule is called '1f1b'"):
+        torch.ops.conveyor.v_memory_cap("1f1b", 6)
+
+
 def test_errors_arrive_as_python_exceptions():
     with pytest.raises(ValueError, match="backward before its forward 0F0"):
         torch.ops.conveyor.validate_schedule("0B0 0F0\n")
