@@ -1,5 +1,6 @@
 #include "plugin/checkpoint/checkpoint.h"
 
+#include "plugin/builder/option_values.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/checkpoint_set.h"
@@ -33,13 +34,6 @@ namespace {
 
 using namespace checkpoint_values;
 
-
-template <typename T>
-List list_of(const std::vector<T>& items) {
-  List list = new_list();
-  for (const auto& item : items) list.push_back(item);
-  return list;
-}
 
 // Every tensor an optimizer may hold, by its model name: the layers'
 // parameters and, where weight stashing keeps them apart, the live weights.
@@ -78,26 +72,15 @@ Dict rng_to_dict() {
 
 // --- the file ------------------------------------------------------------------
 
+// Every option Python can give, named and valued as Python gives it (the
+// timeout in seconds): a record of how the pipeline ran, which loading does
+// not read.
 Dict options_to_dict(const Pipeline& pipe) {
-  const PipelineOptions& o = pipe.options();
   Dict d = new_dict();
-  d.insert("workers", int64_t{o.workers()});
-  d.insert("microbatches", int64_t{o.microbatches()});
-  d.insert("schedule", o.schedule());
-  d.insert("schedule_text", o.schedule_text());
-  d.insert("devices", list_of(o.devices()));
-  d.insert("boundaries", list_of(o.boundaries()));
-  d.insert("balance", o.balance() == Balance::kUniform ? "uniform" : "parameters");
-  d.insert("batch_dim", o.batch_dim());
-  d.insert("loss_reduction", o.loss_reduction() == LossReduction::kMean ? "mean" : "sum");
-  d.insert("channel_capacity", int64_t{o.channel_capacity()});
-  d.insert("timeout_ms", static_cast<int64_t>(o.timeout().count()));
-  d.insert("stage_rng", o.stage_rng());
-  d.insert("autocast", o.autocast() ? std::string(c10::toString(*o.autocast())) : std::string("none"));
-  d.insert("loss_scaling", o.loss_scaling().has_value());
-  d.insert("clip_grad_norm", o.clip_grad_norm());
-  d.insert("clip_norm_type", o.clip_norm_type());
-  d.insert("accumulate_steps", int64_t{o.accumulate_steps()});
+  for_each_option(pipe.options(), [&](const OptionSpec& spec, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (OptionValue<T>::reachable) d.insert(spec.name, OptionValue<T>::write(value));
+  });
   return d;
 }
 

@@ -1,7 +1,9 @@
 // A checkpoint's optimizer values that pass every check of their kind but
 // that the restored optimizer could not step with (found by the checkpoint
-// fuzzer): refused when loaded, naming the value, and nothing changes.
+// fuzzer): refused when loaded, naming the value, and nothing changes. And
+// the record of the options a checkpoint keeps.
 #include "error_of.h"
+#include "plugin/builder/option_values.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 
@@ -70,6 +72,34 @@ TEST(CheckpointValues, AnLrOrStepTheOptimizerCannotStepWithIsRefused) {
   pipe.train_step(torch::randn({4, 4}), torch::randn({4, 2}), mse);
   EXPECT_NO_THROW(opt.step());
   std::filesystem::remove(copy);
+  std::filesystem::remove(path);
+}
+
+TEST(CheckpointValues, TheFileRecordsEveryOptionPythonCanGiveAsPythonSpellsIt) {
+  const auto options = PipelineOptions().workers(2).microbatches(2).loss_reduction(LossReduction::kSum).timeout(
+      std::chrono::seconds(30));
+  Pipeline pipe(float_mlp(), options);
+  const std::string path = values_path("options.ckpt");
+  save_checkpoint(path, pipe);
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto saved = torch::pickle_load(bytes).toGenericDict().at("options").toGenericDict();
+  std::vector<OptionDescription> rows;
+  describe_options(options, rows);
+  size_t python = 0;
+  for (const OptionDescription& row : rows) {
+    if (row.type.empty()) {
+      EXPECT_FALSE(saved.contains(row.name)) << row.name << " is C++ only";
+      continue;
+    }
+    ++python;
+    ASSERT_TRUE(saved.contains(row.name)) << row.name;
+    EXPECT_EQ(python_repr(saved.at(row.name)), python_repr(row.default_value)) << row.name;
+  }
+  EXPECT_EQ(saved.size(), python);
+  EXPECT_EQ(saved.at("loss_reduction").toStringRef(), "sum");
+  EXPECT_EQ(saved.at("timeout").toDouble(), 30.0);
+  EXPECT_EQ(saved.at("microbatches").toInt(), 2);
   std::filesystem::remove(path);
 }
 
