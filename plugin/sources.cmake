@@ -1,9 +1,11 @@
-# The plugin: the public entry point here (pipeline, options, step results,
+# The plugin: the public entry point here (pipeline, options and their values
+# as Python gives them, step results,
 # errors, shared types, the operators' registration), and one folder per
 # concern, each listing its own sources. Included by the top-level CMakeLists
 # after add_library(conveyor ...).
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/option_values.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp)

@@ -3,7 +3,7 @@
 // --help or -h for the help text, and errors (UsageError) that name the flag
 // and what it expects.
 
-#include "plugin/builder/option_values.h"
+#include "plugin/option_values.h"
 
 #include <cstdint>
 #include <functional>
@@ -33,7 +33,7 @@ class Flags {
   Flags& text(const std::string& name, std::string* value);
   // A flag for the option row `row` of `options` (PipelineOptions,
   // BuildOptions, ...): its value read by the row's type, as Python's text
-  // would be (plugin/builder/option_values.h).
+  // would be (plugin/option_values.h).
   template <typename Options>
   Flags& option(const std::string& name, Options* options, const std::string& row) {
     return on(name, [options, row](const std::string& flag, const std::string& value) {

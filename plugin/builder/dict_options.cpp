@@ -1,5 +1,6 @@
 #include "plugin/builder/dict_options.h"
 
+#include "plugin/builder/option_table.h"
 #include "plugin/errors.h"
 
 #include <c10/util/StringUtil.h>

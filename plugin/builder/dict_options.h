@@ -12,7 +12,7 @@
 
 #include "plugin/builder/builder.h"
 #include "plugin/builder/front_end.h"
-#include "plugin/builder/option_values.h"
+#include "plugin/option_values.h"
 
 #include <ATen/core/ivalue.h>
 

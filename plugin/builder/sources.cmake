@@ -1,6 +1,7 @@
 # The builder: the one way from a model (torch::nn layers, TorchScript, a
 # torch.export program) to a running pipeline, in phases (builder.h), its
-# options and their reading from Python values, and the TorchScript class
+# options, the table of every option (Python's keywords, the manual's
+# reference), and the TorchScript class
 # torch.classes.conveyor.Pipeline. Builds on everything else in plugin/;
 # nothing there includes it.
 target_sources(conveyor PRIVATE
@@ -8,7 +9,7 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/builder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dict_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/front_end.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/option_values.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/option_table.cpp
   ${CMAKE_CURRENT_LIST_DIR}/plan.cpp)
 if(CONVEYOR_TORCHSCRIPT)
   target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/torch_class.cpp)

@@ -1,6 +1,6 @@
 #include "plugin/checkpoint/checkpoint.h"
 
-#include "plugin/builder/option_values.h"
+#include "plugin/option_values.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/checkpoint_set.h"
@@ -72,6 +72,22 @@ Dict rng_to_dict() {
 
 // --- the file ------------------------------------------------------------------
 
+// `v` with its lists and dicts untyped: torch.load's weights-only unpickler
+// refuses the typed lists (build_intlist) that TorchScript pickles.
+c10::IValue untyped(const c10::IValue& v) {
+  if (v.isList()) {
+    List out = new_list();
+    for (const c10::IValue& item : v.toListRef()) out.push_back(untyped(item));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    Dict out = new_dict();
+    for (const auto& entry : v.toGenericDict()) out.insert(entry.key(), untyped(entry.value()));
+    return out;
+  }
+  return v;
+}
+
 // Every option Python can give, named and valued as Python gives it (the
 // timeout in seconds): a record of how the pipeline ran, which loading does
 // not read.
@@ -79,7 +95,7 @@ Dict options_to_dict(const Pipeline& pipe) {
   Dict d = new_dict();
   for_each_option(pipe.options(), [&](const OptionSpec& spec, const auto& value) {
     using T = std::decay_t<decltype(value)>;
-    if constexpr (OptionValue<T>::reachable) d.insert(spec.name, OptionValue<T>::write(value));
+    if constexpr (OptionValue<T>::reachable) d.insert(spec.name, untyped(OptionValue<T>::write(value)));
   });
   return d;
 }

@@ -1,4 +1,5 @@
 #include "plugin/runtime/stream_order.h"
+#include "plugin/support/streams.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -18,10 +19,6 @@ std::mutex& devices_mutex() {
 testing::StreamDevices& test_devices() {
   static testing::StreamDevices devices;
   return devices;
-}
-
-c10::Stream current_stream(const c10::Device& device) {
-  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
 }
 
 }  // namespace

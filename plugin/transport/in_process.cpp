@@ -6,6 +6,7 @@
 // memory (record_stream), so nothing is freed while a copy still reads it.
 
 #include "plugin/support/fault_injection.h"
+#include "plugin/support/streams.h"
 #include "plugin/transport/mailbox.h"
 #include "plugin/transport/transport.h"
 
@@ -30,10 +31,6 @@ struct Message {
 };
 
 bool is_accelerator(const c10::Device& device) { return device.type() != c10::DeviceType::CPU; }
-
-c10::Stream current_stream(const c10::Device& device) {
-  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
-}
 
 void record_stream(const at::Tensor& tensor, const c10::Stream& stream) {
   if (tensor.device().is_cuda()) tensor.record_stream(stream);

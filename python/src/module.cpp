@@ -12,7 +12,8 @@
 #endif
 #include "plugin/builder/builder.h"
 #include "plugin/builder/dict_options.h"
-#include "plugin/builder/option_values.h"
+#include "plugin/builder/option_table.h"
+#include "plugin/option_values.h"
 #include "plugin/trace/timeline.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"

@@ -1,6 +1,7 @@
 #include "python/src/values.h"
 
-#include "plugin/builder/option_values.h"
+#include "plugin/builder/option_table.h"
+#include "plugin/option_values.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>

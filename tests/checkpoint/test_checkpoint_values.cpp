@@ -3,7 +3,7 @@
 // fuzzer): refused when loaded, naming the value, and nothing changes. And
 // the record of the options a checkpoint keeps.
 #include "error_of.h"
-#include "plugin/builder/option_values.h"
+#include "plugin/option_values.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 

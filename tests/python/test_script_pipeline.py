@@ -279,6 +279,10 @@ def test_checkpoint_is_read_by_torch_load_and_restores_the_weights(tmp_path):
     for name, t in saved.items():
         assert torch.equal(ckpt["model"][name], t), name
     assert ckpt["stages"][1]["parameters"] == ["head.weight", "head.bias"]
+    # The options as Python gives them, lists included (weights-only loading refuses typed ones).
+    options = ckpt["options"]
+    assert (options["workers"], options["microbatches"], options["timeout"]) == (2, 2, 300.0)
+    assert options["boundaries"] == [] and options["tied_parameters"] == [] and options["loss_scaling"] is None
     with torch.no_grad():
         for p in pipe.parameters():
             p.zero_()

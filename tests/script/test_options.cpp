@@ -6,7 +6,8 @@
 #include "plugin/options.h"
 #include "plugin/builder/builder.h"
 #include "plugin/builder/dict_options.h"
-#include "plugin/builder/option_values.h"
+#include "plugin/builder/option_table.h"
+#include "plugin/option_values.h"
 
 #include "script_fixtures.h"
 

@@ -1,8 +1,6 @@
-#include "plugin/builder/option_values.h"
+#include "plugin/option_values.h"
 
-#include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/options.h"
-#include "plugin/builder/build_options.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -230,23 +228,6 @@ Tensors as_tensors(const char* what, const c10::IValue& v) {
   return out;
 }
 
-std::vector<OptionDescription> every_option() {
-  std::vector<OptionDescription> rows;
-  describe_options(PipelineOptions(), rows);
-  describe_options(BuildOptions(), rows);
-  describe_options(DistributedOptions(), rows);
-  // Grouped by section, in the order the sections first appear.
-  std::vector<std::string> sections;
-  for (const auto& row : rows) {
-    if (std::find(sections.begin(), sections.end(), row.section) == sections.end()) sections.push_back(row.section);
-  }
-  const auto rank = [&](const OptionDescription& row) {
-    return std::find(sections.begin(), sections.end(), row.section) - sections.begin();
-  };
-  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
-  return rows;
-}
-
 std::string python_repr(const c10::IValue& v) {
   if (v.isNone()) return "None";
   if (v.isBool()) return v.toBool() ? "True" : "False";
@@ -274,32 +255,6 @@ std::string python_repr(const c10::IValue& v) {
     return out + "}";
   }
   return v.tagKind();
-}
-
-std::string options_reference() {
-  const auto cell = [](std::string text) {  // a markdown table cell: '|' escaped
-    for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.insert(at, "\\");
-    return text;
-  };
-  std::string out, section;
-  for (const OptionDescription& row : every_option()) {
-    if (row.section != section) {
-      section = row.section;
-      out += c10::str(out.empty() ? "" : "\n", "# ", section,
-                      "\n\n| Option | Python type | Default | What it does |\n|---|---|---|---|\n");
-    }
-    std::string doc = row.doc;
-    if (!row.choices.empty()) {
-      std::vector<const char*> names;
-      for (const std::string& c : row.choices) names.push_back(c.c_str());
-      doc += " One of " + choice_text(names.data(), names.size()) + ".";
-    }
-    if (!row.bound.empty()) doc += " Must be " + row.bound + ".";
-    const bool python = !row.type.empty();
-    out += c10::str("| `", row.name, "` | ", python ? "`" + cell(row.type) + "`" : "C++ only", " | ",
-                    python ? "`" + python_repr(row.default_value) + "`" : "", " | ", cell(doc), " |\n");
-  }
-  return out;
 }
 
 }  // namespace conveyor

@@ -251,17 +251,7 @@ void describe_options(const Options& options, std::vector<OptionDescription>& ou
   });
 }
 
-// Every row of PipelineOptions', BuildOptions' and DistributedOptions' lists,
-// with their defaults, grouped by section: what a pipeline from Python can be
-// given.
-std::vector<OptionDescription> every_option();
-
 // A value as Python's repr() shows it: None, True, 2.0, '1f1b', [1, 2].
 std::string python_repr(const c10::IValue& v);
-
-// The manual's reference of every option (docs/reference/options.md, generated
-// by docs/generate.py): a markdown table per section, under a top-level
-// heading of its own (the page includes it a level down).
-std::string options_reference();
 
 }  // namespace conveyor
