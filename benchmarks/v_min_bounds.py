@@ -44,7 +44,12 @@ def ensure_ortools():
 
 
 def v_placement(k):
-    return [s if s < k else 2 * k - 1 - s for s in range(2 * k)]
+    """Stage -> worker, as Conveyor's V schedules place them (read off v-min's text)."""
+    placement = [0] * (2 * k)
+    for worker, line in enumerate(conveyor_ops().schedule("v-min", k, 1).splitlines()[1:]):
+        for action in line.split():
+            placement[parse_action(action)[1]] = worker
+    return placement
 
 
 def solver(limit):

@@ -1,8 +1,7 @@
 # The plugin: the public entry point here (pipeline, options and their values
-# as Python gives them, step results,
-# errors, shared types, the operators' registration), and one folder per
-# concern, each listing its own sources. Included by the top-level CMakeLists
-# after add_library(conveyor ...).
+# as Python gives them, step results, errors, shared types, the operators'
+# registration), and one folder per concern, each listing its own sources.
+# Included by the top-level CMakeLists after add_library(conveyor ...).
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
   ${CMAKE_CURRENT_LIST_DIR}/option_values.cpp

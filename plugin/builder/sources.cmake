@@ -1,9 +1,8 @@
 # The builder: the one way from a model (torch::nn layers, TorchScript, a
 # torch.export program) to a running pipeline, in phases (builder.h), its
 # options, the table of every option (Python's keywords, the manual's
-# reference), and the TorchScript class
-# torch.classes.conveyor.Pipeline. Builds on everything else in plugin/;
-# nothing there includes it.
+# reference), and the TorchScript class torch.classes.conveyor.Pipeline.
+# Builds on everything else in plugin/; nothing there includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/build_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/builder.cpp

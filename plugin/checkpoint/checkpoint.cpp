@@ -1,6 +1,5 @@
 #include "plugin/checkpoint/checkpoint.h"
 
-#include "plugin/option_values.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 #include "plugin/checkpoint/checkpoint_set.h"
@@ -10,6 +9,7 @@
 #include "plugin/model/sharded_state.h"
 #include "plugin/model/stage.h"
 #include "plugin/model/model_names.h"
+#include "plugin/option_values.h"
 #include "plugin/support/atomic_file.h"
 
 #include <ATen/Context.h>

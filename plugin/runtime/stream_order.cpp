@@ -1,7 +1,6 @@
 #include "plugin/runtime/stream_order.h"
-#include "plugin/support/streams.h"
 
-#include <c10/core/impl/VirtualGuardImpl.h>
+#include "plugin/support/streams.h"
 
 #include <algorithm>
 #include <iterator>
