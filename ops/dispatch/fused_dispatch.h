@@ -36,6 +36,27 @@
 //   CONVEYOR_FUSED_DISPATCH_TABLE=/path/to/table.txt (replaces the built-in rows)
 // and set_dispatch_policy / set_dispatch_table do the same from C++.
 //
+// Kernels: a fused op may have more than one CUDA kernel for a call (the one
+// it had, kept until a GPU run has measured its successor side by side). A
+// row may name the kernel that won its measurement (kernel=<name>, with the
+// fused path's time); a call on the fused path runs, in this order:
+//   the kernel named by CONVEYOR_FUSED_KERNEL ("lstm=v1"; op=name pairs
+//   separated by commas) or set_fused_kernel;
+//   the kernel its nearest row names;
+//   the op's first kernel.
+// The ops' kernels (fused_kernel_names), newest first:
+//   lstm:      persistent      persistent kernels forward and backward, their recurrent
+//                              product on tensor cores (float16, bfloat16; float32 where
+//                              PyTorch allows cuDNN TF32 for RNNs), else scalar
+//              persistent_fma  the same kernels with a scalar product (what the tensor
+//                              cores buy)
+//              v1              the first persistent forward (a warp per batch entry and
+//                              unit) and the per-step backward
+//              step            a kernel per time step, forward and backward
+//   attention: (one kernel; rows name none)
+// Each falls back to the per-step kernels where a persistent one does not fit
+// on the device (its weight slice in shared memory, every block resident).
+//
 // Calls that only one path can run are not looked up: a key-padding mask runs
 // the fused attention kernel (SDPA returns NaN for a query whose keys are all
 // masked; Conveyor returns 0 with zero gradients), and a device without a
@@ -67,6 +88,7 @@ struct DispatchRow {
   FusedPath path = FusedPath::kReference;
   std::map<std::string, double> shape;     // batch=16 hidden=256 ... (matched)
   std::map<std::string, double> measured;  // fused_ms=... reference_ms=... (informative)
+  std::string kernel;                      // the fused kernel measured fastest, or "" (kernel=...)
 
   std::string str() const;  // one line of the table's text form
 };
@@ -136,6 +158,16 @@ bool fused_kernel_can_run(bool cuda_kernel, const c10::Device& device, c10::Scal
 // runs whatever the policy says).
 DispatchChoice choose_fused_path(const DispatchQuery& query, bool fused_can_run = true);
 
+// The fused kernels of `op`, newest first (see "Kernels" above); empty for an
+// op with one kernel or an unknown op.
+const std::vector<std::string>& fused_kernel_names(const std::string& op);
+// The kernel a call of `query` runs on the fused path: the override, else the
+// nearest row's, else the op's first; "" for an op with one kernel.
+std::string fused_kernel(const DispatchQuery& query);
+// Overrides the kernel of `op` ("" removes the override); throws
+// std::invalid_argument, naming the choices, for a name the op does not have.
+void set_fused_kernel(const std::string& op, const std::string& name);
+
 // Sets a policy (and optionally a table) for its lifetime, e.g. in a test or
 // a benchmark that times one path; restores the previous ones after.
 class ScopedDispatch {
@@ -148,6 +180,19 @@ class ScopedDispatch {
  private:
   DispatchPolicy policy_;
   std::shared_ptr<const DispatchTable> table_;
+};
+
+// Overrides `op`'s kernel for its lifetime (a benchmark timing each kernel,
+// a test running each); restores the previous override after.
+class ScopedFusedKernel {
+ public:
+  ScopedFusedKernel(std::string op, const std::string& name);
+  ~ScopedFusedKernel();
+  ScopedFusedKernel(const ScopedFusedKernel&) = delete;
+  ScopedFusedKernel& operator=(const ScopedFusedKernel&) = delete;
+
+ private:
+  std::string op_, previous_;
 };
 
 }  // namespace conveyor

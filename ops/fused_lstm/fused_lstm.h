@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <string>
 #include <tuple>
 
 namespace conveyor {
@@ -48,11 +49,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers(const at::Tensor& inp
                                                            bool has_biases, int64_t num_layers, double dropout,
                                                            bool train);
 
+// lstm_layers on the path already chosen (lstm_path).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_on(FusedPath path, const at::Tensor& input,
+                                                              const at::Tensor& h0, const at::Tensor& c0,
+                                                              at::TensorList weights, bool has_biases,
+                                                              int64_t num_layers, double dropout, bool train);
+
 // The choice lstm_layers makes for these arguments, with its reason.
 DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
                          int64_t num_layers);
 
 // Whether this build has a fused LSTM kernel for the device and dtype.
 bool fused_lstm_kernel_available(const c10::Device& device, c10::ScalarType dtype);
+
+// The CUDA kernels of a fused LSTM call, as the dispatch table names them
+// (fused_kernel_names("lstm"), described in ops/dispatch/fused_dispatch.h).
+enum class LstmKernel {
+  kPersistent,     // "persistent"
+  kPersistentFma,  // "persistent_fma"
+  kV1,             // "v1"
+  kStep,           // "step"
+};
+// Throws std::invalid_argument for a name that is not one of them.
+LstmKernel lstm_kernel_named(const std::string& name);
+
+// The shape of an LSTM call as the dispatch table keys it (fused_dispatch.h).
+struct LstmShape {
+  int64_t seq = 0, batch = 0, input = 0, hidden = 0, layers = 0;
+  bool train = false;  // autograd records the call
+};
+DispatchQuery lstm_query(const c10::Device& device, c10::ScalarType dtype, const LstmShape& shape);
+// The kernel a fused call of this shape runs (fused_kernel).
+LstmKernel lstm_kernel(const c10::Device& device, c10::ScalarType dtype, const LstmShape& shape);
 
 }  // namespace conveyor

@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <stdexcept>
+
 namespace conveyor {
 namespace {
 
@@ -26,27 +28,49 @@ bool fused_lstm_kernel_available(const c10::Device& device, c10::ScalarType dtyp
   return fused_kernel_can_run(cuda_kernel, device, dtype);
 }
 
+DispatchQuery lstm_query(const c10::Device& device, c10::ScalarType dtype, const LstmShape& shape) {
+  DispatchQuery query{"lstm", device, dtype, {}, {"train"}};
+  query.shape = {{"seq", static_cast<double>(shape.seq)},       {"batch", static_cast<double>(shape.batch)},
+                 {"input", static_cast<double>(shape.input)},   {"hidden", static_cast<double>(shape.hidden)},
+                 {"layers", static_cast<double>(shape.layers)}, {"train", shape.train ? 1.0 : 0.0}};
+  return query;
+}
+
 DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
                          int64_t num_layers) {
-  DispatchQuery query{"lstm", input.device(), input.scalar_type(), {}, {"train"}};
-  query.shape = {{"seq", static_cast<double>(input.size(0))},
-                 {"batch", static_cast<double>(input.size(1))},
-                 {"input", static_cast<double>(input.size(2))},
-                 {"hidden", static_cast<double>(h0.size(-1))},
-                 {"layers", static_cast<double>(num_layers)},
-                 {"train", records_autograd(input, h0, c0, weights) ? 1.0 : 0.0}};
-  return choose_fused_path(query, fused_lstm_kernel_available(input.device(), input.scalar_type()));
+  const LstmShape shape{input.size(0), input.size(1), input.size(2), h0.size(-1), num_layers,
+                        records_autograd(input, h0, c0, weights)};
+  return choose_fused_path(lstm_query(input.device(), input.scalar_type(), shape),
+                           fused_lstm_kernel_available(input.device(), input.scalar_type()));
+}
+
+LstmKernel lstm_kernel_named(const std::string& name) {
+  if (name == "persistent") return LstmKernel::kPersistent;
+  if (name == "persistent_fma") return LstmKernel::kPersistentFma;
+  if (name == "v1") return LstmKernel::kV1;
+  if (name == "step") return LstmKernel::kStep;
+  throw std::invalid_argument("fused_lstm: no kernel named '" + name + "'");
+}
+
+LstmKernel lstm_kernel(const c10::Device& device, c10::ScalarType dtype, const LstmShape& shape) {
+  return lstm_kernel_named(fused_kernel(lstm_query(device, dtype, shape)));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_on(FusedPath path, const at::Tensor& input,
+                                                              const at::Tensor& h0, const at::Tensor& c0,
+                                                              at::TensorList weights, bool has_biases,
+                                                              int64_t num_layers, double dropout, bool train) {
+  if (path == FusedPath::kFused) return fused_lstm_layers(input, h0, c0, weights, has_biases, num_layers, dropout, train);
+  return at::lstm(input, {h0, c0}, weights, has_biases, num_layers, dropout, train, /*bidirectional=*/false,
+                  /*batch_first=*/false);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers(const at::Tensor& input, const at::Tensor& h0,
                                                            const at::Tensor& c0, at::TensorList weights,
                                                            bool has_biases, int64_t num_layers, double dropout,
                                                            bool train) {
-  if (lstm_path(input, h0, c0, weights, num_layers).path == FusedPath::kFused) {
-    return fused_lstm_layers(input, h0, c0, weights, has_biases, num_layers, dropout, train);
-  }
-  return at::lstm(input, {h0, c0}, weights, has_biases, num_layers, dropout, train, /*bidirectional=*/false,
-                  /*batch_first=*/false);
+  return lstm_layers_on(lstm_path(input, h0, c0, weights, num_layers).path, input, h0, c0, weights, has_biases,
+                        num_layers, dropout, train);
 }
 
 }  // namespace conveyor

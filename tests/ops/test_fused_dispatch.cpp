@@ -151,6 +151,51 @@ TEST(FusedDispatchTable, TheEnvironmentSetsThePolicyAndTheTable) {
   std::filesystem::remove(path);
 }
 
+TEST(FusedDispatchKernels, ARowNamesItsKernelAndTheOverridesComeFirst) {
+  const std::vector<std::string> lstm_kernels{"persistent", "persistent_fma", "v1", "step"};
+  EXPECT_EQ(fused_kernel_names("lstm"), lstm_kernels);
+  EXPECT_TRUE(fused_kernel_names("attention").empty());
+  const DispatchTable table = DispatchTable::parse(std::string(kTable) +
+                                                   "lstm cpu fp32 fused batch=16 hidden=128 input=128 layers=1 seq=20 "
+                                                   "train=1 kernel=step fused_ms=1 reference_ms=2\n");
+  EXPECT_EQ(table.rows().back().kernel, "step");
+  EXPECT_EQ(DispatchTable::parse(table.str()).rows().back().str(), table.rows().back().str()) << "kernel= round trips";
+  const ScopedDispatch with(DispatchPolicy::kTable, table);
+  EXPECT_EQ(fused_kernel(lstm_query(16)), "step") << "the nearest row names it";
+  EXPECT_EQ(fused_kernel(lstm_query(1)), "persistent") << "a row naming none: the op's first";
+  EXPECT_EQ(fused_kernel(lstm_query(5000)), "persistent") << "no row within 4x: the op's first";
+  {
+    const ScopedFusedKernel v1("lstm", "v1");
+    EXPECT_EQ(fused_kernel(lstm_query(16)), "v1") << "the override beats the row";
+    {
+      const ScopedFusedKernel fma("lstm", "persistent_fma");
+      EXPECT_EQ(fused_kernel(lstm_query(1)), "persistent_fma");
+    }
+    EXPECT_EQ(fused_kernel(lstm_query(1)), "v1") << "a scope restores the override before it";
+  }
+  EXPECT_EQ(fused_kernel(lstm_query(16)), "step");
+  setenv("CONVEYOR_FUSED_KERNEL", "lstm=v1", 1);
+  reload_dispatch_settings();
+  EXPECT_EQ(fused_kernel(lstm_query(16)), "v1") << "the environment overrides";
+  setenv("CONVEYOR_FUSED_KERNEL", "lstm=fastest", 1);
+  reload_dispatch_settings();
+  EXPECT_THAT(testing::error_of([] { fused_kernel(lstm_query(16)); }),
+              HasSubstr("CONVEYOR_FUSED_KERNEL='lstm=fastest': lstm has no kernel 'fastest' (persistent, "
+                        "persistent_fma, v1, step)"));
+  unsetenv("CONVEYOR_FUSED_KERNEL");
+  reload_dispatch_settings();
+  set_dispatch_table(table);
+  EXPECT_EQ(fused_kernel(lstm_query(16)), "step");
+  const auto error = [](const std::string& text) {
+    return testing::error_of([&] { DispatchTable::parse(text, "t"); });
+  };
+  EXPECT_THAT(error("lstm cpu fp32 fused batch=1 kernel=fast\n"),
+              HasSubstr("t line 1: lstm has no kernel 'fast' (persistent, persistent_fma, v1, step)"));
+  EXPECT_THAT(error("attention cpu fp32 fused batch_heads=1 kernel=v1\n"),
+              HasSubstr("t line 1: attention has one kernel; there is none to name"));
+  EXPECT_THAT(testing::error_of([] { set_fused_kernel("lstm", "v2"); }), HasSubstr("lstm has no kernel 'v2'"));
+}
+
 TEST(FusedDispatchTable, TheBuiltInTableHasCpuRowsForBothOps) {
   const DispatchTable table = DispatchTable::built_in();
   bool lstm = false, attention = false;

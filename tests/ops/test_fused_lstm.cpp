@@ -260,31 +260,56 @@ TEST(FusedLstm, RejectsBadInputWithClearMessages) {
               HasSubstr("weights must hold 4 tensors per layer"));
 }
 
-TEST(FusedLstmCuda, MatchesTorchLstmOnCuda) {
+// PyTorch's TF32 setting for cuDNN's RNNs (the fused kernels follow it), set
+// for a scope.
+class ScopedRnnTf32 {
+ public:
+  explicit ScopedRnnTf32(bool allow) : before_(at::globalContext().allowTF32CuDNN()) {
+    at::globalContext().setAllowTF32CuDNN(allow);
+  }
+  ~ScopedRnnTf32() { at::globalContext().setAllowTF32CuDNN(before_); }
+
+ private:
+  bool before_;
+};
+
+TEST(FusedLstmCuda, EveryKernelMatchesTorchLstmOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // The reference is torch::nn::LSTM on CUDA in float64, with the same
-  // (dtype-rounded) weights. Batch 4 takes the persistent kernel, batch 48 the
-  // per-step kernel.
-  const std::vector<Config> configs{
-      {7, 4, 5, 33, 2, true, true, true}, {5, 48, 6, 40, 2, false, true, false}, {1, 1, 3, 7, 1, false, false, true}};
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
-    for (const auto& c : configs) {
-      torch::manual_seed(9);
-      LSTM ref(c.options());
-      FusedLSTM fused(c.options());
-      fused->to(torch::kCUDA, dtype);
-      copy_parameters(*fused, *ref);
-      ref->to(torch::kCUDA, torch::kFloat64);
-      // float32: the host emulation of these kernels (check_lstm_kernels) stays within 1e-7 of a float64 LSTM.
-      const double tol = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-      const auto where = c.str() + " cuda " + c10::toString(dtype);
-      expect_same_as_torch(*fused, ref, c, torch::kFloat64, torch::kCUDA, tol, true, where,
-                           [&](const at::Tensor& x, const State& s) {
-                             State sd;
-                             if (s) sd = std::make_tuple(std::get<0>(*s).to(dtype), std::get<1>(*s).to(dtype));
-                             auto [out, hc] = fused->forward(x.to(dtype), sd);
-                             return LstmResult{out, hc};
-                           });
+  // (dtype-rounded) weights. Each kernel runs every config (where a
+  // persistent kernel does not fit, the per-step kernels run instead).
+  const std::vector<Config> configs{{7, 4, 5, 33, 2, true, true, true},
+                                    {5, 48, 6, 40, 2, false, true, false},
+                                    {1, 1, 3, 7, 1, false, false, true},
+                                    {9, 16, 64, 600, 1, false, true, true}};
+  struct Precision {
+    torch::Dtype dtype;
+    bool tf32;
+    double tol;  // the host emulation's errors (check_lstm_kernels) times a margin
+  };
+  const std::vector<Precision> precisions{
+      {torch::kFloat32, false, 1e-5}, {torch::kFloat32, true, 5e-3}, {torch::kBFloat16, false, 2e-2},
+      {torch::kHalf, false, 1e-2}};
+  for (const auto& kernel : conveyor::fused_kernel_names("lstm")) {
+    const conveyor::ScopedFusedKernel only("lstm", kernel);
+    for (const auto& [dtype, tf32, tol] : precisions) {
+      const ScopedRnnTf32 tf32_setting(tf32);
+      for (const auto& c : configs) {
+        torch::manual_seed(9);
+        LSTM ref(c.options());
+        FusedLSTM fused(c.options());
+        fused->to(torch::kCUDA, dtype);
+        copy_parameters(*fused, *ref);
+        ref->to(torch::kCUDA, torch::kFloat64);
+        const auto where = c.str() + " cuda " + c10::toString(dtype) + (tf32 ? " tf32" : "") + " kernel " + kernel;
+        expect_same_as_torch(*fused, ref, c, torch::kFloat64, torch::kCUDA, tol, true, where,
+                             [&](const at::Tensor& x, const State& s) {
+                               State sd;
+                               if (s) sd = std::make_tuple(std::get<0>(*s).to(dtype), std::get<1>(*s).to(dtype));
+                               auto [out, hc] = fused->forward(x.to(dtype), sd);
+                               return LstmResult{out, hc};
+                             });
+      }
     }
   }
 }

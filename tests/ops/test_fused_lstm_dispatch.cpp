@@ -101,6 +101,22 @@ TEST_F(FusedLstmDispatch, UnmeasuredShapesAndDtypesRunATen) {
   EXPECT_NE(fp32.reason.find("no measured lstm row for fp32 on cpu"), std::string::npos) << fp32.reason;
 }
 
+TEST_F(FusedLstmDispatch, EveryKernelNameIsAKernelAndTheTableNamesTheOneACallRuns) {
+  for (const auto& name : fused_kernel_names("lstm")) EXPECT_NO_THROW(lstm_kernel_named(name)) << name;
+  EXPECT_EQ(lstm_kernel_named("v1"), LstmKernel::kV1);
+  const ScopedDispatch rows(DispatchPolicy::kTable, DispatchTable::parse(std::string(kTable) + R"(
+lstm cpu fp64 fused batch=8 hidden=16 input=8 layers=2 seq=5 train=1 kernel=step
+lstm cpu fp64 fused batch=8 hidden=16 input=8 layers=2 seq=5 train=0 kernel=persistent_fma
+)"));
+  const LstmShape training{5, 8, 8, 16, 2, true}, inference{5, 8, 8, 16, 2, false};
+  const c10::Device cpu(c10::kCPU);
+  EXPECT_EQ(lstm_kernel(cpu, c10::kDouble, training), LstmKernel::kStep);
+  EXPECT_EQ(lstm_kernel(cpu, c10::kDouble, inference), LstmKernel::kPersistentFma);
+  EXPECT_EQ(lstm_kernel(cpu, c10::kFloat, training), LstmKernel::kPersistent) << "no fp32 row: the newest kernel";
+  const ScopedFusedKernel v1("lstm", "v1");
+  EXPECT_EQ(lstm_kernel(cpu, c10::kDouble, training), LstmKernel::kV1);
+}
+
 TEST_F(FusedLstmDispatch, TheSwappedAtenLstmFollowsTheTable) {
   const auto op = c10::Dispatcher::singleton()
                       .findSchemaOrThrow("conveyor::lstm", "")

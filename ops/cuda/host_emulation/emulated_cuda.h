@@ -186,6 +186,53 @@ inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   collective_count++;
 }
 
+// cvt.rna.tf32.f32: to nearest with ties away from zero, 10 mantissa bits
+// kept (adding half of the dropped bits' unit to the magnitude, then dropping them).
+inline float round_tf32(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+// What a tensor core reads of a TF32 operand: the low 13 bits are ignored.
+inline float tf32_operand(uint32_t bits) {
+  bits &= 0xffffe000u;
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+// PTX mma.m16n8k8 with .tf32 operands, from the ISA's fragment formulas
+// (g = lane / 4, t = lane % 4): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
+// a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]; c as in m16n8k16.
+inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  auto& w = my_warp();
+  const int lane = my_lane();
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
+  for (int i = 0; i < 2; ++i) w.b[lane][i] = b[i];
+  w.bar.arrive_and_wait();
+  float A[16][8], B[8][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l % 4;
+    A[g][t] = tf32_operand(w.a[l][0]);
+    A[g + 8][t] = tf32_operand(w.a[l][1]);
+    A[g][t + 4] = tf32_operand(w.a[l][2]);
+    A[g + 8][t + 4] = tf32_operand(w.a[l][3]);
+    B[t][g] = tf32_operand(w.b[l][0]);
+    B[t + 4][g] = tf32_operand(w.b[l][1]);
+  }
+  const int g = lane >> 2, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
+    double acc = d[i];
+    for (int k = 0; k < 8; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
+    d[i] = static_cast<float>(acc);
+  }
+  w.bar.arrive_and_wait();
+  collective_count++;
+}
+
 inline void cp_async(void* dst, const void* src, bool valid) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
     fprintf(stderr, "cp.async: unaligned\n");

@@ -1,6 +1,6 @@
 #pragma once
 // Warp-level building blocks of the tensor-core kernels, made of the
-// instructions in ptx.cuh: fragment loads of 16-bit tiles from shared memory,
+// instructions in ops/cuda/ptx.cuh: fragment loads of 16-bit tiles from shared memory,
 // the register packing between accumulators and operands, quad reductions,
 // and asynchronous tile copies.
 //
@@ -20,7 +20,7 @@
 // rows 2t, 2t+1 of col g). The load_* helpers choose the four matrices so
 // that the registers land in the A or B layout above.
 
-#include "ops/fused_attention/cuda/ptx.cuh"
+#include "ops/cuda/ptx.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,6 +29,14 @@
 #include <cstring>
 
 namespace conveyor::attention::cuda {
+
+using ptx::cp_async_16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
+using ptx::mma_16816;
+using ptx::MmaType;
 
 // Two floats rounded to T, the first in the low half (the lower column).
 template <typename T>

@@ -6,6 +6,11 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+// The block's dynamic shared memory (the host emulation gives each block its own).
+#ifndef CONVEYOR_DYNAMIC_SHARED_MEMORY
+#define CONVEYOR_DYNAMIC_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace conveyor::lstm::cuda {
 
 __device__ __forceinline__ float exp_acc(float x) { return expf(x); }

@@ -1,15 +1,17 @@
-// The persistent forward kernel's launcher (the kernel: lstm_persistent_kernel.cuh).
+// The persistent kernels' launchers (the kernels: lstm_persistent_kernel.cuh,
+// and the first forward kernel, lstm_persistent_warp_kernel.cuh).
 #include "ops/fused_lstm/cuda/lstm_persistent_kernel.cuh"
+#include "ops/fused_lstm/cuda/lstm_persistent_warp_kernel.cuh"
 
 #include "ops/cuda/shared_memory.h"
 
 #include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+
+#include <type_traits>
 
 namespace conveyor::lstm::cuda {
 namespace {
-
-using persistent::kMaxBatch;
-using persistent::kThreads;
 
 int device_attribute(cudaDeviceAttr attribute, int device) {
   int value = 0;
@@ -17,33 +19,35 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
   return value;
 }
 
-}  // namespace
-
-template <typename scalar_t>
-bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, cudaStream_t stream) {
-  if (seq.batch > kMaxBatch) return false;
+// The current device's multiprocessors and per-block shared memory (opt-in
+// maximum), or sms = 0 where it cannot run a cooperative launch.
+struct Device {
+  int sms = 0;
+  size_t shared_limit = 0;
+};
+Device current_device() {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  if (device_attribute(cudaDevAttrCooperativeLaunch, device) == 0) return false;
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
-  const size_t shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (device_attribute(cudaDevAttrCooperativeLaunch, device) == 0) return {};
+  return {device_attribute(cudaDevAttrMultiProcessorCount, device),
+          static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device))};
+}
 
-  const persistent::Plan plan = persistent::plan<scalar_t>(seq.hidden, seq.batch, sms);
-  const int units_per_block = plan.units_per_block, blocks = plan.blocks;
-  const size_t shared_bytes = plan.shared_bytes;
-  if (shared_bytes > shared_limit) return false;
-
-  auto* kernel = &persistent::lstm_forward_persistent_kernel<scalar_t>;
+// Launches `kernel` on `blocks` blocks of `threads` at once, or returns false
+// (launching nothing) when they cannot all be resident.
+template <typename Kernel, typename... Args>
+bool launch_cooperative(Kernel* kernel, int blocks, int threads, size_t shared_bytes, cudaStream_t stream,
+                        Args... args) {
   conveyor::cuda::allow_shared_memory(kernel, shared_bytes);
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes));
-  if (static_cast<int64_t>(blocks_per_sm) * sms < blocks) return false;
-
-  ForwardSequence<scalar_t> args_seq = seq;
-  int args_units = units_per_block;
-  void* args[] = {&args_seq, &args_units};
+  int device = 0, blocks_per_sm = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes));
+  if (static_cast<int64_t>(blocks_per_sm) * device_attribute(cudaDevAttrMultiProcessorCount, device) < blocks) {
+    return false;
+  }
+  void* pointers[] = {static_cast<void*>(&args)...};
   const cudaError_t status = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
-                                                         dim3(kThreads), args, shared_bytes, stream);
+                                                         dim3(threads), pointers, shared_bytes, stream);
   if (status == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // clear it; the caller falls back to the per-step kernel
     return false;
@@ -53,9 +57,93 @@ bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, cudaStr
   return true;
 }
 
-template bool try_launch_forward_persistent<float>(const ForwardSequence<float>&, cudaStream_t);
-template bool try_launch_forward_persistent<double>(const ForwardSequence<double>&, cudaStream_t);
-template bool try_launch_forward_persistent<c10::Half>(const ForwardSequence<c10::Half>&, cudaStream_t);
-template bool try_launch_forward_persistent<c10::BFloat16>(const ForwardSequence<c10::BFloat16>&, cudaStream_t);
+template <typename scalar_t>
+constexpr bool math_applies(Math math) {
+  if (math == Math::kMma16) return std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>;
+  if (math == Math::kTf32) return std::is_same_v<scalar_t, float>;
+  return true;
+}
+
+template <typename scalar_t, Math math>
+bool launch_forward(const ForwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
+  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, false);
+  if (p.layout.bytes == 0) return false;
+  return launch_cooperative(&persistent::lstm_forward_persistent_kernel<scalar_t, math>, p.blocks,
+                            persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
+}
+
+template <typename scalar_t, Math math>
+bool launch_backward(const BackwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
+  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, true);
+  if (p.layout.bytes == 0) return false;
+  return launch_cooperative(&persistent::lstm_backward_persistent_kernel<scalar_t, math>, p.blocks,
+                            persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
+}
+
+// Calls launch<scalar_t, math>(...) for the runtime `math`, instantiating only
+// the combinations that exist.
+template <typename scalar_t, template <typename, Math> class Launch, typename Seq>
+bool with_math(Math math, const Seq& seq, cudaStream_t stream) {
+  TORCH_CHECK(math_applies<scalar_t>(math), "fused_lstm: this arithmetic does not apply to the dtype");
+  const Device d = current_device();
+  if (d.sms == 0) return false;
+  switch (math) {
+    case Math::kMma16:
+      if constexpr (math_applies<scalar_t>(Math::kMma16)) return Launch<scalar_t, Math::kMma16>::run(seq, d, stream);
+      break;
+    case Math::kTf32:
+      if constexpr (math_applies<scalar_t>(Math::kTf32)) return Launch<scalar_t, Math::kTf32>::run(seq, d, stream);
+      break;
+    case Math::kFma:
+      return Launch<scalar_t, Math::kFma>::run(seq, d, stream);
+  }
+  return false;
+}
+
+template <typename scalar_t, Math math>
+struct Forward {
+  static bool run(const ForwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
+    return launch_forward<scalar_t, math>(seq, d, stream);
+  }
+};
+template <typename scalar_t, Math math>
+struct Backward {
+  static bool run(const BackwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
+    return launch_backward<scalar_t, math>(seq, d, stream);
+  }
+};
+
+}  // namespace
+
+template <typename scalar_t>
+bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, Math math, cudaStream_t stream) {
+  return with_math<scalar_t, Forward>(math, seq, stream);
+}
+
+template <typename scalar_t>
+bool try_launch_backward_persistent(const BackwardSequence<scalar_t>& seq, Math math, cudaStream_t stream) {
+  return with_math<scalar_t, Backward>(math, seq, stream);
+}
+
+template <typename scalar_t>
+bool try_launch_forward_persistent_warp(const ForwardSequence<scalar_t>& seq, cudaStream_t stream) {
+  if (seq.batch > persistent_warp::kMaxBatch) return false;
+  const Device d = current_device();
+  if (d.sms == 0) return false;
+  const persistent_warp::Plan p = persistent_warp::plan<scalar_t>(seq.hidden, seq.batch, d.sms);
+  if (p.shared_bytes > d.shared_limit) return false;
+  return launch_cooperative(&persistent_warp::lstm_forward_persistent_kernel<scalar_t>, p.blocks,
+                            persistent_warp::kThreads, p.shared_bytes, stream, seq, p.units_per_block);
+}
+
+#define CONVEYOR_INSTANTIATE_LSTM_PERSISTENT(T)                                                                \
+  template bool try_launch_forward_persistent<T>(const ForwardSequence<T>&, Math, cudaStream_t);               \
+  template bool try_launch_backward_persistent<T>(const BackwardSequence<T>&, Math, cudaStream_t);             \
+  template bool try_launch_forward_persistent_warp<T>(const ForwardSequence<T>&, cudaStream_t);
+CONVEYOR_INSTANTIATE_LSTM_PERSISTENT(float)
+CONVEYOR_INSTANTIATE_LSTM_PERSISTENT(double)
+CONVEYOR_INSTANTIATE_LSTM_PERSISTENT(c10::Half)
+CONVEYOR_INSTANTIATE_LSTM_PERSISTENT(c10::BFloat16)
+#undef CONVEYOR_INSTANTIATE_LSTM_PERSISTENT
 
 }  // namespace conveyor::lstm::cuda

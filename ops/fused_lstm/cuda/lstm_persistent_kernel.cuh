@@ -1,123 +1,164 @@
 #pragma once
-// The persistent forward kernel: one cooperative launch runs a layer's whole
-// time loop. Block k owns hidden units [k*U, (k+1)*U) and keeps their 4*U rows
-// of W_hh in shared memory for all T steps, so W_hh is read from global memory
-// once per layer instead of once per step. Each step a block copies h_{t-1}
-// (written by every block in the step before) into shared memory, one warp per
-// (batch row, unit) forms the four gate sums, and lane 0 applies the cell
-// update; a grid-wide sync separates the steps. The launcher is
+// The persistent LSTM kernels: one cooperative launch runs a layer's whole
+// time loop, forward or backward, with the grid synchronised once a step.
+//
+// Block k owns hidden units [k*U, (k+1)*U) (the last block the rest) and keeps
+// the part of W_hh those units need in shared memory for all T steps, so W_hh
+// is read from global memory once a layer instead of once a step:
+//   forward:  the units' 4U gate rows, times h_{t-1} (H long);
+//   backward: the units' U columns, times dgates_{t+1} (4H long), which gives
+//             the gradient reaching h_t through step t+1.
+// Each step the block stages the shared vector (written by every block the
+// step before) and forms its product (lstm_block_product.cuh: tensor cores
+// for 16-bit and TF32 operands, else scalar); then every thread takes (unit,
+// batch entry) pairs for the cell update, or its gradient, keeping c (or
+// dL/dc) in shared memory from step to step. Launchers:
 // lstm_persistent_kernel.cu; host_emulation/ runs this code on the CPU.
+#include "ops/fused_lstm/cuda/lstm_block_product.cuh"
 #include "ops/fused_lstm/cuda/lstm_cell_math.cuh"
 #include "ops/fused_lstm/cuda/lstm_kernels.h"
 
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
-// The block's dynamic shared memory (the host emulation gives each block its own).
-#ifndef CONVEYOR_DYNAMIC_SHARED_MEMORY
-#define CONVEYOR_DYNAMIC_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
-
 namespace conveyor::lstm::cuda::persistent {
 
-constexpr int kThreads = 256;
-// Beyond this batch the per-step kernel has enough parallelism of its own,
-// and h_{t-1} would crowd W_hh out of shared memory.
-constexpr int kMaxBatch = 32;
+using block::kThreads;
 
-__host__ __device__ constexpr size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+// How a launch lays a layer out: U units a block over `blocks` blocks, and
+// the block's shared memory (layout.bytes == 0: it does not fit).
+struct Plan {
+  int units_per_block = 0, blocks = 0;
+  block::Layout layout;
+};
 
-template <typename scalar_t>
+// The fewest units a block may own to cover `hidden` with `sms` blocks, one a
+// multiprocessor; tensor-core plans start from `tile_units` (a full M tile of
+// rows) and halve it while the slice does not fit.
+template <typename scalar_t, Math math>
+Plan plan(int hidden, int batch, int sms, size_t shared_limit, bool backward) {
+  using acc_t = AccOf<scalar_t>;
+  const int least = (hidden + sms - 1) / sms;
+  const int tile_units = math == Math::kFma ? 1 : (backward ? 16 : 4);  // backward rows = U, forward = 4U
+  int u = std::min(hidden, std::max(least, tile_units));
+  Plan p;
+  for (;;) {
+    const int rows = backward ? u : 4 * u;
+    const int k = backward ? 4 * hidden : hidden;
+    const size_t state = static_cast<size_t>(u) * batch * sizeof(acc_t);
+    p.layout = block::layout<scalar_t, math>(rows, k, batch, state, shared_limit);
+    if (p.layout.bytes != 0 || u <= least) break;
+    u = std::max(least, u / 2);
+  }
+  p.units_per_block = u;
+  p.blocks = (hidden + u - 1) / u;
+  return p;
+}
+
+template <typename scalar_t, Math math>
 __global__ void __launch_bounds__(kThreads)
-    lstm_forward_persistent_kernel(ForwardSequence<scalar_t> s, int units_per_block) {
+    lstm_forward_persistent_kernel(ForwardSequence<scalar_t> s, int units_per_block, block::Layout l) {
   using acc_t = AccOf<scalar_t>;
   namespace cg = cooperative_groups;
   cg::grid_group grid = cg::this_grid();
-  CONVEYOR_DYNAMIC_SHARED_MEMORY(shared_bytes);
-  const int H = s.hidden;
-  const int B = s.batch;
-  const size_t w_elems = static_cast<size_t>(4) * units_per_block * H;
-  scalar_t* w_s = reinterpret_cast<scalar_t*>(shared_bytes);                                  // [4][U][H]
-  acc_t* h_s = reinterpret_cast<acc_t*>(shared_bytes + align16(w_elems * sizeof(scalar_t)));  // [B][H]
-
-  const int unit0 = blockIdx.x * units_per_block;
-  const int n_units = min(units_per_block, H - unit0);
-  for (size_t e = threadIdx.x; e < w_elems; e += blockDim.x) {
-    const int k = static_cast<int>(e % H);
-    const int row = static_cast<int>(e / H);
-    const int g = row / units_per_block;
-    const int uu = row % units_per_block;
-    w_s[e] =
-        uu < n_units ? s.w_hh[(static_cast<int64_t>(g) * H + unit0 + uu) * H + k] : static_cast<scalar_t>(acc_t(0));
+  CONVEYOR_DYNAMIC_SHARED_MEMORY(smem);
+  const int H = s.hidden, B = s.batch, U = units_per_block;
+  const int unit0 = blockIdx.x * U;
+  const int n_units = min(U, H - unit0);
+  // Row g*U + u of the slice is W_hh's row g*H + unit0 + u.
+  block::load_a<scalar_t, math>(l, smem, false, [&](int row, int k) {
+    const int g = row / U, u = row % U;
+    return u < n_units ? s.w_hh[(static_cast<int64_t>(g) * H + unit0 + u) * H + k] : static_cast<scalar_t>(0.0f);
+  });
+  // c of this block's (unit, batch) pairs; pair e is thread e % blockDim.x's every step.
+  acc_t* c_state = block::at_offset<acc_t>(smem, l.state_offset);
+  const int pairs = n_units * B;
+  for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+    c_state[e] = s.c0[static_cast<int64_t>(e / n_units) * H + unit0 + e % n_units];
   }
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int n_warps = blockDim.x / 32;
   const int64_t BH = static_cast<int64_t>(B) * H;
   for (int t = 0; t < s.seq_len; ++t) {
     const scalar_t* h_prev = t == 0 ? s.h0 : s.hs + (t - 1) * BH;
-    for (int64_t e = threadIdx.x; e < BH; e += blockDim.x) h_s[e] = static_cast<acc_t>(load_cg(h_prev + e));
-    __syncthreads();
-
-    // The (b, unit) -> warp assignment is the same every step, so the lane
-    // that reads c_{t-1} below is the one that wrote it.
-    for (int item = warp; item < B * n_units; item += n_warps) {
-      const int b = item / n_units;
-      const int uu = item % n_units;
-      const int j = unit0 + uu;
-      const acc_t* h_row = h_s + static_cast<int64_t>(b) * H;
-      acc_t acc[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-      for (int k = lane; k < H; k += 32) {
-        const acc_t hv = h_row[k];
+    block::multiply<scalar_t, math>(l, smem, [&](int b, int k) { return load_cg(h_prev + b * H + k); });
+    for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+      const int u = e % n_units, b = e / n_units, j = unit0 + u;
+      const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * 4 * H;
+      acc_t pre[4];
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          acc[g] += static_cast<acc_t>(w_s[(static_cast<int64_t>(g) * units_per_block + uu) * H + k]) * hv;
-        }
+      for (int g = 0; g < 4; ++g) {
+        pre[g] = block::product<acc_t>(l, smem, g * U + u, b) + static_cast<acc_t>(s.xproj[gate_row + g * H + j]) +
+                 (s.bias ? s.bias[g * H + j] : acc_t(0));
       }
-#pragma unroll
-      for (int g = 0; g < 4; ++g) acc[g] = warp_sum(acc[g]);
-      if (lane == 0) {
-        const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * 4 * H;
-        const int64_t bj = static_cast<int64_t>(b) * H + j;
-        acc_t pre[4];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-          pre[g] = acc[g] + static_cast<acc_t>(s.xproj[gate_row + g * H + j]) + (s.bias ? s.bias[g * H + j] : acc_t(0));
-        }
-        const acc_t c_prev = t == 0 ? s.c0[bj] : s.cells[(t - 1) * BH + bj];
-        const CellResult<acc_t> cell = lstm_cell(pre, c_prev);
-        s.cells[t * BH + bj] = cell.c;
-        s.hs[t * BH + bj] = static_cast<scalar_t>(cell.h);
-        if (s.gates) {
-          s.gates[gate_row + j] = cell.i;
-          s.gates[gate_row + H + j] = cell.f;
-          s.gates[gate_row + 2 * H + j] = cell.g;
-          s.gates[gate_row + 3 * H + j] = cell.o;
-        }
+      const CellResult<acc_t> cell = lstm_cell(pre, c_state[e]);
+      c_state[e] = cell.c;
+      const int64_t at = t * BH + static_cast<int64_t>(b) * H + j;
+      s.cells[at] = cell.c;
+      s.hs[at] = static_cast<scalar_t>(cell.h);
+      if (s.gates) {
+        s.gates[gate_row + j] = cell.i;
+        s.gates[gate_row + H + j] = cell.f;
+        s.gates[gate_row + 2 * H + j] = cell.g;
+        s.gates[gate_row + 3 * H + j] = cell.o;
       }
     }
-    grid.sync();  // h_t complete everywhere before any block reads it
+    grid.sync();  // h_t complete everywhere before any block stages it
   }
 }
 
-// How the launcher lays a layer out on `sms` multiprocessors: one block per
-// SM, each owning an equal slice of the hidden units (the last block the
-// rest), and the shared memory a block needs for its W_hh rows and h_{t-1}.
-struct Plan {
-  int units_per_block = 0, blocks = 0;
-  size_t shared_bytes = 0;
-};
-template <typename scalar_t>
-Plan plan(int hidden, int batch, int sms) {
-  Plan p;
-  p.units_per_block = (hidden + sms - 1) / sms;
-  p.blocks = (hidden + p.units_per_block - 1) / p.units_per_block;
-  p.shared_bytes = align16(static_cast<size_t>(4) * p.units_per_block * hidden * sizeof(scalar_t)) +
-                   static_cast<size_t>(batch) * hidden * sizeof(AccOf<scalar_t>);
-  return p;
+template <typename scalar_t, Math math>
+__global__ void __launch_bounds__(kThreads)
+    lstm_backward_persistent_kernel(BackwardSequence<scalar_t> s, int units_per_block, block::Layout l) {
+  using acc_t = AccOf<scalar_t>;
+  namespace cg = cooperative_groups;
+  cg::grid_group grid = cg::this_grid();
+  CONVEYOR_DYNAMIC_SHARED_MEMORY(smem);
+  const int H = s.hidden, B = s.batch, U = units_per_block, G = 4 * H;
+  const int unit0 = blockIdx.x * U;
+  const int n_units = min(U, H - unit0);
+  // Row u of the slice is W_hh's column unit0 + u (k runs over W_hh's 4H rows).
+  block::load_a<scalar_t, math>(l, smem, true, [&](int row, int k) {
+    return row < n_units ? s.w_hh[static_cast<int64_t>(k) * H + unit0 + row] : static_cast<scalar_t>(0.0f);
+  });
+  // dL/dc_t of this block's (unit, batch) pairs, carried from step to step.
+  acc_t* dc_state = block::at_offset<acc_t>(smem, l.state_offset);
+  const int pairs = n_units * B;
+  for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+    dc_state[e] = s.dc[static_cast<int64_t>(e / n_units) * H + unit0 + e % n_units];
+  }
+
+  const int64_t BH = static_cast<int64_t>(B) * H;
+  for (int t = s.seq_len - 1; t >= 0; --t) {
+    const bool recurrent = t + 1 < s.seq_len;
+    if (recurrent) {
+      const acc_t* next = s.dgates + (t + 1) * BH * 4;
+      block::multiply<scalar_t, math>(l, smem, [&](int b, int k) { return load_cg(next + b * G + k); });
+    }
+    for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+      const int u = e % n_units, b = e / n_units, j = unit0 + u;
+      const int64_t bj = static_cast<int64_t>(b) * H + j, at = t * BH + bj;
+      acc_t dh = recurrent ? block::product<acc_t>(l, smem, u, b) : (s.dh_last ? s.dh_last[bj] : acc_t(0));
+      if (s.dh_seq) dh += static_cast<acc_t>(s.dh_seq[at]);
+      const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * G;
+      const acc_t i = s.gates[gate_row + j], f = s.gates[gate_row + H + j];
+      const acc_t g = s.gates[gate_row + 2 * H + j], o = s.gates[gate_row + 3 * H + j];
+      const acc_t tanh_c = tanh_acc(s.cells[at]);
+      const acc_t c_prev = t > 0 ? s.cells[at - BH] : s.c0[bj];
+      const acc_t dc = dc_state[e] + dh * o * (acc_t(1) - tanh_c * tanh_c);
+      s.dgates[gate_row + j] = dc * g * i * (acc_t(1) - i);
+      s.dgates[gate_row + H + j] = dc * c_prev * f * (acc_t(1) - f);
+      s.dgates[gate_row + 2 * H + j] = dc * i * (acc_t(1) - g * g);
+      s.dgates[gate_row + 3 * H + j] = dh * tanh_c * o * (acc_t(1) - o);
+      dc_state[e] = dc * f;
+    }
+    grid.sync();  // dgates_t complete everywhere before any block stages it
+  }
+  for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
+    s.dc[static_cast<int64_t>(e / n_units) * H + unit0 + e % n_units] = dc_state[e];
+  }
 }
 
 }  // namespace conveyor::lstm::cuda::persistent

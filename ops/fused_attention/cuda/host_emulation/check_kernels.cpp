@@ -2,6 +2,14 @@
 // backward) on the host emulation and compares them with a float64 reference,
 // on shapes chosen to hit partial tiles, causal skipping, padding and fully
 // masked rows. Exit status 0 when every comparison is within tolerance.
+#include <cstdint>
+
+namespace conveyor::attention::cuda {
+// What the kernels' block-scope `extern __shared__ ... smem_raw[]` names here:
+// one block runs at a time under emulated::launch().
+alignas(128) unsigned char smem_raw[256 * 1024];
+}  // namespace conveyor::attention::cuda
+
 #include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
 #include "ops/fused_attention/cuda/simple_attention_kernels.cuh"

@@ -1,15 +1,23 @@
-// Runs the fused LSTM's CUDA kernels (the persistent forward, the per-step
-// forward and backward) on the host emulation (ops/cuda/host_emulation) and
-// compares them with a float64 reference LSTM written from torch::nn::LSTM's
-// equations (gate order i, f, g, o) and with each other: hidden sizes 40,
-// 133 and 265 on emulated devices of 8 and 16 multiprocessors (several units
-// per block, a partial last block), batches 1, 8 and 33 (past the persistent
-// kernel's limit), float32 and float64, sequences up to 200 steps. Exit
-// status 0 when every comparison is within its tolerance; prints each error.
+// Runs the fused LSTM's CUDA kernels on the host emulation
+// (ops/cuda/host_emulation) and compares them with a float64 reference LSTM
+// written from torch::nn::LSTM's equations (gate order i, f, g, o) and with
+// each other:
+//   - the persistent kernels, forward and backward, with each product
+//     (lstm_block_product.cuh): scalar in float64 and float32, TF32, and
+//     float16 / bfloat16 tensor cores;
+//   - the first persistent forward ("v1") and the per-step kernels;
+//   - the block product alone, on integers, which every product must give
+//     exactly (the fragment layouts, padding and chunking, with no rounding
+//     to hide behind);
+// on hidden sizes 40 to 265 over emulated devices of 6 to 16 multiprocessors
+// (several units a block, a partial last block, A rows short of a tile),
+// batches 1 to 33, shared-memory limits that split the product into passes,
+// and sequences up to 200 steps. Exit status 0 when every comparison is
+// within its tolerance; prints each error.
 //
 // The per-step kernels' tiles are static __shared__ arrays: one block runs at
 // a time under launch(), so one static array a kernel is that block's shared
-// memory. The persistent kernel's blocks run at once (launch_cooperative()),
+// memory. The persistent kernels' blocks run at once (launch_cooperative()),
 // each with its own dynamic shared memory.
 #undef __shared__
 #define __shared__ static
@@ -39,117 +47,41 @@ acc_t warp_sum(acc_t v) {
 }  // namespace conveyor::lstm::cuda
 
 #include "ops/fused_lstm/cuda/lstm_persistent_kernel.cuh"
+#include "ops/fused_lstm/cuda/lstm_persistent_warp_kernel.cuh"
 #include "ops/fused_lstm/cuda/lstm_step_kernels.cuh"
+#include "ops/fused_lstm/cuda/host_emulation/reference_lstm.h"
 
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace conveyor::lstm::cuda;
+using namespace emulated_lstm;
 
 namespace {
 
 int failures = 0;
 
-struct Problem {
-  int T, B, H, sms;  // sms: the emulated device's multiprocessors (the persistent kernel's plan)
-  const char* dtypes = "f32 f64";  // the long sequences run in one each
-};
-
-// A layer's inputs, in float64.
-struct Inputs {
-  std::vector<double> xproj, bias, w_hh, h0, c0, dh_seq, dh_last, dc_last;
-};
-
-// Outputs in float64: forward (hs, cells, gates) and backward (dgates of
-// every step, dc0).
-struct Result {
-  std::vector<double> hs, cells, gates, dgates, dc0;
-};
-
-double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
-
-Result reference(const Problem& p, const Inputs& in) {
-  const int T = p.T, B = p.B, H = p.H;
-  Result r;
-  r.hs.assign(static_cast<size_t>(T) * B * H, 0);
-  r.cells = r.hs;
-  r.gates.assign(static_cast<size_t>(T) * B * 4 * H, 0);
-  for (int t = 0; t < T; ++t)
-    for (int b = 0; b < B; ++b)
-      for (int j = 0; j < H; ++j) {
-        double pre[4];
-        for (int g = 0; g < 4; ++g) {
-          double s = in.xproj[(static_cast<size_t>(t) * B + b) * 4 * H + g * H + j] + in.bias[g * H + j];
-          for (int k = 0; k < H; ++k) {
-            const double h = t == 0 ? in.h0[b * H + k] : r.hs[(static_cast<size_t>(t - 1) * B + b) * H + k];
-            s += in.w_hh[(static_cast<size_t>(g) * H + j) * H + k] * h;
-          }
-          pre[g] = s;
-        }
-        const double i = sigmoid(pre[0]), f = sigmoid(pre[1]), gg = std::tanh(pre[2]), o = sigmoid(pre[3]);
-        const size_t bj = static_cast<size_t>(b) * H + j, at = static_cast<size_t>(t) * B * H + bj;
-        const double c_prev = t == 0 ? in.c0[bj] : r.cells[at - static_cast<size_t>(B) * H];
-        r.cells[at] = f * c_prev + i * gg;
-        r.hs[at] = o * std::tanh(r.cells[at]);
-        const size_t gr = (static_cast<size_t>(t) * B + b) * 4 * H + j;
-        r.gates[gr] = i, r.gates[gr + H] = f, r.gates[gr + 2 * H] = gg, r.gates[gr + 3 * H] = o;
-      }
-  // Backward through time from dh_seq, dh_last (gradient of h_n) and dc_last.
-  r.dgates.assign(r.gates.size(), 0);
-  std::vector<double> dc = in.dc_last;
-  for (int t = T - 1; t >= 0; --t)
-    for (int b = 0; b < B; ++b)
-      for (int j = 0; j < H; ++j) {
-        const size_t bj = static_cast<size_t>(b) * H + j, at = static_cast<size_t>(t) * B * H + bj;
-        double dh = in.dh_seq[at];
-        if (t == T - 1) {
-          dh += in.dh_last[bj];
-        } else {
-          for (int k = 0; k < 4 * H; ++k) {
-            dh += r.dgates[(static_cast<size_t>(t + 1) * B + b) * 4 * H + k] * in.w_hh[static_cast<size_t>(k) * H + j];
-          }
-        }
-        const size_t gr = (static_cast<size_t>(t) * B + b) * 4 * H + j;
-        const double i = r.gates[gr], f = r.gates[gr + H], gg = r.gates[gr + 2 * H], o = r.gates[gr + 3 * H];
-        const double tc = std::tanh(r.cells[at]);
-        const double c_prev = t == 0 ? in.c0[bj] : r.cells[at - static_cast<size_t>(B) * H];
-        const double d = dc[bj] + dh * o * (1 - tc * tc);
-        r.dgates[gr] = d * gg * i * (1 - i);
-        r.dgates[gr + H] = d * c_prev * f * (1 - f);
-        r.dgates[gr + 2 * H] = d * i * (1 - gg * gg);
-        r.dgates[gr + 3 * H] = dh * tc * o * (1 - o);
-        dc[bj] = d * f;
-      }
-  r.dc0 = dc;
-  return r;
-}
-
-template <typename T>
-std::vector<T> cast(const std::vector<double>& v) {
-  return std::vector<T>(v.begin(), v.end());
-}
-template <typename T>
-std::vector<double> widen(const std::vector<T>& v) {
-  return std::vector<double>(v.begin(), v.end());
-}
-
-// max |got - want| / (1 + max |want|)
-double error(const std::vector<double>& got, const std::vector<double>& want) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::isfinite(got[i]) ? std::abs(got[i] - want[i]) : INFINITY);
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return diff / (1 + scale);
-}
-
 void report(const char* what, const std::string& name, double err, double tol) {
   const bool ok = err <= tol;
   if (!ok) ++failures;
-  printf("  %-22s %-40s err %.3g (tol %.3g) %s\n", what, name.c_str(), err, tol, ok ? "ok" : "FAILED");
+  printf("  %-26s %-52s err %.3g (tol %.3g) %s\n", what, name.c_str(), err, tol, ok ? "ok" : "FAILED");
+}
+
+template <typename scalar_t>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<scalar_t, double>) return "f64";
+  if constexpr (std::is_same_v<scalar_t, float>) return "f32";
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) return "bf16";
+  return "f16";
+}
+const char* math_name(Math math) { return math == Math::kMma16 ? "mma16" : math == Math::kTf32 ? "tf32" : "fma"; }
+
+std::string problem_name(const char* dtype, const Problem& p) {
+  return std::string(dtype) + " T" + std::to_string(p.T) + " B" + std::to_string(p.B) + " H" + std::to_string(p.H);
 }
 
 // A forward's inputs in the kernels' dtypes and its outputs, starting as NaN.
@@ -163,9 +95,16 @@ struct Forward {
         h0(cast<scalar_t>(in.h0)),
         bias(cast<acc_t>(in.bias)),
         c0(cast<acc_t>(in.c0)),
-        hs(p.T * bh, NAN),
+        hs(p.T * bh, static_cast<scalar_t>(NAN)),
         cells(p.T * bh, NAN),
         gates(4 * p.T * bh, NAN) {}
+  ForwardSequence<scalar_t> sequence(const Problem& p) {
+    ForwardSequence<scalar_t> s;
+    s.xproj = xproj.data(), s.bias = bias.data(), s.w_hh = w.data(), s.h0 = h0.data(), s.c0 = c0.data();
+    s.hs = hs.data(), s.cells = cells.data(), s.gates = gates.data();
+    s.seq_len = p.T, s.batch = p.B, s.hidden = p.H;
+    return s;
+  }
   size_t bh;
   std::vector<scalar_t> xproj, w, h0;
   std::vector<acc_t> bias, c0;
@@ -173,20 +112,68 @@ struct Forward {
   std::vector<acc_t> cells, gates;
 };
 
-// The persistent forward, laid out as the launcher would on `p.sms` multiprocessors.
 template <typename scalar_t>
-Result persistent_forward(const Problem& p, const Inputs& in) {
-  Forward<scalar_t> f(p, in);
-  ForwardSequence<scalar_t> s;
-  s.xproj = f.xproj.data(), s.bias = f.bias.data(), s.w_hh = f.w.data(), s.h0 = f.h0.data(), s.c0 = f.c0.data();
-  s.hs = f.hs.data(), s.cells = f.cells.data(), s.gates = f.gates.data();
-  s.seq_len = p.T, s.batch = p.B, s.hidden = p.H;
-  const persistent::Plan plan = persistent::plan<scalar_t>(p.H, p.B, p.sms);
-  emulated::launch_cooperative(persistent::lstm_forward_persistent_kernel<scalar_t>, dim3(plan.blocks),
-                               dim3(persistent::kThreads), plan.shared_bytes, s, plan.units_per_block);
+Result forward_result(const Forward<scalar_t>& f) {
   Result r;
   r.hs = widen(f.hs), r.cells = widen(f.cells), r.gates = widen(f.gates);
   return r;
+}
+
+// A shared-memory limit under which `l`'s operand V (the shared vector) takes
+// about `passes` passes instead of one.
+size_t limit_for_passes(const block::Layout& l, int passes) {
+  const size_t v_bytes = l.p_offset - l.v_offset;
+  return l.bytes - v_bytes + v_bytes / passes + 64;
+}
+
+// The persistent forward and backward with product `math`, laid out as the
+// launcher would on `p.sms` multiprocessors with `limit` bytes of shared
+// memory a block; the backward runs over the forward's own gates and cells,
+// as the driver runs them (fused_lstm_cuda.cu).
+template <typename scalar_t, Math math>
+Result run_persistent(const Problem& p, const Inputs& in, int passes, std::string* layout) {
+  using acc_t = AccOf<scalar_t>;
+  Forward<scalar_t> f(p, in);
+  // The limit that splits the backward's product into `passes` passes.
+  const size_t limit = limit_for_passes(persistent::plan<scalar_t, math>(p.H, p.B, p.sms, 227 * 1024, true).layout, passes);
+  const persistent::Plan fp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, false);
+  const persistent::Plan bp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, true);
+  if (fp.layout.bytes == 0 || bp.layout.bytes == 0 || fp.blocks > p.sms || bp.blocks > p.sms) {
+    fprintf(stderr, "the persistent plan does not fit %s\n", problem_name(dtype_name<scalar_t>(), p).c_str());
+    ++failures;
+    return {};
+  }
+  auto passes_of = [](const block::Layout& l) { return (l.k_pad + l.chunk - 1) / l.chunk; };
+  *layout = std::to_string(p.sms) + " SMs, fwd " + std::to_string(fp.blocks) + "x" +
+            std::to_string(fp.units_per_block) + "u/" + std::to_string(passes_of(fp.layout)) + "p, bwd " +
+            std::to_string(bp.blocks) + "x" + std::to_string(bp.units_per_block) + "u/" +
+            std::to_string(passes_of(bp.layout)) + "p";
+  emulated::launch_cooperative(persistent::lstm_forward_persistent_kernel<scalar_t, math>, dim3(fp.blocks),
+                               dim3(persistent::kThreads), fp.layout.bytes, f.sequence(p), fp.units_per_block,
+                               fp.layout);
+  Result r = forward_result(f);
+  std::vector<scalar_t> dh_seq = cast<scalar_t>(in.dh_seq);
+  std::vector<acc_t> dh_last = cast<acc_t>(in.dh_last), dc = cast<acc_t>(in.dc_last);
+  std::vector<acc_t> dgates(4 * p.T * f.bh, NAN);
+  BackwardSequence<scalar_t> b;
+  b.w_hh = f.w.data(), b.dh_seq = dh_seq.data(), b.dh_last = dh_last.data(), b.gates = f.gates.data();
+  b.cells = f.cells.data(), b.c0 = f.c0.data(), b.dc = dc.data(), b.dgates = dgates.data();
+  b.seq_len = p.T, b.batch = p.B, b.hidden = p.H;
+  emulated::launch_cooperative(persistent::lstm_backward_persistent_kernel<scalar_t, math>, dim3(bp.blocks),
+                               dim3(persistent::kThreads), bp.layout.bytes, b, bp.units_per_block, bp.layout);
+  r.dgates = widen(dgates), r.dc0 = widen(dc);
+  return r;
+}
+
+// The first persistent forward ("v1").
+template <typename scalar_t>
+Result persistent_warp_forward(const Problem& p, const Inputs& in) {
+  Forward<scalar_t> f(p, in);
+  const persistent_warp::Plan plan = persistent_warp::plan<scalar_t>(p.H, p.B, p.sms);
+  emulated::launch_cooperative(persistent_warp::lstm_forward_persistent_kernel<scalar_t>, dim3(plan.blocks),
+                               dim3(persistent_warp::kThreads), plan.shared_bytes, f.sequence(p),
+                               plan.units_per_block);
+  return forward_result(f);
 }
 
 // The per-step forward, then the per-step backward over its saved gates and
@@ -220,75 +207,138 @@ Result per_step(const Problem& p, const Inputs& in) {
     s.batch = p.B, s.hidden = p.H;
     emulated::launch(step::lstm_backward_step_kernel<scalar_t>, grid, block, 0, nullptr, 0, s);
   }
-  Result r;
-  r.hs = widen(hs), r.cells = widen(cells), r.gates = widen(gates), r.dgates = widen(dgates), r.dc0 = widen(dc);
+  Result r = forward_result(f);
+  r.dgates = widen(dgates), r.dc0 = widen(dc);
   return r;
 }
 
-Inputs make_inputs(const Problem& p, unsigned seed) {
-  std::mt19937_64 rng(seed);
-  const double bound = 1 / std::sqrt(static_cast<double>(p.H));
-  auto fill = [&](size_t n, double lo, double hi) {
-    std::uniform_real_distribution<double> u(lo, hi);
-    std::vector<double> v(n);
-    for (double& x : v) x = u(rng);
-    return v;
-  };
-  const size_t bh = static_cast<size_t>(p.B) * p.H;
-  Inputs in;
-  in.xproj = fill(4 * p.T * bh, -1, 1);
-  in.bias = fill(4 * p.H, -bound, bound);
-  in.w_hh = fill(4 * static_cast<size_t>(p.H) * p.H, -bound, bound);
-  in.h0 = fill(bh, -0.5, 0.5);
-  in.c0 = fill(bh, -0.5, 0.5);
-  in.dh_seq = fill(p.T * bh, -1, 1);
-  in.dh_last = fill(bh, -1, 1);
-  in.dc_last = fill(bh, -1, 1);
-  return in;
+
+void report_all(const char* kind, const std::string& name, const Result& got, const Result& want, double tol) {
+  const std::string k = kind;
+  report((k + " hs").c_str(), name, error(got.hs, want.hs), tol);
+  report((k + " cells").c_str(), name, error(got.cells, want.cells), tol);
+  report((k + " gates").c_str(), name, error(got.gates, want.gates), tol);
+  if (!want.dgates.empty() && !got.dgates.empty()) {
+    report((k + " dgates").c_str(), name, error(got.dgates, want.dgates), tol);
+    report((k + " dc0").c_str(), name, error(got.dc0, want.dc0), tol);
+  }
+  fflush(stdout);
 }
 
-template <typename scalar_t>
-void run_case(const Problem& p, double tol) {
-  const Inputs in = make_inputs(p, 1000u * p.H + 10u * p.B + p.T);
+// The persistent kernels with product `math` in dtype scalar_t against the
+// float64 reference from the same (rounded) inputs.
+template <typename scalar_t, Math math>
+void check_persistent(const Problem& p, int passes, double tol) {
+  const Inputs in = as_seen_by<scalar_t>(make_inputs(p, seed_of(p)));
   const Result want = reference(p, in);
-  const persistent::Plan plan = persistent::plan<scalar_t>(p.H, p.B, p.sms);
-  const int last_units = p.H - (plan.blocks - 1) * plan.units_per_block;
-  const std::string name = std::string(sizeof(scalar_t) == 8 ? "f64" : "f32") + " T" + std::to_string(p.T) + " B" +
-                           std::to_string(p.B) + " H" + std::to_string(p.H);
-  const Result stepped = per_step<scalar_t>(p, in);
-  report("per-step hs", name, error(stepped.hs, want.hs), tol);
-  report("per-step cells", name, error(stepped.cells, want.cells), tol);
-  report("per-step gates", name, error(stepped.gates, want.gates), tol);
-  report("per-step dgates", name, error(stepped.dgates, want.dgates), tol);
-  report("per-step dc0", name, error(stepped.dc0, want.dc0), tol);
-  if (p.B > persistent::kMaxBatch) return;  // the launcher sends these to the per-step kernel
-  const std::string layout = name + " on " + std::to_string(p.sms) + " SMs: " + std::to_string(plan.blocks) + "x" +
-                             std::to_string(plan.units_per_block) + " units, last " + std::to_string(last_units);
-  const Result persisted = persistent_forward<scalar_t>(p, in);
-  report("persistent hs", layout, error(persisted.hs, want.hs), tol);
-  report("persistent cells", layout, error(persisted.cells, want.cells), tol);
-  report("persistent gates", layout, error(persisted.gates, want.gates), tol);
-  report("persistent=per-step hs", name, error(persisted.hs, stepped.hs), tol);
-  fflush(stdout);
+  std::string layout;
+  const Result got = run_persistent<scalar_t, math>(p, in, passes, &layout);
+  if (got.hs.empty()) return;
+  const std::string kind = std::string("persistent ") + math_name(math);
+  report_all(kind.c_str(), problem_name(dtype_name<scalar_t>(), p) + ", " + layout, got, want, tol);
+}
+
+// The first persistent forward and the per-step kernels.
+template <typename scalar_t>
+void check_first_kernels(const Problem& p, double tol) {
+  const Inputs in = make_inputs(p, seed_of(p));
+  const Result want = reference(p, in);
+  const std::string name = problem_name(dtype_name<scalar_t>(), p);
+  report_all("per-step", name, per_step<scalar_t>(p, in), want, tol);
+  if (p.B > persistent_warp::kMaxBatch) return;  // the launcher sends these to the per-step kernel
+  report_all("v1 persistent", name + " on " + std::to_string(p.sms) + " SMs", persistent_warp_forward<scalar_t>(p, in),
+             want, tol);
+}
+
+// One block's product on integers: every product must give it exactly.
+template <typename scalar_t, Math math>
+struct ProductCheck {
+  using acc_t = AccOf<scalar_t>;
+  static void kernel(block::Layout l, const double* a, const double* v, double* out) {
+    unsigned char* smem = emulated::block_shared();
+    block::load_a<scalar_t, math>(l, smem, (l.rows & 1) != 0,
+                                  [&](int row, int k) { return static_cast<scalar_t>(a[row * l.k + k]); });
+    block::multiply<scalar_t, math>(l, smem, [&](int n, int k) { return static_cast<acc_t>(v[n * l.k + k]); });
+    for (int e = threadIdx.x; e < l.rows * l.batch; e += blockDim.x) {
+      out[e] = static_cast<double>(block::product<acc_t>(l, smem, e / l.batch, e % l.batch));
+    }
+  }
+  static void run(int rows, int k, int batch, int passes) {
+    const size_t limit = limit_for_passes(block::layout<scalar_t, math>(rows, k, batch, 0, size_t(1) << 30), passes);
+    std::mt19937 rng(rows * 1000 + k * 10 + batch);
+    std::uniform_int_distribution<int> d(-4, 4);
+    std::vector<double> a(static_cast<size_t>(rows) * k), v(static_cast<size_t>(batch) * k);
+    for (double& x : a) x = d(rng);
+    for (double& x : v) x = d(rng);
+    std::vector<double> want(static_cast<size_t>(rows) * batch, 0), got(want.size(), NAN);
+    for (int r = 0; r < rows; ++r)
+      for (int n = 0; n < batch; ++n)
+        for (int i = 0; i < k; ++i) want[r * batch + n] += a[r * k + i] * v[n * k + i];
+    const block::Layout l = block::layout<scalar_t, math>(rows, k, batch, 0, limit);
+    if (l.bytes == 0) {
+      fprintf(stderr, "block product %dx%dx%d does not fit %zu bytes\n", rows, k, batch, limit);
+      ++failures;
+      return;
+    }
+    emulated::launch_cooperative(kernel, dim3(1), dim3(block::kThreads), l.bytes, l, a.data(), v.data(), got.data());
+    double diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, std::isnan(got[i]) ? INFINITY : std::abs(got[i] - want[i]));
+    const std::string name = std::string(dtype_name<scalar_t>()) + " " + std::to_string(rows) + " rows x k " +
+                             std::to_string(k) + " x batch " + std::to_string(batch) + ", " +
+                             std::to_string((l.k_pad + l.chunk - 1) / l.chunk) + " passes, " +
+                             std::to_string(l.k_splits) + " k-splits";
+    report((std::string("product ") + math_name(math)).c_str(), name, diff, 0);
+  }
+};
+
+template <typename scalar_t, Math math>
+void check_products() {
+  // rows short of a tile, a tile, past one; k past a K tile; batches short of
+  // and past an N tile; limits of one pass and of several.
+  const int shapes[][3] = {{3, 40, 1}, {16, 133, 8}, {20, 265, 5}, {37, 1030, 13}};
+  for (const auto& s : shapes) {
+    ProductCheck<scalar_t, math>::run(s[0], s[1], s[2], 1);
+    ProductCheck<scalar_t, math>::run(s[0], s[1], s[2], 2);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
-  // T, B, H, emulated SMs. Hidden sizes above the SM count put several units
-  // in a block, with a partial last block; B = 33 is past the persistent
-  // kernel's batch limit; the 200-step sequences carry errors through time.
-  // Each emulated CUDA thread is an OS thread and the persistent kernel's
-  // grid sync wakes them all, so the long sequences run on few SMs.
-  const std::vector<Problem> cases = {
-      {200, 1, 40, 6, "f32"}, {3, 8, 40, 16}, {2, 33, 40, 16}, {4, 8, 133, 16}, {2, 1, 133, 8},
-      {60, 1, 133, 6, "f64"}, {2, 8, 265, 16}, {2, 33, 265, 8}, {3, 1, 265, 8},
-  };
-  for (const Problem& p : cases) {
-    const std::string dtypes = p.dtypes;
-    if ((only.empty() || only == "f64") && dtypes.find("f64") != std::string::npos) run_case<double>(p, 1e-12);
-    if ((only.empty() || only == "f32") && dtypes.find("f32") != std::string::npos) run_case<float>(p, 1e-6);
+  auto wants = [&](const char* what) { return only.empty() || only == what; };
+  // The block product alone, exactly.
+  if (wants("product")) {
+    check_products<double, Math::kFma>();
+    check_products<float, Math::kFma>();
+    check_products<float, Math::kTf32>();
+    check_products<c10::BFloat16, Math::kMma16>();
+    check_products<c10::Half, Math::kMma16>();
+  }
+  // The persistent kernels. Hidden sizes above the SM count put several units
+  // in a block, with a partial last block; a 12 KiB limit splits the product
+  // into passes. Tolerances: float64 and float32 products as the reference's
+  // own rounding; TF32 and 16-bit operands round each product's inputs (2^-11,
+  // 2^-8 or 2^-11 relative), and the 16-bit kernels keep h_t in their dtype.
+  if (wants("persistent")) {
+    check_persistent<double, Math::kFma>({16, 1, 133, 6}, 1, 1e-12);
+    check_persistent<double, Math::kFma>({3, 5, 133, 8}, 3, 1e-12);
+    check_persistent<float, Math::kFma>({3, 9, 40, 16}, 1, 1e-6);
+    check_persistent<float, Math::kTf32>({16, 1, 133, 6}, 1, 5e-4);
+    check_persistent<float, Math::kTf32>({3, 9, 133, 8}, 3, 5e-4);
+    check_persistent<c10::BFloat16, Math::kMma16>({16, 1, 133, 6}, 1, 5e-3);
+    check_persistent<c10::BFloat16, Math::kMma16>({3, 9, 133, 8}, 3, 5e-3);
+    check_persistent<c10::Half, Math::kMma16>({4, 17, 40, 16}, 1, 5e-4);
+    check_persistent<c10::BFloat16, Math::kFma>({4, 8, 40, 16}, 1, 5e-3);
+  }
+  // The first persistent forward and the per-step kernels. B = 33 is past
+  // the first persistent kernel's batch limit; the 200-step sequence carries
+  // errors through time.
+  if (wants("v1")) {
+    check_first_kernels<float>({200, 1, 40, 6}, 1e-6);
+    check_first_kernels<double>({3, 8, 40, 16}, 1e-12);
+    check_first_kernels<float>({2, 33, 133, 16}, 1e-6);
+    check_first_kernels<double>({2, 1, 265, 8}, 1e-12);
   }
   printf("%s: %d failures, %ld warp collectives\n", failures ? "FAILED" : "PASSED", failures,
          emulated::collective_count.load());

@@ -1,8 +1,9 @@
 #pragma once
-// Host stand-in for ops/fused_attention/cuda/ptx.cuh (same names), found first
-// on the include path when the kernels are compiled for host emulation.
+// Host stand-in for ops/cuda/ptx.cuh (same names), found first on the include
+// path when the kernels are compiled for host emulation (../../../emulated_cuda.h).
 #include <cstdint>
-namespace conveyor::attention::cuda {
+#include <cstring>
+namespace conveyor::ptx {
 template <typename T>
 struct MmaType;
 template <>
@@ -15,10 +16,12 @@ template <typename T>
 inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   emulated::mma<MmaType<T>::kIsBFloat16>(d, a, b);
 }
+inline void mma_1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emulated::mma_tf32(d, a, b);
+}
+inline float to_tf32(float x) { return emulated::round_tf32(x); }
 inline void cp_async_16(void* smem, const void* gmem, bool valid) { emulated::cp_async(smem, gmem, valid); }
 inline void cp_async_commit() { emulated::cp_async_commit(); }
 template <int kPending>
 inline void cp_async_wait() { emulated::cp_async_wait(kPending); }
-// The kernels' extern __shared__ array.
-alignas(128) inline unsigned char smem_raw[256 * 1024];
-}  // namespace conveyor::attention::cuda
+}  // namespace conveyor::ptx
