@@ -104,6 +104,54 @@ std::vector<at::Tensor> FusedLSTMImpl::flat_weights() const {
   return weights;
 }
 
+void FusedLSTMImpl::flatten_parameters() {
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> weights = flat_weights();
+  // Detached tensors share the parameters' storage but not their identity:
+  // re-pointing them (set_) leaves the parameters and autograd's version
+  // counters alone until set_data below.
+  std::vector<at::Tensor> views;
+  for (const auto& w : weights) views.push_back(w.detach());
+  at::Tensor buffer;
+  if (weights.front().is_cuda()) {
+    // cuDNN's layout; copies the values in and points `views` into the buffer.
+    constexpr int64_t kCudnnLstmMode = 2;  // CUDNN_LSTM
+    buffer = at::_cudnn_rnn_flatten_weight(views, options.bias() ? 4 : 2, options.input_size(), kCudnnLstmMode,
+                                           options.hidden_size(), /*proj_size=*/0, options.num_layers(),
+                                           options.batch_first(), /*bidirectional=*/false);
+  } else {
+    int64_t total = 0;
+    for (const auto& w : weights) total += w.numel();
+    buffer = at::empty({total}, weights.front().options());
+    int64_t offset = 0;
+    for (auto& v : views) {
+      const int64_t n = v.numel();
+      at::Tensor slice = buffer.narrow(0, offset, n).view(v.sizes());
+      slice.copy_(v);
+      v = slice;
+      offset += n;
+    }
+  }
+  for (const auto& v : views) {
+    if (!v.is_alias_of(buffer)) return;  // the flattening declined (cuDNN unavailable): leave them as they are
+  }
+  flat_pointers_.clear();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    at::Tensor(weights[i]).set_data(views[i]);
+    flat_pointers_.push_back(weights[i].data_ptr());
+  }
+  flat_buffer_ = buffer;
+}
+
+bool FusedLSTMImpl::parameters_flat() const {
+  if (!flat_buffer_.defined()) return false;
+  const std::vector<at::Tensor> weights = flat_weights();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i].data_ptr() != flat_pointers_[i] || !weights[i].is_alias_of(flat_buffer_)) return false;
+  }
+  return true;
+}
+
 std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forward(
     const at::Tensor& input, std::optional<std::tuple<at::Tensor, at::Tensor>> hx_opt) {
   TORCH_CHECK(input.dim() == 2 || input.dim() == 3, "FusedLSTM: input must be 3-D ",
@@ -132,8 +180,10 @@ std::tuple<at::Tensor, std::tuple<at::Tensor, at::Tensor>> FusedLSTMImpl::forwar
     c0 = at::zeros({L, x.size(1), H}, x.options());
   }
 
+  const FusedPath path = lstm_path(x, h0, c0, flat_weights(), L).path;
+  if (path == FusedPath::kReference && x.is_cuda() && !parameters_flat()) flatten_parameters();
   auto [output, h_n, c_n] =
-      lstm_layers(x, h0, c0, flat_weights(), options.bias(), L, options.dropout(), is_training());
+      lstm_layers_on(path, x, h0, c0, flat_weights(), options.bias(), L, options.dropout(), is_training());
 
   if (batched && options.batch_first()) output = output.transpose(0, 1);
   if (!batched) {

@@ -47,6 +47,19 @@ class FusedLSTMImpl : public torch::nn::Cloneable<FusedLSTMImpl> {
   // The parameters in torch::nn::LSTM's flat order.
   std::vector<at::Tensor> flat_weights() const;
 
+  // Makes the parameters views into one buffer, as torch::nn::LSTM keeps them
+  // on CUDA: there in cuDNN's layout, so that at::lstm hands the buffer to
+  // cuDNN instead of compacting the weights into a new one on every call
+  // (elsewhere in the flat order). The parameter objects stay the same
+  // (set_data), so an optimizer made before keeps stepping them, and their
+  // values do not change. forward() calls it on CUDA whenever the dispatched
+  // path is at::lstm and the parameters are no longer flat: a device or dtype
+  // move, a state-dict or checkpoint load, or a stashed weight version points
+  // them elsewhere; optimizer steps (in place) keep them flat.
+  void flatten_parameters();
+  // Whether every parameter is still the view flatten_parameters made.
+  bool parameters_flat() const;
+
   void pretty_print(std::ostream& stream) const override;
 
   torch::nn::LSTMOptions options;
@@ -59,6 +72,8 @@ class FusedLSTMImpl : public torch::nn::Cloneable<FusedLSTMImpl> {
   void register_parameters(const torch::nn::Module* source);
 
   std::vector<std::string> flat_weight_names_;
+  at::Tensor flat_buffer_;                  // what the parameters view, once flattened
+  std::vector<const void*> flat_pointers_;  // where each of them then started
 };
 
 TORCH_MODULE(FusedLSTM);
