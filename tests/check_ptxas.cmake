@@ -1,0 +1,133 @@
+# The ptxas_spills test: every Conveyor CUDA kernel's registers, spills and
+# stack as ptxas reported them while the build compiled it (the conveyor
+# target's compiler launcher, cmake/nvcc_ptxas_log.sh, keeps <object>.ptxas
+# beside each object: no second compile), one line a kernel and architecture
+# (sm_90a where the build has it, else sm_90). Fails on a spill in any kernel
+# not listed below with the reason it may spill for now; prints SKIPPED where
+# the build has no CUDA kernels.
+# Usage: cmake -DBUILD_DIR=<build folder> -DCUDA_BUILT=ON|OFF -P check_ptxas.cmake
+if(NOT CUDA_BUILT)
+  message("SKIPPED: this build has no CUDA kernels (CONVEYOR_WITH_CUDA is OFF)")
+  return()
+endif()
+
+# Kernels that may spill, each with why: a regular expression on the
+# demangled name, then the reason.
+set(_allowed_spills
+  "flash_backward_kernel<[^>]*128"
+  "the tensor-core attention backward at head dim 128 (255 registers); its 128-key tiles are the next step")
+
+file(GLOB_RECURSE _logs "${BUILD_DIR}/CMakeFiles/conveyor.dir/*.ptxas")
+if(NOT _logs)
+  message(FATAL_ERROR "no ptxas reports under ${BUILD_DIR}/CMakeFiles/conveyor.dir: the CUDA objects were built "
+    "without cmake/nvcc_ptxas_log.sh (rebuild them: touch the .cu files)")
+endif()
+
+# entries: "mangled|arch|registers|stack|spill stores|spill loads"
+set(_entries "")
+foreach(_log IN LISTS _logs)
+  file(STRINGS "${_log}" _lines)
+  set(_entry "")
+  set(_props "")
+  foreach(_line IN LISTS _lines)
+    if(_line MATCHES "Compiling entry function '([^']+)' for '([^']+)'")
+      set(_entry "${CMAKE_MATCH_1}")
+      set(_arch "${CMAKE_MATCH_2}")
+      set(_stack 0)
+      set(_stores 0)
+      set(_loads 0)
+    elseif(_line MATCHES "Function properties for ([^ ]+)")
+      set(_props "${CMAKE_MATCH_1}")
+    elseif(_line MATCHES "([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads")
+      if(_props STREQUAL _entry)
+        set(_stack "${CMAKE_MATCH_1}")
+        set(_stores "${CMAKE_MATCH_2}")
+        set(_loads "${CMAKE_MATCH_3}")
+      endif()
+    elseif(_line MATCHES "Used ([0-9]+) registers" AND _entry)
+      list(APPEND _entries "${_entry}|${_arch}|${CMAKE_MATCH_1}|${_stack}|${_stores}|${_loads}")
+      set(_entry "")
+    endif()
+  endforeach()
+endforeach()
+
+# The architecture reported: sm_90a where the build compiled it.
+set(_arch_wanted sm_90)
+foreach(_e IN LISTS _entries)
+  if(_e MATCHES "\\|sm_90a\\|")
+    set(_arch_wanted sm_90a)
+  endif()
+endforeach()
+
+# Demangle every name in one call of c++filt (binutils), where there is one.
+set(_names "")
+foreach(_e IN LISTS _entries)
+  string(REPLACE "|" ";" _f "${_e}")
+  list(GET _f 0 _mangled)
+  list(APPEND _names "${_mangled}")
+endforeach()
+find_program(_cxxfilt c++filt)
+set(_demangled "${_names}")
+if(_cxxfilt)
+  string(REPLACE ";" "\n" _text "${_names}")
+  file(WRITE "${BUILD_DIR}/ptxas_names.txt" "${_text}\n")
+  execute_process(COMMAND ${_cxxfilt} INPUT_FILE "${BUILD_DIR}/ptxas_names.txt" OUTPUT_VARIABLE _out
+    RESULT_VARIABLE _rc)
+  if(_rc EQUAL 0)
+    string(REPLACE ";" "," _out "${_out}")
+    string(REGEX REPLACE "\n$" "" _out "${_out}")
+    string(REPLACE "\n" ";" _demangled "${_out}")
+  endif()
+endif()
+
+set(_failures "")
+set(_report "")
+list(LENGTH _entries _count)
+math(EXPR _last "${_count} - 1")
+foreach(_i RANGE ${_last})
+  list(GET _entries ${_i} _e)
+  list(GET _demangled ${_i} _name)
+  string(REPLACE "|" ";" _f "${_e}")
+  list(GET _f 1 _arch)
+  if(NOT _arch STREQUAL _arch_wanted)
+    continue()
+  endif()
+  list(GET _f 2 _regs)
+  list(GET _f 3 _stack)
+  list(GET _f 4 _stores)
+  list(GET _f 5 _loads)
+  # The kernel and its template arguments, without namespaces and parameters.
+  string(REGEX REPLACE "^void " "" _short "${_name}")
+  string(REPLACE "(anonymous namespace)::" "" _short "${_short}")
+  string(REPLACE "(conveyor::lstm::cuda::Math)0" "Math::kFma" _short "${_short}")  # lstm_kernels.h's order
+  string(REPLACE "(conveyor::lstm::cuda::Math)1" "Math::kMma16" _short "${_short}")
+  string(REPLACE "(conveyor::lstm::cuda::Math)2" "Math::kTf32" _short "${_short}")
+  string(REGEX REPLACE "\\(.*$" "" _short "${_short}")
+  string(REGEX REPLACE "conveyor::([a-z_]+::)?cuda::" "" _short "${_short}")
+  string(REGEX REPLACE "conveyor::|c10::" "" _short "${_short}")
+  set(_line "${_regs} registers, ${_stack} B stack, ${_stores}/${_loads} B spilled: ${_short}")
+  string(APPEND _report "  ${_line}\n")
+  if(_stores GREATER 0 OR _loads GREATER 0)
+    set(_why "")
+    list(LENGTH _allowed_spills _n)
+    math(EXPR _n "${_n} - 1")
+    foreach(_j RANGE 0 ${_n} 2)
+      list(GET _allowed_spills ${_j} _pattern)
+      math(EXPR _k "${_j} + 1")
+      if(_name MATCHES "${_pattern}")
+        list(GET _allowed_spills ${_k} _why)
+      endif()
+    endforeach()
+    if(_why)
+      string(APPEND _report "    allowed to spill for now: ${_why}\n")
+    else()
+      list(APPEND _failures "${_short}")
+    endif()
+  endif()
+endforeach()
+message("ptxas, ${_arch_wanted}, from ${BUILD_DIR}:\n${_report}")
+if(_failures)
+  string(REPLACE ";" "\n  " _list "${_failures}")
+  message(FATAL_ERROR "these kernels spill registers to local memory:\n  ${_list}")
+endif()
+message("PASSED: no kernel spills but those allowed")
