@@ -112,6 +112,7 @@ struct State {
   std::shared_ptr<const DispatchTable> table;  // null until first use
   std::atomic<int> policy{-1};                 // -1 until first use
   std::optional<std::map<std::string, std::string>> kernels;  // op -> kernel overrides; read from the environment at first use
+  std::atomic<uint64_t> generation{0};  // bumped by every change of the above
 };
 
 State& state() {
@@ -157,6 +158,7 @@ std::map<std::string, std::string>& kernel_overrides() {
 void install_table(std::shared_ptr<const DispatchTable> table) {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().table = std::move(table);
+  state().generation++;
 }
 
 }  // namespace
@@ -293,13 +295,19 @@ DispatchPolicy dispatch_policy() {
   return static_cast<DispatchPolicy>(p);
 }
 
-void set_dispatch_policy(DispatchPolicy policy) { state().policy.store(static_cast<int>(policy)); }
+void set_dispatch_policy(DispatchPolicy policy) {
+  state().policy.store(static_cast<int>(policy));
+  state().generation++;
+}
+
+uint64_t dispatch_generation() { return state().generation.load(); }
 
 void reload_dispatch_settings() {
   state().policy.store(-1);
   install_table(nullptr);
   std::lock_guard<std::mutex> lock(state().mutex);
   state().kernels.reset();
+  state().generation++;
 }
 
 const std::vector<std::string>& fused_kernel_names(const std::string& op) {
@@ -332,6 +340,7 @@ void set_fused_kernel(const std::string& op, const std::string& name) {
   } else {
     overrides[op] = name;
   }
+  state().generation++;
 }
 
 std::shared_ptr<const DispatchTable> dispatch_table() {

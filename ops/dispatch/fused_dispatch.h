@@ -65,6 +65,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -143,6 +144,10 @@ void set_dispatch_policy(DispatchPolicy policy);
 void reload_dispatch_settings();
 std::shared_ptr<const DispatchTable> dispatch_table();
 void set_dispatch_table(DispatchTable table);
+// A number that changes whenever the policy, the table or a kernel override
+// does: a call site may keep the choice it made for a shape until then (a
+// look-up costs microseconds, which a micro-batch's LSTM call notices).
+uint64_t dispatch_generation();
 
 // Whether this build registered a CUDA kernel for the op `schema`
 // ("conveyor::fused_lstm"). Fixed once the library has loaded: call sites

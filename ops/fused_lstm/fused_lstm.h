@@ -73,6 +73,12 @@ enum class LstmKernel {
 // Throws std::invalid_argument for a name that is not one of them.
 LstmKernel lstm_kernel_named(const std::string& name);
 
+// Whether the fused kernels may compute float32 recurrent products in TF32:
+// what PyTorch allows cuDNN's RNNs (torch.backends.cudnn.rnn.fp32_precision,
+// or the older torch.backends.cudnn.allow_tf32; on by default), since the
+// kernels stand in for cuDNN's LSTM.
+bool lstm_allows_tf32();
+
 // The shape of an LSTM call as the dispatch table keys it (fused_dispatch.h).
 struct LstmShape {
   int64_t seq = 0, batch = 0, input = 0, hidden = 0, layers = 0;

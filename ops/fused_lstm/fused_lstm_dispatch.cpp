@@ -5,7 +5,9 @@
 #include "ops/fused_lstm/fused_lstm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/version.h>
 
 #include <stdexcept>
 
@@ -36,12 +38,52 @@ DispatchQuery lstm_query(const c10::Device& device, c10::ScalarType dtype, const
   return query;
 }
 
+namespace {
+
+// A thread's last decision, kept while the call's shape and the dispatch
+// settings (dispatch_generation) stay the same: a pipeline's micro-batches
+// repeat one shape, and a table look-up costs several microseconds.
+template <typename Choice>
+struct LastChoice {
+  bool valid = false;
+  uint64_t generation = 0;
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::kFloat;
+  LstmShape shape;
+  Choice choice{};
+
+  const Choice* find(const c10::Device& d, c10::ScalarType t, const LstmShape& s, uint64_t g) const {
+    const bool same = valid && generation == g && device == d && dtype == t && shape.seq == s.seq &&
+                      shape.batch == s.batch && shape.input == s.input && shape.hidden == s.hidden &&
+                      shape.layers == s.layers && shape.train == s.train;
+    return same ? &choice : nullptr;
+  }
+  const Choice& keep(const c10::Device& d, c10::ScalarType t, const LstmShape& s, uint64_t g, Choice c) {
+    valid = true, generation = g, device = d, dtype = t, shape = s, choice = std::move(c);
+    return choice;
+  }
+};
+
+}  // namespace
+
 DispatchChoice lstm_path(const at::Tensor& input, const at::Tensor& h0, const at::Tensor& c0, at::TensorList weights,
                          int64_t num_layers) {
   const LstmShape shape{input.size(0), input.size(1), input.size(2), h0.size(-1), num_layers,
                         records_autograd(input, h0, c0, weights)};
-  return choose_fused_path(lstm_query(input.device(), input.scalar_type(), shape),
-                           fused_lstm_kernel_available(input.device(), input.scalar_type()));
+  thread_local LastChoice<DispatchChoice> last;
+  const uint64_t generation = dispatch_generation();
+  if (const DispatchChoice* kept = last.find(input.device(), input.scalar_type(), shape, generation)) return *kept;
+  return last.keep(input.device(), input.scalar_type(), shape, generation,
+                   choose_fused_path(lstm_query(input.device(), input.scalar_type(), shape),
+                                     fused_lstm_kernel_available(input.device(), input.scalar_type())));
+}
+
+bool lstm_allows_tf32() {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 10
+  return at::globalContext().allowTF32CuDNN("rnn");
+#else
+  return at::globalContext().allowTF32CuDNN(at::Float32Op::RNN);
+#endif
 }
 
 LstmKernel lstm_kernel_named(const std::string& name) {
@@ -53,7 +95,10 @@ LstmKernel lstm_kernel_named(const std::string& name) {
 }
 
 LstmKernel lstm_kernel(const c10::Device& device, c10::ScalarType dtype, const LstmShape& shape) {
-  return lstm_kernel_named(fused_kernel(lstm_query(device, dtype, shape)));
+  thread_local LastChoice<LstmKernel> last;
+  const uint64_t generation = dispatch_generation();
+  if (const LstmKernel* kept = last.find(device, dtype, shape, generation)) return *kept;
+  return last.keep(device, dtype, shape, generation, lstm_kernel_named(fused_kernel(lstm_query(device, dtype, shape))));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_on(FusedPath path, const at::Tensor& input,

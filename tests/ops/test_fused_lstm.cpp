@@ -260,12 +260,13 @@ TEST(FusedLstm, RejectsBadInputWithClearMessages) {
               HasSubstr("weights must hold 4 tensors per layer"));
 }
 
-// PyTorch's TF32 setting for cuDNN's RNNs (the fused kernels follow it), set
-// for a scope.
+// PyTorch's TF32 setting for cuDNN (the fused kernels follow its RNN part:
+// conveyor::lstm_allows_tf32), set for a scope.
 class ScopedRnnTf32 {
  public:
-  explicit ScopedRnnTf32(bool allow) : before_(at::globalContext().allowTF32CuDNN()) {
+  explicit ScopedRnnTf32(bool allow) : before_(conveyor::lstm_allows_tf32()) {
     at::globalContext().setAllowTF32CuDNN(allow);
+    EXPECT_EQ(conveyor::lstm_allows_tf32(), allow);
   }
   ~ScopedRnnTf32() { at::globalContext().setAllowTF32CuDNN(before_); }
 

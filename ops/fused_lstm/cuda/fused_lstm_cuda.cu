@@ -12,7 +12,6 @@
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/version.h>
 
 #include <limits>
 #include <type_traits>
@@ -25,16 +24,6 @@ T* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// Whether PyTorch lets cuDNN's RNNs compute float32 products in TF32 (on by
-// default): the fused kernels that replace them follow the same setting.
-bool rnn_allows_tf32() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
-  return at::globalContext().allowTF32CuDNN(at::Float32Op::RNN);
-#else
-  return at::globalContext().allowTF32CuDNN();
-#endif
-}
-
 // The persistent kernels' product for this dtype: tensor cores where the
 // dtype (and, for float32, PyTorch's TF32 setting) allows, unless `fma`.
 template <typename scalar_t>
@@ -43,7 +32,7 @@ cuda::Math product_math(bool fma) {
   if constexpr (std::is_same_v<scalar_t, c10::Half> || std::is_same_v<scalar_t, c10::BFloat16>) {
     return cuda::Math::kMma16;
   } else if constexpr (std::is_same_v<scalar_t, float>) {
-    return rnn_allows_tf32() ? cuda::Math::kTf32 : cuda::Math::kFma;
+    return lstm_allows_tf32() ? cuda::Math::kTf32 : cuda::Math::kFma;
   }
   return cuda::Math::kFma;
 }

@@ -93,7 +93,7 @@ Layout layout(int rows, int k, int batch, size_t state_bytes, size_t limit) {
   l.batch = batch;
   l.n_pad = round_up(batch, Ops::kTileN);
   const int tiles = (l.rows_pad / Ops::kTileM) * (l.n_pad / Ops::kTileN);
-  l.k_splits = tiles >= kWarps ? 1 : (kWarps + tiles - 1) / tiles;
+  l.k_splits = tiles >= kWarps ? 1 : kWarps / tiles;  // at most one job a warp: none waits for a second
   const size_t a_bytes = align16(static_cast<size_t>(rows) * l.a_stride * sizeof(typename Ops::a_t));
   const size_t p_bytes = align16(static_cast<size_t>(l.k_splits) * l.rows_pad * l.n_pad * sizeof(acc_t));
   const size_t fixed = a_bytes + p_bytes + align16(state_bytes) + 16;
@@ -145,40 +145,71 @@ __device__ __forceinline__ typename Operands<scalar_t, math>::v_t to_v(AccOf<sca
   }
 }
 
+// Loads per thread in flight at once while filling shared memory: each waits
+// a trip to L2, so a thread issues several before it stores any.
+constexpr int kInFlight = 8;
+
 // Fills A: element (row, k) is `value(row, k)`, in the parameter dtype;
 // zeros past k. Consecutive threads take consecutive k of a row, or, with
 // `rows_fastest` (for a slice whose rows are columns of W_hh in memory),
-// consecutive rows of one k, so that their global reads coalesce.
+// consecutive rows of one k, so that their global reads coalesce. Also zeros
+// V's padding rows (batch entries past the batch), which no pass writes.
 template <typename scalar_t, Math math, typename Value>
 __device__ void load_a(const Layout& l, unsigned char* smem, bool rows_fastest, Value value) {
-  using a_t = typename Operands<scalar_t, math>::a_t;
+  using Ops = Operands<scalar_t, math>;
+  using a_t = typename Ops::a_t;
+  using v_t = typename Ops::v_t;
   a_t* a = at_offset<a_t>(smem, l.a_offset);
-  const int64_t n = static_cast<int64_t>(l.rows) * l.a_stride;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int row = static_cast<int>(rows_fastest ? i % l.rows : i / l.a_stride);
-    const int k = static_cast<int>(rows_fastest ? i / l.rows : i % l.a_stride);
-    const int64_t e = static_cast<int64_t>(row) * l.a_stride + k;
-    if (k >= l.k) {
-      a[e] = static_cast<a_t>(0.0f);
-    } else if constexpr (math == Math::kTf32) {
-      a[e] = ptx::to_tf32(static_cast<float>(value(row, k)));
-    } else {
-      a[e] = static_cast<a_t>(value(row, k));
+  const int n = l.rows * l.a_stride;
+  for (int base = threadIdx.x; base < n; base += kInFlight * blockDim.x) {
+    a_t x[kInFlight];
+    int at[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int e = base + i * blockDim.x;
+      const int row = rows_fastest ? e % l.rows : e / l.a_stride;
+      const int k = rows_fastest ? e / l.rows : e % l.a_stride;
+      at[i] = e < n ? row * l.a_stride + k : -1;
+      if (e >= n || k >= l.k) {
+        x[i] = static_cast<a_t>(0.0f);
+      } else if constexpr (math == Math::kTf32) {
+        x[i] = ptx::to_tf32(static_cast<float>(value(row, k)));
+      } else {
+        x[i] = static_cast<a_t>(value(row, k));
+      }
     }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      if (at[i] >= 0) a[at[i]] = x[i];
+    }
+  }
+  v_t* v = at_offset<v_t>(smem, l.v_offset);
+  for (int e = l.batch * l.v_stride + threadIdx.x; e < l.n_pad * l.v_stride; e += blockDim.x) {
+    v[e] = static_cast<v_t>(0.0f);
   }
   if (threadIdx.x < 4) at_offset<uint32_t>(smem, l.zero_offset)[threadIdx.x] = 0;
 }
 
-// Stages V[n][k0 .. k0 + chunk) for every batch row: `value(n, k)` (in the
-// accumulation dtype) for k < l.k, zeros past it and in the padding rows n >= batch.
+// Stages V[n][k0 .. k0 + chunk) for the batch rows: `value(n, k)` (in the
+// accumulation dtype) for k < l.k, zeros past it (load_a zeroed the padding rows).
 template <typename scalar_t, Math math, typename Value>
 __device__ __forceinline__ void stage_v(const Layout& l, unsigned char* smem, int k0, Value value) {
+  using acc_t = AccOf<scalar_t>;
   using v_t = typename Operands<scalar_t, math>::v_t;
   v_t* v = at_offset<v_t>(smem, l.v_offset);
-  const int n = l.n_pad * l.chunk;
-  for (int e = threadIdx.x; e < n; e += blockDim.x) {
-    const int row = e / l.chunk, kk = e % l.chunk, k = k0 + kk;
-    v[row * l.v_stride + kk] = row < l.batch && k < l.k ? to_v<scalar_t, math>(value(row, k)) : static_cast<v_t>(0.0f);
+  const int n = l.batch * l.chunk;
+  for (int base = threadIdx.x; base < n; base += kInFlight * blockDim.x) {
+    acc_t x[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int e = base + i * blockDim.x, row = e / l.chunk, k = k0 + e - row * l.chunk;
+      x[i] = e < n && k < l.k ? value(row, k) : acc_t(0);
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int e = base + i * blockDim.x, row = e / l.chunk;
+      if (e < n) v[row * l.v_stride + e - row * l.chunk] = to_v<scalar_t, math>(x[i]);
+    }
   }
 }
 
@@ -215,10 +246,10 @@ __device__ __forceinline__ void multiply_chunk(const Layout& l, unsigned char* s
       if (lane == 0) slot[m0 * l.n_pad + n0] = first ? sum : slot[m0 * l.n_pad + n0] + sum;
     } else {
       const int g = lane >> 2, t = lane & 3;
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
       const void* zero = smem + l.zero_offset;
-      for (int kt = t_begin; kt < t_end; ++kt) {
-        const int kk = kt * Ops::kTileK;  // in the chunk
+      // d += the product of K tile kt (in the chunk).
+      auto tile = [&](int kt, float(&d)[4]) {
+        const int kk = kt * Ops::kTileK;
         uint32_t af[4], bf[2];
         if constexpr (math == Math::kMma16) {
           // ldmatrix: lanes 8i..8i+7 address rows of 8x8 matrix i (A rows
@@ -242,13 +273,20 @@ __device__ __forceinline__ void multiply_chunk(const Layout& l, unsigned char* s
           bf[0] = float_bits(vrow[0]), bf[1] = float_bits(vrow[4]);
           ptx::mma_1688_tf32(d, af, bf);
         }
+      };
+      // Even and odd K tiles into two accumulators: half the chain of dependent mma.
+      float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int kt = t_begin; kt < t_end; kt += 2) {
+        tile(kt, d0);
+        if (kt + 1 < t_end) tile(kt + 1, d1);
       }
       // d[0], d[1]: row g, columns 2t, 2t+1; d[2], d[3]: row g + 8.
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = m0 + g + (i >= 2 ? 8 : 0), col = n0 + 2 * t + (i & 1);
         acc_t* out = slot + row * l.n_pad + col;
-        *out = first ? d[i] : *out + d[i];
+        const float d = d0[i] + d1[i];
+        *out = first ? d : *out + d;
       }
     }
   }
@@ -265,11 +303,12 @@ __device__ __forceinline__ acc_t product(const Layout& l, const unsigned char* s
 }
 
 // The whole product for this step: V staged chunk by chunk from `value(n, k)`.
-// Starts and ends with a __syncthreads(), so P is ready for product().
+// Ends with a __syncthreads(), so P is ready for product(). The caller must
+// not be reading P or V (a grid sync, or the launch's start, before it).
 template <typename scalar_t, Math math, typename Value>
 __device__ __forceinline__ void multiply(const Layout& l, unsigned char* smem, Value value) {
   for (int k0 = 0; k0 < l.k_pad; k0 += l.chunk) {
-    __syncthreads();  // the previous pass (or the caller) is done with V
+    if (k0 > 0) __syncthreads();  // the previous pass is done with V
     stage_v<scalar_t, math>(l, smem, k0, value);
     __syncthreads();
     multiply_chunk<scalar_t, math>(l, smem, k0, k0 == 0);

@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 namespace conveyor::lstm::cuda {
@@ -22,38 +25,62 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
 // The current device's multiprocessors and per-block shared memory (opt-in
 // maximum), or sms = 0 where it cannot run a cooperative launch.
 struct Device {
+  int index = 0;
   int sms = 0;
   size_t shared_limit = 0;
 };
+
+// What a launch asks of CUDA, asked once (a layer's call launches one kernel,
+// and at micro-batch sizes the host's time per call counts): the device's
+// attributes, and how many blocks of a kernel fit on a multiprocessor.
+std::mutex cache_mutex;
+
 Device current_device() {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  if (device_attribute(cudaDevAttrCooperativeLaunch, device) == 0) return {};
-  return {device_attribute(cudaDevAttrMultiProcessorCount, device),
-          static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device))};
+  static std::map<int, Device> devices;
+  int index = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&index));
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  const auto it = devices.find(index);
+  if (it != devices.end()) return it->second;
+  Device d{index, 0, 0};
+  if (device_attribute(cudaDevAttrCooperativeLaunch, index) != 0) {
+    d.sms = device_attribute(cudaDevAttrMultiProcessorCount, index);
+    d.shared_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, index));
+  }
+  return devices.emplace(index, d).first->second;
+}
+
+int blocks_per_sm(const void* kernel, int threads, size_t shared_bytes, int device) {
+  static std::map<std::tuple<const void*, int, size_t, int>, int> known;
+  const auto key = std::make_tuple(kernel, threads, shared_bytes, device);
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    const auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  known[key] = blocks;
+  return blocks;
 }
 
 // Launches `kernel` on `blocks` blocks of `threads` at once, or returns false
 // (launching nothing) when they cannot all be resident.
 template <typename Kernel, typename... Args>
-bool launch_cooperative(Kernel* kernel, int blocks, int threads, size_t shared_bytes, cudaStream_t stream,
-                        Args... args) {
+bool launch_cooperative(Kernel* kernel, const Device& d, int blocks, int threads, size_t shared_bytes,
+                        cudaStream_t stream, Args... args) {
   conveyor::cuda::allow_shared_memory(kernel, shared_bytes);
-  int device = 0, blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes));
-  if (static_cast<int64_t>(blocks_per_sm) * device_attribute(cudaDevAttrMultiProcessorCount, device) < blocks) {
-    return false;
-  }
+  const void* entry = reinterpret_cast<const void*>(kernel);
+  if (static_cast<int64_t>(blocks_per_sm(entry, threads, shared_bytes, d.index)) * d.sms < blocks) return false;
   void* pointers[] = {static_cast<void*>(&args)...};
-  const cudaError_t status = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
-                                                         dim3(threads), pointers, shared_bytes, stream);
+  const cudaError_t status = cudaLaunchCooperativeKernel(entry, dim3(blocks), dim3(threads), pointers, shared_bytes,
+                                                         stream);
   if (status == cudaErrorCooperativeLaunchTooLarge) {
     (void)cudaGetLastError();  // clear it; the caller falls back to the per-step kernel
     return false;
   }
   C10_CUDA_CHECK(status);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
 }
 
@@ -68,7 +95,7 @@ template <typename scalar_t, Math math>
 bool launch_forward(const ForwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
   const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, false);
   if (p.layout.bytes == 0) return false;
-  return launch_cooperative(&persistent::lstm_forward_persistent_kernel<scalar_t, math>, p.blocks,
+  return launch_cooperative(&persistent::lstm_forward_persistent_kernel<scalar_t, math>, d, p.blocks,
                             persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
 }
 
@@ -76,7 +103,7 @@ template <typename scalar_t, Math math>
 bool launch_backward(const BackwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
   const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, true);
   if (p.layout.bytes == 0) return false;
-  return launch_cooperative(&persistent::lstm_backward_persistent_kernel<scalar_t, math>, p.blocks,
+  return launch_cooperative(&persistent::lstm_backward_persistent_kernel<scalar_t, math>, d, p.blocks,
                             persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
 }
 
@@ -132,7 +159,7 @@ bool try_launch_forward_persistent_warp(const ForwardSequence<scalar_t>& seq, cu
   if (d.sms == 0) return false;
   const persistent_warp::Plan p = persistent_warp::plan<scalar_t>(seq.hidden, seq.batch, d.sms);
   if (p.shared_bytes > d.shared_limit) return false;
-  return launch_cooperative(&persistent_warp::lstm_forward_persistent_kernel<scalar_t>, p.blocks,
+  return launch_cooperative(&persistent_warp::lstm_forward_persistent_kernel<scalar_t>, d, p.blocks,
                             persistent_warp::kThreads, p.shared_bytes, stream, seq, p.units_per_block);
 }
 

@@ -59,7 +59,7 @@ Plan plan(int hidden, int batch, int sms, size_t shared_limit, bool backward) {
 }
 
 template <typename scalar_t, Math math>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)  // one block a multiprocessor: all its registers
     lstm_forward_persistent_kernel(ForwardSequence<scalar_t> s, int units_per_block, block::Layout l) {
   using acc_t = AccOf<scalar_t>;
   namespace cg = cooperative_groups;
@@ -81,24 +81,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int64_t BH = static_cast<int64_t>(B) * H;
+  // A pair's gate inputs that do not wait for h_{t-1}: x_t W_ih^T + bias.
+  auto inputs = [&](int t, int e, acc_t (&in)[4]) {
+    const int j = unit0 + e % n_units;
+    const int64_t gate_row = (static_cast<int64_t>(t) * B + e / n_units) * 4 * H;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      in[g] = static_cast<acc_t>(s.xproj[gate_row + g * H + j]) + (s.bias ? s.bias[g * H + j] : acc_t(0));
+    }
+  };
   for (int t = 0; t < s.seq_len; ++t) {
+    // This thread's first pair's inputs, loaded before the product so that
+    // their trip to memory overlaps it.
+    acc_t first[4];
+    if (threadIdx.x < pairs) inputs(t, threadIdx.x, first);
     const scalar_t* h_prev = t == 0 ? s.h0 : s.hs + (t - 1) * BH;
     block::multiply<scalar_t, math>(l, smem, [&](int b, int k) { return load_cg(h_prev + b * H + k); });
     for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
       const int u = e % n_units, b = e / n_units, j = unit0 + u;
-      const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * 4 * H;
       acc_t pre[4];
+      if (e == static_cast<int>(threadIdx.x)) {
 #pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        pre[g] = block::product<acc_t>(l, smem, g * U + u, b) + static_cast<acc_t>(s.xproj[gate_row + g * H + j]) +
-                 (s.bias ? s.bias[g * H + j] : acc_t(0));
+        for (int g = 0; g < 4; ++g) pre[g] = first[g];
+      } else {
+        inputs(t, e, pre);
       }
+#pragma unroll
+      for (int g = 0; g < 4; ++g) pre[g] += block::product<acc_t>(l, smem, g * U + u, b);
       const CellResult<acc_t> cell = lstm_cell(pre, c_state[e]);
       c_state[e] = cell.c;
       const int64_t at = t * BH + static_cast<int64_t>(b) * H + j;
       s.cells[at] = cell.c;
       s.hs[at] = static_cast<scalar_t>(cell.h);
       if (s.gates) {
+        const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * 4 * H;
         s.gates[gate_row + j] = cell.i;
         s.gates[gate_row + H + j] = cell.f;
         s.gates[gate_row + 2 * H + j] = cell.g;
@@ -110,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename scalar_t, Math math>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)  // one block a multiprocessor: all its registers
     lstm_backward_persistent_kernel(BackwardSequence<scalar_t> s, int units_per_block, block::Layout l) {
   using acc_t = AccOf<scalar_t>;
   namespace cg = cooperative_groups;
@@ -131,28 +147,45 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int64_t BH = static_cast<int64_t>(B) * H;
+  // What a pair's step needs besides the product: the saved gates and cells,
+  // and the gradient arriving from the output (and from h_n at the last step).
+  struct Saved {
+    acc_t i, f, g, o, c, c_prev, dh;
+  };
+  auto saved = [&](int t, int e) {
+    const int j = unit0 + e % n_units;
+    const int64_t bj = static_cast<int64_t>(e / n_units) * H + j, at = t * BH + bj;
+    const int64_t gate_row = (t * BH + bj - j) * 4;
+    Saved v;
+    v.i = s.gates[gate_row + j], v.f = s.gates[gate_row + H + j];
+    v.g = s.gates[gate_row + 2 * H + j], v.o = s.gates[gate_row + 3 * H + j];
+    v.c = s.cells[at];
+    v.c_prev = t > 0 ? s.cells[at - BH] : s.c0[bj];
+    v.dh = (s.dh_seq ? static_cast<acc_t>(s.dh_seq[at]) : acc_t(0)) +
+           (t + 1 == s.seq_len && s.dh_last ? s.dh_last[bj] : acc_t(0));
+    return v;
+  };
   for (int t = s.seq_len - 1; t >= 0; --t) {
     const bool recurrent = t + 1 < s.seq_len;
+    // This thread's first pair's, loaded before the product to overlap it.
+    Saved first{};
+    if (threadIdx.x < pairs) first = saved(t, threadIdx.x);
     if (recurrent) {
       const acc_t* next = s.dgates + (t + 1) * BH * 4;
       block::multiply<scalar_t, math>(l, smem, [&](int b, int k) { return load_cg(next + b * G + k); });
     }
     for (int e = threadIdx.x; e < pairs; e += blockDim.x) {
       const int u = e % n_units, b = e / n_units, j = unit0 + u;
-      const int64_t bj = static_cast<int64_t>(b) * H + j, at = t * BH + bj;
-      acc_t dh = recurrent ? block::product<acc_t>(l, smem, u, b) : (s.dh_last ? s.dh_last[bj] : acc_t(0));
-      if (s.dh_seq) dh += static_cast<acc_t>(s.dh_seq[at]);
+      const Saved v = e == static_cast<int>(threadIdx.x) ? first : saved(t, e);
+      const acc_t dh = v.dh + (recurrent ? block::product<acc_t>(l, smem, u, b) : acc_t(0));
+      const acc_t tanh_c = tanh_acc(v.c);
+      const acc_t dc = dc_state[e] + dh * v.o * (acc_t(1) - tanh_c * tanh_c);
       const int64_t gate_row = (static_cast<int64_t>(t) * B + b) * G;
-      const acc_t i = s.gates[gate_row + j], f = s.gates[gate_row + H + j];
-      const acc_t g = s.gates[gate_row + 2 * H + j], o = s.gates[gate_row + 3 * H + j];
-      const acc_t tanh_c = tanh_acc(s.cells[at]);
-      const acc_t c_prev = t > 0 ? s.cells[at - BH] : s.c0[bj];
-      const acc_t dc = dc_state[e] + dh * o * (acc_t(1) - tanh_c * tanh_c);
-      s.dgates[gate_row + j] = dc * g * i * (acc_t(1) - i);
-      s.dgates[gate_row + H + j] = dc * c_prev * f * (acc_t(1) - f);
-      s.dgates[gate_row + 2 * H + j] = dc * i * (acc_t(1) - g * g);
-      s.dgates[gate_row + 3 * H + j] = dh * tanh_c * o * (acc_t(1) - o);
-      dc_state[e] = dc * f;
+      s.dgates[gate_row + j] = dc * v.g * v.i * (acc_t(1) - v.i);
+      s.dgates[gate_row + H + j] = dc * v.c_prev * v.f * (acc_t(1) - v.f);
+      s.dgates[gate_row + 2 * H + j] = dc * v.i * (acc_t(1) - v.g * v.g);
+      s.dgates[gate_row + 3 * H + j] = dh * tanh_c * v.o * (acc_t(1) - v.o);
+      dc_state[e] = dc * v.f;
     }
     grid.sync();  // dgates_t complete everywhere before any block stages it
   }
