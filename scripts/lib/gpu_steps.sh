@@ -71,6 +71,23 @@ check_gtest() {
   echo "$note"
 }
 
+# racecheck on a program of its own: its summary, a refused device a SKIP.
+# shellcheck disable=SC2329
+check_racecheck() {
+  local log=$1 totals
+  if grep -q 'Device not supported' "$log"; then
+    echo "compute-sanitizer refuses this device: not checked"
+    return 2
+  fi
+  totals="$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|failed to handle' "$log" | sed 's/^=* *//' | paste -sd ';' -)"
+  if grep -q '^PASS' "$log" && ! grep -q 'failed to handle' "$log"; then
+    echo "${totals:-no summary}"
+  else
+    echo "${totals:-$(tail -n 1 "$log" | cut -c1-200)}"
+    return 1
+  fi
+}
+
 # A script that ends with a PASS line.
 # shellcheck disable=SC2329
 check_pass() {
