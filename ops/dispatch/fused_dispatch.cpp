@@ -1,4 +1,5 @@
 #include "ops/dispatch/fused_dispatch.h"
+#include "ops/dispatch/fused_kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -34,24 +35,6 @@ std::string lower(std::string s) {
 
 bool is_measurement(const std::string& key) { return key.size() > 3 && key.ends_with("_ms"); }
 
-// Each op's kernels, newest first: the one list of their names (fused_dispatch.h, "Kernels").
-const std::map<std::string, std::vector<std::string>>& kernels_of_ops() {
-  static const std::map<std::string, std::vector<std::string>> kernels{
-      {"lstm", {"persistent", "persistent_fma", "v1", "step"}},
-      {"attention", {}},
-  };
-  return kernels;
-}
-
-// Throws std::invalid_argument, starting with `where`, unless `op` has a kernel `name`.
-void check_kernel_name(const std::string& op, const std::string& name, const std::string& where) {
-  const std::vector<std::string>& names = fused_kernel_names(op);
-  if (std::find(names.begin(), names.end(), name) != names.end()) return;
-  if (names.empty()) throw std::invalid_argument(where + ": " + op + " has one kernel; there is none to name");
-  std::string choices;
-  for (const auto& n : names) choices += (choices.empty() ? "" : ", ") + n;
-  throw std::invalid_argument(where + ": " + op + " has no kernel '" + name + "' (" + choices + ")");
-}
 
 std::string format_number(double v) {
   std::ostringstream out;
@@ -92,7 +75,7 @@ DispatchRow parse_row(const std::string& line, const std::string& where) {
     }
     const std::string key = field.substr(0, eq), text = field.substr(eq + 1);
     if (key == "kernel") {
-      check_kernel_name(row.op, text, where);
+      check_fused_kernel_name(row.op, text, where);
       row.kernel = text;
       continue;
     }
@@ -111,7 +94,6 @@ struct State {
   std::mutex mutex;
   std::shared_ptr<const DispatchTable> table;  // null until first use
   std::atomic<int> policy{-1};                 // -1 until first use
-  std::optional<std::map<std::string, std::string>> kernels;  // op -> kernel overrides; read from the environment at first use
   std::atomic<uint64_t> generation{0};  // bumped by every change of the above
 };
 
@@ -130,30 +112,6 @@ DispatchPolicy policy_from_environment() {
                               "': expected table, fused or reference");
 }
 
-// CONVEYOR_FUSED_KERNEL="op=name,op=name".
-std::map<std::string, std::string> kernels_from_environment() {
-  std::map<std::string, std::string> kernels;
-  const char* text = std::getenv("CONVEYOR_FUSED_KERNEL");
-  if (text == nullptr) return kernels;
-  std::istringstream in(text);
-  for (std::string pair; std::getline(in, pair, ',');) {
-    if (pair.find_first_not_of(" ") == std::string::npos) continue;
-    const auto eq = pair.find('=');
-    const std::string where = "CONVEYOR_FUSED_KERNEL='" + std::string(text) + "'";
-    if (eq == std::string::npos) throw std::invalid_argument(where + ": '" + pair + "' is not op=kernel");
-    const std::string op = pair.substr(0, eq), name = pair.substr(eq + 1);
-    if (!kernels_of_ops().contains(op)) throw std::invalid_argument(where + ": unknown op '" + op + "' (lstm or attention)");
-    check_kernel_name(op, name, where);
-    kernels[op] = name;
-  }
-  return kernels;
-}
-
-// The overrides, read from the environment first; call with the mutex held.
-std::map<std::string, std::string>& kernel_overrides() {
-  if (!state().kernels) state().kernels = kernels_from_environment();
-  return *state().kernels;
-}
 
 void install_table(std::shared_ptr<const DispatchTable> table) {
   std::lock_guard<std::mutex> lock(state().mutex);
@@ -300,48 +258,14 @@ void set_dispatch_policy(DispatchPolicy policy) {
   state().generation++;
 }
 
-uint64_t dispatch_generation() { return state().generation.load(); }
+uint64_t dispatch_generation() { return state().generation.load() + kernel_overrides_generation(); }
 
 void reload_dispatch_settings() {
   state().policy.store(-1);
   install_table(nullptr);
-  std::lock_guard<std::mutex> lock(state().mutex);
-  state().kernels.reset();
-  state().generation++;
+  forget_kernel_overrides();
 }
 
-const std::vector<std::string>& fused_kernel_names(const std::string& op) {
-  static const std::vector<std::string> none;
-  const auto it = kernels_of_ops().find(op);
-  return it == kernels_of_ops().end() ? none : it->second;
-}
-
-std::string fused_kernel(const DispatchQuery& query) {
-  const std::vector<std::string>& names = fused_kernel_names(query.op);
-  if (names.empty()) return "";
-  {
-    std::lock_guard<std::mutex> lock(state().mutex);
-    const auto& overrides = kernel_overrides();
-    const auto it = overrides.find(query.op);
-    if (it != overrides.end()) return it->second;
-  }
-  const auto table = dispatch_table();
-  const auto row = table->nearest(query, dispatch_device_name(query.device));
-  if (row && !table->rows()[*row].kernel.empty()) return table->rows()[*row].kernel;
-  return names.front();
-}
-
-void set_fused_kernel(const std::string& op, const std::string& name) {
-  if (!name.empty()) check_kernel_name(op, name, "set_fused_kernel");
-  std::lock_guard<std::mutex> lock(state().mutex);
-  auto& overrides = kernel_overrides();
-  if (name.empty()) {
-    overrides.erase(op);
-  } else {
-    overrides[op] = name;
-  }
-  state().generation++;
-}
 
 std::shared_ptr<const DispatchTable> dispatch_table() {
   std::lock_guard<std::mutex> lock(state().mutex);
@@ -392,16 +316,6 @@ ScopedDispatch::~ScopedDispatch() {
   install_table(table_);
 }
 
-ScopedFusedKernel::ScopedFusedKernel(std::string op, const std::string& name) : op_(std::move(op)) {
-  {
-    std::lock_guard<std::mutex> lock(state().mutex);
-    const auto& overrides = kernel_overrides();
-    const auto it = overrides.find(op_);
-    if (it != overrides.end()) previous_ = it->second;
-  }
-  set_fused_kernel(op_, name);
-}
 
-ScopedFusedKernel::~ScopedFusedKernel() { set_fused_kernel(op_, previous_); }
 
 }  // namespace conveyor

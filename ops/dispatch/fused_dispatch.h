@@ -166,6 +166,9 @@ DispatchChoice choose_fused_path(const DispatchQuery& query, bool fused_can_run 
 // The fused kernels of `op`, newest first (see "Kernels" above); empty for an
 // op with one kernel or an unknown op.
 const std::vector<std::string>& fused_kernel_names(const std::string& op);
+// Throws std::invalid_argument, starting with `where` and naming the choices,
+// unless `op` has a kernel called `name`.
+void check_fused_kernel_name(const std::string& op, const std::string& name, const std::string& where);
 // The kernel a call of `query` runs on the fused path: the override, else the
 // nearest row's, else the op's first; "" for an op with one kernel.
 std::string fused_kernel(const DispatchQuery& query);

@@ -7,4 +7,5 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/fused_dispatch_table.cpp.in
   ${PROJECT_BINARY_DIR}/generated/fused_dispatch_table.cpp @ONLY)
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/fused_dispatch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fused_kernels.cpp
   ${PROJECT_BINARY_DIR}/generated/fused_dispatch_table.cpp)
