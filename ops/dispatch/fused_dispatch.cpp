@@ -177,7 +177,7 @@ std::optional<size_t> DispatchTable::nearest(const DispatchQuery& query, const s
       const auto it = row.shape.find(key);
       const bool exact = std::find(query.exact_keys.begin(), query.exact_keys.end(), key) != query.exact_keys.end();
       if (it == row.shape.end()) {
-        applies = !exact;
+        applies = !exact || value == 0;  // an exact key a row does not name reads as 0 (mask=0: unmasked)
         if (!applies) break;
         continue;
       }

@@ -18,14 +18,16 @@
 //   path:   fused | reference.
 //   Keys ending in _ms are measurements (kept, printed, never matched). The
 //   others are the shape: a row applies to a call of the same op, device and
-//   dtype whose exact keys (train, causal) are equal; the nearest such row
+//   dtype whose exact keys (train, causal, mask) are equal (a row that does
+//   not name an exact key reads as 0 there); the nearest such row
 //   (sum of |log(row/call)| over the numeric keys) decides, provided no key
 //   differs by more than 4x. Otherwise the call runs the reference path: an
 //   unmeasured shape or device is never sent to an unmeasured kernel.
 //
 // Shape keys of each op (what the call sites pass):
 //   lstm:      batch hidden input layers seq train
-//   attention: batch_heads seq_q seq_k head_dim causal train
+//   attention: batch_heads seq_q seq_k head_dim causal mask train
+// mask=1 when the call has a key-padding mask.
 // train=1 when autograd records the call (grad mode on and an input or weight
 // requires grad): a forward-only call may prefer another path than a training one.
 //
@@ -57,10 +59,10 @@
 // Each falls back to the per-step kernels where a persistent one does not fit
 // on the device (its weight slice in shared memory, every block resident).
 //
-// Calls that only one path can run are not looked up: a key-padding mask runs
-// the fused attention kernel (SDPA returns NaN for a query whose keys are all
-// masked; Conveyor returns 0 with zero gradients), and a device without a
-// fused kernel runs the reference.
+// Calls that only one path can run are not looked up: a device without a
+// fused kernel runs the reference. A masked attention call's reference is
+// SDPA given the mask, made safe for a query whose keys are all masked (SDPA
+// alone returns NaN there; both paths return 0 with zero gradients).
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>

@@ -47,12 +47,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
 
 // What FusedMultiheadAttention runs: fused_attention, or
 // at::scaled_dot_product_attention (PyTorch's own backend choice) where the
-// dispatch table finds it faster for this device, dtype and shape
-// (ops/dispatch/fused_dispatch.h). A key-padding mask always runs the fused
-// kernel where one exists (SDPA would give NaN for fully masked rows).
+// dispatch table finds it faster for this device, dtype, shape and whether
+// there is a key-padding mask (ops/dispatch/fused_dispatch.h). A masked call
+// on the reference path runs masked_reference_attention.
 at::Tensor dispatched_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::optional<at::Tensor>& key_padding_mask = std::nullopt, bool causal = false,
                                 std::optional<double> scale = std::nullopt);
+
+// at::scaled_dot_product_attention given a key-padding mask, with
+// fused_attention's meaning for a query row whose keys are all hidden
+// (padded, or padded and causal): output 0 and zero gradients, where SDPA
+// alone gives NaN. Such rows attend to every key inside SDPA (so nothing is
+// 0/0), then their output is zeroed, which also zeros their gradients.
+at::Tensor masked_reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& key_padding_mask, bool causal,
+                                      std::optional<double> scale = std::nullopt);
 
 // The choice dispatched_attention() makes for these arguments, with its reason.
 DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

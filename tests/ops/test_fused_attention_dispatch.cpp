@@ -16,7 +16,8 @@ namespace {
 constexpr const char* kFusedOp = "conveyor::fused_attention";
 constexpr const char* kSdpaOp = "aten::scaled_dot_product_attention";
 
-// Fused for short sequences, SDPA for long ones; causal calls always SDPA.
+// Fused for short sequences, SDPA for long ones; causal calls always SDPA
+// (unmasked calls: the rows name no mask, which reads as mask=0).
 const char* const kTable = R"(
 attention cpu fp64 fused     batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causal=0 train=1
 attention cpu fp64 reference batch_heads=4 seq_q=128 seq_k=128 head_dim=16 causal=0 train=1
@@ -81,17 +82,53 @@ TEST(FusedAttentionDispatch, TheTableChoosesThePathPerShapeAndCausality) {
   }
 }
 
-TEST(FusedAttentionDispatch, AKeyPaddingMaskRunsTheFusedKernelWhateverTheTableSays) {
-  const ScopedDispatch reference(DispatchPolicy::kReference);
-  at::Tensor mask = torch::zeros({2, 128}, torch::kBool);
-  mask[0].fill_(true);  // every key of sample 0 hidden: its rows must be 0, not NaN
-  mask[1].slice(0, 100).fill_(true);
-  const AttentionRun got = run(128, false, mask);
-  EXPECT_EQ(got.fused_calls, 1);
-  EXPECT_EQ(got.sdpa_calls, 0);
-  EXPECT_TRUE(got.out.isfinite().all().item<bool>());
-  EXPECT_EQ(got.out[0].abs().max().item<double>(), 0.0);
-  EXPECT_EQ(got.grad_q[0].abs().max().item<double>(), 0.0);
+TEST(FusedAttentionDispatch, AMaskedCallRunsTheTablesPathAndBothKeepFullyMaskedRowsAtZero) {
+  // Masked rows of their own: fused at 128 keys, the reference at 8.
+  const ScopedDispatch table(DispatchPolicy::kTable, DispatchTable::parse(std::string(kTable) + R"(
+attention cpu fp64 fused     batch_heads=4 seq_q=128 seq_k=128 head_dim=16 causal=0 mask=1 train=1
+attention cpu fp64 reference batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causal=0 mask=1 train=1
+attention cpu fp64 fused     batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causal=1 mask=1 train=1
+)"));
+  for (const int64_t seq : {8, 128}) {
+    for (const bool causal : {false, true}) {
+      if (seq == 128 && causal) continue;  // no row: the reference, as tested above
+      at::Tensor mask = torch::zeros({2, seq}, torch::kBool);
+      mask[0].fill_(true);                    // every key of sample 0 hidden: its rows must be 0, not NaN
+      mask[1].slice(0, 0, seq / 4).fill_(true);  // the first keys of sample 1: causal rows before them see none
+      const std::string where = "seq " + std::to_string(seq) + (causal ? " causal" : "");
+      const bool fused = seq == 128 || causal;
+      const AttentionRun got = run(seq, causal, mask);
+      EXPECT_EQ(got.fused_calls, fused ? 1 : 0) << where << ": the row for masked calls decides";
+      EXPECT_EQ(got.sdpa_calls, fused ? 0 : 1) << where;
+      AttentionRun other;
+      {
+        const ScopedDispatch flip(fused ? DispatchPolicy::kReference : DispatchPolicy::kFused);
+        other = run(seq, causal, mask);
+        EXPECT_EQ(other.fused_calls, fused ? 0 : 1) << where;
+      }
+      for (const AttentionRun* r : std::initializer_list<const AttentionRun*>{&got, &other}) {
+        EXPECT_TRUE(r->out.isfinite().all().item<bool>()) << where;
+        EXPECT_TRUE(r->grad_q.isfinite().all().item<bool>() && r->grad_k.isfinite().all().item<bool>()) << where;
+        EXPECT_EQ(r->out[0].abs().max().item<double>(), 0.0) << where;
+        EXPECT_EQ(r->grad_q[0].abs().max().item<double>(), 0.0) << where;
+        if (causal) EXPECT_EQ(r->out[1].slice(1, 0, seq / 4).abs().max().item<double>(), 0.0) << where;
+      }
+      expect_same(got, other, where);
+    }
+  }
+  // Unmasked calls ignore the masked rows.
+  EXPECT_EQ(run(128, false).sdpa_calls, 1);
+}
+
+TEST(FusedAttentionDispatch, AMaskedReferenceCallChecksItsArgumentsAsTheFusedOpDoes) {
+  const auto t = torch::zeros({2, 2, 8, 16});
+  const at::Tensor wrong = torch::zeros({2, 7}, torch::kBool);
+  try {
+    masked_reference_attention(t, t, t, wrong, false);
+    ADD_FAILURE() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key_padding_mask"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FusedAttentionDispatch, TheModuleRunsTheTablesPathWithTheSameResults) {

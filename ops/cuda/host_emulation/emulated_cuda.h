@@ -46,6 +46,7 @@ struct Block {
   std::barrier<> bar;
   std::vector<std::unique_ptr<Warp>> warps;
   std::vector<unsigned char> smem;  // launch_cooperative's: each block's own
+  std::atomic<int> votes{0};        // __syncthreads_or/_and's count
 };
 struct Copy {
   void* dst;
@@ -82,6 +83,28 @@ inline void grid_sync() { grid_barrier->arrive_and_wait(); }
 inline void __syncthreads() { emulated::tl_block->bar.arrive_and_wait(); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { emulated::my_warp().bar.arrive_and_wait(); }
+
+namespace emulated {
+// __syncthreads_count: a barrier that also counts the threads whose
+// predicate is non-zero (four barriers: nobody counts before the count is
+// cleared, or clears it before everyone has read it).
+inline int syncthreads_count(int predicate) {
+  Block& b = *tl_block;
+  b.bar.arrive_and_wait();
+  if (linear_thread() == 0) b.votes.store(0);
+  b.bar.arrive_and_wait();
+  if (predicate) b.votes.fetch_add(1);
+  b.bar.arrive_and_wait();
+  const int count = b.votes.load();
+  b.bar.arrive_and_wait();
+  return count;
+}
+}  // namespace emulated
+inline int __syncthreads_or(int predicate) { return emulated::syncthreads_count(predicate) > 0 ? 1 : 0; }
+inline int __syncthreads_and(int predicate) {
+  const int threads = static_cast<int>(emulated::tl_block_dim.x * emulated::tl_block_dim.y * emulated::tl_block_dim.z);
+  return emulated::syncthreads_count(predicate) == threads ? 1 : 0;
+}
 
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) {

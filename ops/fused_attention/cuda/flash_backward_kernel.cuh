@@ -12,7 +12,8 @@
 // written to shared memory, transposed, for the dQ product, whose rows mix
 // the keys of every warp. The probabilities are recomputed from the saved
 // log-sum-exp, never stored; hidden keys (and every key of a fully masked row)
-// get probability 0 and so contribute nothing.
+// get probability 0 and so contribute nothing, and a CTA whose keys the
+// padding mask hides all skips the queries altogether.
 
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
@@ -100,8 +101,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   }
 
-  // With causal masking, queries before n0 see none of these keys.
-  const int m_first = p.causal ? (n0 / BM) * BM : 0;
+  // With causal masking, queries before n0 see none of these keys; where
+  // the mask hides them all, no query does (dK = dV = 0, nothing for dQ).
+  const bool any_shown = __syncthreads_or(!key_hidden[0] || !key_hidden[1]) != 0;
+  const int m_first = !any_shown ? p.q_len : p.causal ? (n0 / BM) * BM : 0;
   for (int m0 = m_first; m0 < p.q_len; m0 += BM) {
     copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
     copy_tile_async<BM, D, kThreads>(sdO, kStride, dout, m0, p.q_len, tid);

@@ -10,7 +10,9 @@
 // kept in log2 units (scaled by scale * log2 e) so that exp2 can be used.
 //
 // K_{j+1} is fetched with cp.async while P and P V_j are computed; V_j while
-// S is computed.
+// S is computed. Key blocks whose keys the padding mask hides all are
+// skipped (not even fetched), and only the blocks on an edge (the sequence's
+// end, the causal diagonal, a partly padded block) test each score.
 
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/warp_mma.cuh"
@@ -42,6 +44,27 @@ struct FlashForwardConfig {
 template <typename T, int kHeadDim>
 using FlashForwardConfigFor = FlashForwardConfig<T, kHeadDim, /*kBlockN=*/64, /*kWarps=*/4>;
 
+// Whether the padding mask shows some key of [n0, n0 + kBlockN) (`all`:
+// every key there). Every thread of the block calls it with the same
+// arguments, and gets the block's answer.
+template <int kBlockN>
+__device__ __forceinline__ bool keys_shown(const uint8_t* mask, int n0, int k_len, int tid, bool all) {
+  bool shown = all;  // the empty block: every key (none) shown, and no key shown
+  for (int i = tid; i < kBlockN; i += blockDim.x) {
+    const bool key = n0 + i < k_len && mask[n0 + i] == 0;
+    shown = all ? shown && key : shown || key;
+  }
+  return all ? __syncthreads_and(shown) != 0 : __syncthreads_or(shown) != 0;
+}
+
+// The first key block from j on with a key the mask shows (n_blocks if none).
+template <int kBlockN>
+__device__ __forceinline__ int next_shown_block(const uint8_t* mask, int j, int n_blocks, int k_len, int tid) {
+  if (mask == nullptr) return j;
+  while (j < n_blocks && !keys_shown<kBlockN>(mask, j * kBlockN, k_len, tid, false)) ++j;
+  return j;
+}
+
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const ForwardParams p) {
   constexpr int D = Config::kHeadDim, BM = Config::kBlockM, BN = Config::kBlockN, kStride = Config::kStride;
@@ -66,9 +89,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
   int n_blocks = (p.k_len + BN - 1) / BN;
   if (p.causal) n_blocks = min(n_blocks, (min(m0 + BM, p.q_len) - 1) / BN + 1);
 
+  int j = next_shown_block<BN>(mask, 0, n_blocks, p.k_len, tid);
   copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
   cp_async_commit();
-  copy_tile_async<BN, D, kThreads>(sK, kStride, k, 0, p.k_len, tid);
+  if (j < n_blocks) copy_tile_async<BN, D, kThreads>(sK, kStride, k, j * BN, p.k_len, tid);
   cp_async_commit();
   cp_async_wait<1>();  // Q has landed
   __syncthreads();
@@ -84,8 +108,12 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
   float row_sum[2] = {0.f, 0.f};          // this thread's share; the quad's shares are added at the end
   const int row_lo = m0 + warp * 16 + g;  // rows of registers 0,1; registers 2,3 hold row_lo + 8
 
-  for (int j = 0; j < n_blocks; ++j) {
+  while (j < n_blocks) {
     const int n0 = j * BN;
+    // Scores to test one by one: past the sequence's end, over the causal
+    // diagonal, or a key the mask hides.
+    const bool edge = n0 + BN > p.k_len || (p.causal && n0 + BN - 1 > m0) ||
+                      (mask != nullptr && !keys_shown<BN>(mask, n0, p.k_len, tid, true));
     copy_tile_async<BN, D, kThreads>(sV, kStride, v, n0, p.k_len, tid);
     cp_async_commit();
     cp_async_wait<1>();  // K_j has landed
@@ -105,21 +133,30 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
       }
     }
     __syncthreads();  // every warp is done with sK
-    const bool prefetch = j + 1 < n_blocks;
+    const int j_next = next_shown_block<BN>(mask, j + 1, n_blocks, p.k_len, tid);
+    const bool prefetch = j_next < n_blocks;
     if (prefetch) {
-      copy_tile_async<BN, D, kThreads>(sK, kStride, k, n0 + BN, p.k_len, tid);
+      copy_tile_async<BN, D, kThreads>(sK, kStride, k, j_next * BN, p.k_len, tid);
       cp_async_commit();
     }
 
     // Mask, scale, and the online softmax update of rows row_lo (r = 0) and row_lo + 8 (r = 1).
+    if (edge) {
 #pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) {
+      for (int nt = 0; nt < BN / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row_lo + (e >> 1) * 8;
-        const int col = n0 + nt * 8 + 2 * t + (e & 1);
-        const bool hidden = col >= p.k_len || (p.causal && col > row) || (mask != nullptr && mask[col] != 0);
-        s[nt][e] = hidden ? -INFINITY : s[nt][e] * scale_log2;
+        for (int e = 0; e < 4; ++e) {
+          const int row = row_lo + (e >> 1) * 8;
+          const int col = n0 + nt * 8 + 2 * t + (e & 1);
+          const bool hidden = col >= p.k_len || (p.causal && col > row) || (mask != nullptr && mask[col] != 0);
+          s[nt][e] = hidden ? -INFINITY : s[nt][e] * scale_log2;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
       }
     }
 #pragma unroll
@@ -167,7 +204,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
       }
     }
     __syncthreads();  // every warp is done with sV before the next V_j is fetched
+    j = j_next;
   }
+  cp_async_wait<0>();  // the K block group is empty when the mask hides every key
 
   T* out = static_cast<T*>(p.out) + bh * p.q_len * D;
   float* lse = static_cast<float*>(p.lse) + bh * p.q_len;

@@ -23,7 +23,9 @@ using namespace conveyor::attention::cuda;
 struct Problem {
   int B, H, Sq, Sk, D;
   bool causal;
-  int padding;  // 0 none, 1 random, 2 whole batch 0, 3 first key
+  // 0 none, 1 random, 2 whole batch 0, 3 first key, 4 whole key blocks (keys
+  // 64-127 of batch 0, 64 on of batch 1), 5 the first 70 keys
+  int padding;
 };
 
 template <typename T>
@@ -180,6 +182,8 @@ void run_case(const Problem& pr, bool flash, double tol) {
       if (pr.padding == 1) m = j > 0 && uniform(rng) < 0.35;
       if (pr.padding == 2) m = b == 0;
       if (pr.padding == 3) m = j == 0;
+      if (pr.padding == 4) m = b == 0 ? j >= 64 && j < 128 : j >= 64;
+      if (pr.padding == 5) m = j < 70;
     }
   const double scale = 1.0 / std::sqrt(static_cast<double>(pr.D));
   const Reference want = reference(pr, qd, kd, vd, dod, mask, scale);
@@ -303,6 +307,7 @@ int main(int argc, char** argv) {
       {1, 1, 70, 130, 64, false, 1}, {2, 1, 100, 37, 128, true, 3}, {1, 2, 1, 1, 64, false, 0},
       {2, 1, 65, 65, 64, true, 2},   {1, 1, 130, 70, 128, true, 1}, {1, 1, 64, 200, 128, false, 0},
       {1, 1, 40, 200, 64, true, 1},  // key blocks past the last query
+      {2, 1, 70, 200, 64, false, 4}, {1, 1, 100, 150, 128, true, 5},  // key blocks the mask hides: skipped
   };
   if (only.empty() || only == "flash") {
     for (const Problem& pr : flash_cases) {
