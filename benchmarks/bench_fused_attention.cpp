@@ -5,7 +5,11 @@
 // reference against SDPA on CPU, at a small size, timed with a steady clock.
 // "dispatched" is conveyor::dispatched_attention, which FusedMultiheadAttention calls:
 // the path the dispatch table picks (ops/dispatch/fused_dispatch.h);
-// --table-out writes the measured rows of such a table.
+// --table-out writes the measured rows of such a table. With a key-padding
+// mask (--mask padded: half the batch entries padded by a quarter of their
+// keys), the fused kernel given the mask against SDPA given the same mask
+// (masked_reference_attention, the reference a masked call dispatches to)
+// and against SDPA run on each sequence alone at its own length.
 
 #include "ops/dispatch/fused_dispatch.h"
 #include "ops/fused_attention/fused_attention.h"
@@ -34,6 +38,7 @@ struct Options {
   int warmup = 3;
   int iters = 10;
   bool cpu = false;
+  std::vector<std::string> masks = {"none", "padded"};
   std::string table_out;
 };
 
@@ -48,6 +53,8 @@ void print_help() {
       "  --warmup N       untimed runs first (default 3)\n"
       "  --iters N        timed runs; the median is reported (default 10)\n"
       "  --cpu            run the CPU comparison even when CUDA is present\n"
+      "  --mask M         none, padded or both (default both): padded gives half the batch entries\n"
+      "                   a key-padding mask over the last quarter of their keys (seq <= 4096)\n"
       "  --table-out F    write a dispatch-table row per shape and mode (forward, training)\n"
       "                   to F: conveyor where it is over 3%% faster than SDPA's default\n"
       "                   choice, else reference\n"
@@ -99,6 +106,13 @@ Options parse(int argc, char** argv, bool cuda) {
       o.iters = std::max(1, std::stoi(value()));
     } else if (a == "--cpu") {
       o.cpu = true;
+    } else if (a == "--mask") {
+      const std::string m = value();
+      if (m != "none" && m != "padded" && m != "both") {
+        std::fprintf(stderr, "--mask must be none, padded or both, got %s\n", m.c_str());
+        std::exit(2);
+      }
+      o.masks = m == "both" ? std::vector<std::string>{"none", "padded"} : std::vector<std::string>{m};
     } else if (a == "--table-out") {
       o.table_out = value();
     } else {
@@ -157,12 +171,12 @@ std::vector<Row> measure(const std::vector<std::pair<std::string, Attention>>& k
 }
 
 // Rates in TFLOP/s on CUDA, GFLOP/s on CPU (flops_per_unit = 1e12 or 1e9).
-void print_rows(const std::vector<Row>& rows, const Options& o, int64_t s, int64_t d, bool causal,
+void print_rows(const std::vector<Row>& rows, const Options& o, int64_t s, int64_t d, bool causal, bool masked,
                 double flops_per_unit) {
   const double forward_flops = 4.0 * o.batch * o.heads * s * s * d * (causal ? 0.5 : 1.0);
   for (const Row& r : rows) {
-    std::printf("%6lld %4lld %-6s | %-14s | %9.3f %8.2f | %9.3f %8.2f | %9.2e\n", static_cast<long long>(s),
-                static_cast<long long>(d), causal ? "yes" : "no", r.name.c_str(), r.forward_ms,
+    std::printf("%6lld %4lld %-6s %-6s | %-14s | %9.3f %8.2f | %9.3f %8.2f | %9.2e\n", static_cast<long long>(s),
+                static_cast<long long>(d), causal ? "yes" : "no", masked ? "padded" : "none", r.name.c_str(), r.forward_ms,
                 forward_flops / (r.forward_ms * 1e-3 * flops_per_unit), r.training_ms,
                 3.5 * forward_flops / (r.training_ms * 1e-3 * flops_per_unit), r.max_diff);
   }
@@ -187,15 +201,10 @@ int main(int argc, char** argv) {
       cuda ? "cuda" : "cpu", cuda ? "bfloat16" : "float32", static_cast<long long>(o.batch),
       static_cast<long long>(o.heads), o.warmup, o.iters);
   const char* rate = cuda ? "TFLOP/s" : "GFLOP/s";
-  std::printf("%6s %4s %-6s | %-14s | %9s %8s | %9s %8s | %9s\n", "seq", "dim", "causal", "kernel", "fwd ms", rate,
-              "f+b ms", rate, "max|diff|");
+  std::printf("%6s %4s %-6s %-6s | %-14s | %9s %8s | %9s %8s | %9s\n", "seq", "dim", "causal", "mask", "kernel",
+              "fwd ms", rate, "f+b ms", rate, "max|diff|");
+  std::printf("(TFLOP/s count every score, padded or not; max|diff| is against SDPA given the same mask)\n");
 
-  const Attention fused = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-    return conveyor::fused_attention(q, k, v, std::nullopt, causal);
-  };
-  const Attention dispatched = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-    return conveyor::dispatched_attention(q, k, v, std::nullopt, causal);
-  };
   std::ofstream table;
   if (!o.table_out.empty()) {
     table.open(o.table_out);
@@ -239,47 +248,82 @@ int main(int argc, char** argv) {
   };
 
   torch::manual_seed(0);
-  for (const int64_t s : o.seq_lens) {
-    for (const int64_t d : o.head_dims) {
-      for (const bool causal : {false, true}) {
-        const auto options = torch::TensorOptions().device(device).dtype(dtype);
-        const at::Tensor q = torch::randn({o.batch, o.heads, s, d}, options);
-        const at::Tensor k = torch::randn({o.batch, o.heads, s, d}, options);
-        const at::Tensor v = torch::randn({o.batch, o.heads, s, d}, options);
-        const at::Tensor grad = torch::randn({o.batch, o.heads, s, d}, options);
-        at::Tensor reference;
-        {
-          torch::NoGradGuard no_grad;
-          reference = sdpa(q, k, v, causal).to(torch::kFloat);  // max|diff| is measured against this
-        }
-        std::vector<Row> rows;
-        try {
-          std::vector<std::pair<std::string, Attention>> kernels{{"conveyor", fused}};
-          if (cuda) kernels.emplace_back("sdpa flash", sdpa_flash);
-          kernels.emplace_back(cuda ? "sdpa default" : "sdpa", sdpa);
-          kernels.emplace_back("dispatched", dispatched);
-          rows = measure(kernels, q, k, v, grad, causal, reference, o, cuda);
-        } catch (const std::exception& e) {
-          restore_backends();
-          std::printf("%6lld %4lld %-6s | failed: %s\n", static_cast<long long>(s), static_cast<long long>(d),
-                      causal ? "yes" : "no", e.what());
-          continue;
-        }
-        print_rows(rows, o, s, d, causal, cuda ? 1e12 : 1e9);
-        const Row& ours = rows.front();
-        const Row& sdpa_default = rows[rows.size() - 2];
-        for (const bool train : {false, true}) {
-          if (!table.is_open()) break;
-          const double fused_ms = train ? ours.training_ms : ours.forward_ms;
-          const double reference_ms = train ? sdpa_default.training_ms : sdpa_default.forward_ms;
-          conveyor::DispatchRow row{"attention", device_token, dtype_name,
-                                    fused_ms * 1.03 < reference_ms ? conveyor::FusedPath::kFused
-                                                                   : conveyor::FusedPath::kReference,
-                                    {}, {}};
-          row.shape = {{"batch_heads", double(o.batch * o.heads)}, {"seq_q", double(s)}, {"seq_k", double(s)},
-                       {"head_dim", double(d)}, {"causal", causal ? 1.0 : 0.0}, {"train", train ? 1.0 : 0.0}};
-          row.measured = {{"fused_ms", fused_ms}, {"reference_ms", reference_ms}};
-          table << row.str() << std::endl;  // row by row: a run cut short keeps what it measured
+  for (const std::string& mask_kind : o.masks) {
+    const bool masked = mask_kind == "padded";
+    for (const int64_t s : o.seq_lens) {
+      if (masked && s > 4096) continue;
+      for (const int64_t d : o.head_dims) {
+        for (const bool causal : {false, true}) {
+          const auto options = torch::TensorOptions().device(device).dtype(dtype);
+          const at::Tensor q = torch::randn({o.batch, o.heads, s, d}, options);
+          const at::Tensor k = torch::randn({o.batch, o.heads, s, d}, options);
+          const at::Tensor v = torch::randn({o.batch, o.heads, s, d}, options);
+          const at::Tensor grad = torch::randn({o.batch, o.heads, s, d}, options);
+          // Half the batch entries (the odd ones) padded by a quarter of their keys.
+          std::vector<int64_t> lengths(static_cast<size_t>(o.batch), s);
+          at::Tensor mask = torch::zeros({o.batch, s}, torch::TensorOptions().dtype(torch::kBool));
+          for (int64_t b = 1; b < o.batch; b += 2) {
+            lengths[static_cast<size_t>(b)] = s - s / 4;
+            mask[b].slice(0, s - s / 4).fill_(true);
+          }
+          mask = mask.to(device);
+          const std::optional<at::Tensor> m = masked ? std::optional<at::Tensor>(mask) : std::nullopt;
+          const Attention fused_m = [m](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool c) {
+            return conveyor::fused_attention(q, k, v, m, c);
+          };
+          const Attention dispatched_m = [m](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool c) {
+            return conveyor::dispatched_attention(q, k, v, m, c);
+          };
+          const Attention sdpa_m = [&, m](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool c) {
+            return m ? conveyor::masked_reference_attention(q, k, v, *m, c) : sdpa(q, k, v, c);
+          };
+          // SDPA on each sequence alone at its own length (no mask): the padding's cost avoided.
+          const Attention one_by_one = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool c) {
+            std::vector<at::Tensor> outs;
+            for (int64_t b = 0; b < o.batch; ++b) {
+              const int64_t n = lengths[static_cast<size_t>(b)];
+              outs.push_back(sdpa(q.narrow(0, b, 1), k.narrow(0, b, 1).narrow(2, 0, n), v.narrow(0, b, 1).narrow(2, 0, n), c));
+            }
+            return at::cat(outs, 0);
+          };
+          at::Tensor reference;
+          {
+            torch::NoGradGuard no_grad;
+            reference = sdpa_m(q, k, v, causal).to(torch::kFloat);  // max|diff| is measured against this
+          }
+          std::vector<Row> rows;
+          try {
+            std::vector<std::pair<std::string, Attention>> kernels{{"conveyor", fused_m}};
+            if (cuda && !masked) kernels.emplace_back("sdpa flash", sdpa_flash);
+            kernels.emplace_back(masked ? "sdpa masked" : cuda ? "sdpa default" : "sdpa", sdpa_m);
+            if (masked) kernels.emplace_back("sdpa each seq", one_by_one);
+            kernels.emplace_back("dispatched", dispatched_m);
+            rows = measure(kernels, q, k, v, grad, causal, reference, o, cuda);
+          } catch (const std::exception& e) {
+            restore_backends();
+            std::printf("%6lld %4lld %-6s %-6s | failed: %s\n", static_cast<long long>(s), static_cast<long long>(d),
+                        causal ? "yes" : "no", mask_kind.c_str(), e.what());
+            continue;
+          }
+          print_rows(rows, o, s, d, causal, masked, cuda ? 1e12 : 1e9);
+          const Row& ours = rows.front();
+          const Row& reference_row = *std::find_if(rows.begin(), rows.end(), [](const Row& r) {
+            return r.name == "sdpa masked" || r.name == "sdpa default" || r.name == "sdpa";
+          });
+          for (const bool train : {false, true}) {
+            if (!table.is_open()) break;
+            const double fused_ms = train ? ours.training_ms : ours.forward_ms;
+            const double reference_ms = train ? reference_row.training_ms : reference_row.forward_ms;
+            conveyor::DispatchRow row{"attention", device_token, dtype_name,
+                                      fused_ms * 1.03 < reference_ms ? conveyor::FusedPath::kFused
+                                                                     : conveyor::FusedPath::kReference,
+                                      {}, {}};
+            row.shape = {{"batch_heads", double(o.batch * o.heads)}, {"seq_q", double(s)}, {"seq_k", double(s)},
+                         {"head_dim", double(d)}, {"causal", causal ? 1.0 : 0.0}, {"train", train ? 1.0 : 0.0}};
+            if (masked) row.shape["mask"] = 1;
+            row.measured = {{"fused_ms", fused_ms}, {"reference_ms", reference_ms}};
+            table << row.str() << std::endl;  // row by row: a run cut short keeps what it measured
+          }
         }
       }
     }

@@ -26,7 +26,8 @@
 #                     512, 1024; bf16, fp16, fp32; forward and forward+backward),
 #                     alternated, with this GPU's dispatch-table rows
 #   op_tests_attention  test_fused_attention likewise
-#   bench_attention   the attention kernels against SDPA, with its rows
+#   bench_attention   the attention kernels against SDPA, unmasked and with a key-padding
+#                     mask (against SDPA given the mask and SDPA on each sequence alone), with its rows
 #   python_package    pip install . (no build isolation, the same build
 #                     folder) into <build>/site, then
 #   python_pipeline   tests/python/gpu/device_pipeline_check.py --require-cuda
@@ -180,7 +181,7 @@ gpu_step bench_lstm 150 - gpu_tee "$out/3-bench-lstm.txt" "$build/benchmarks/ben
 
 # --- attention ------------------------------------------------------------------------------
 gpu_step op_tests_attention 180 check_gtest env CONVEYOR_REQUIRE_CUDA=1 "$build/tests/test_fused_attention"
-gpu_step bench_attention 120 - gpu_tee "$out/4-bench-attention.txt" "$build/benchmarks/bench_fused_attention" \
+gpu_step bench_attention 200 - gpu_tee "$out/4-bench-attention.txt" "$build/benchmarks/bench_fused_attention" \
   --iters 10 --table-out "$out/6-dispatch-attention.txt"
 
 # --- the pipelines from Python, and their own cost on the one GPU -----------------------------
