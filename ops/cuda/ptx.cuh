@@ -1,7 +1,8 @@
 #pragma once
 // Thin wrappers over the PTX instructions the tensor-core kernels use:
 // ldmatrix, mma.sync m16n8k16 (float16 / bfloat16 in, float32 accumulate),
-// mma.sync m16n8k8 on TF32, the float -> TF32 rounding, and cp.async. Nothing
+// mma.sync m16n8k8 on TF32, the float -> TF32 rounding, ex2.approx and
+// cp.async. Nothing
 // here knows about attention or LSTMs; the ops compose these into fragment
 // loads (ops/fused_attention/cuda/warp_mma.cuh, ops/fused_lstm/cuda/
 // lstm_block_product.cuh). The host emulation has a stand-in of the same names
@@ -78,6 +79,14 @@ __device__ __forceinline__ float to_tf32(float x) {
   uint32_t bits;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(bits) : "f"(x));
   return __uint_as_float(bits);
+}
+
+// 2^x, the special-function unit's approximation (2 ulp; subnormals flushed
+// to zero): what exp2f compiles to under --use_fast_math, here on request.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // 16 bytes global -> shared, asynchronously; zero-fills when !valid (rows past

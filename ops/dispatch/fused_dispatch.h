@@ -55,7 +55,12 @@
 //              v1              the first persistent forward (a warp per batch entry and
 //                              unit) and the per-step backward
 //              step            a kernel per time step, forward and backward
-//   attention: (one kernel; rows name none)
+//   attention: tiles128        the tensor-core forward with FlashAttention-2's tiles: 128 query
+//                              rows a CTA, 32 a warp, K and V double-buffered (the backward
+//                              is v1's)
+//              v1              the first tensor-core kernels: 64 query rows a CTA, 16 a warp
+// (both for float16/bfloat16 at head dim 64 and 128; other calls run the
+// general kernels)
 // Each falls back to the per-step kernels where a persistent one does not fit
 // on the device (its weight slice in shared memory, every block resident).
 //

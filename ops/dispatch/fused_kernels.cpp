@@ -22,7 +22,7 @@ namespace {
 const std::map<std::string, std::vector<std::string>>& kernels_of_ops() {
   static const std::map<std::string, std::vector<std::string>> kernels{
       {"lstm", {"persistent", "persistent_fma", "v1", "step"}},
-      {"attention", {}},
+      {"attention", {"tiles128", "v1"}},
   };
   return kernels;
 }

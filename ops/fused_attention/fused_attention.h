@@ -63,6 +63,9 @@ at::Tensor masked_reference_attention(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& key_padding_mask, bool causal,
                                       std::optional<double> scale = std::nullopt);
 
+// The dispatch table's key of an attention call (ops/dispatch/fused_dispatch.h).
+DispatchQuery attention_query(const at::Tensor& q, const at::Tensor& k, bool masked, bool causal, bool train);
+
 // The choice dispatched_attention() makes for these arguments, with its reason.
 DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& key_padding_mask, bool causal);

@@ -11,12 +11,7 @@
 
 namespace conveyor {
 
-DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const std::optional<at::Tensor>& key_padding_mask, bool causal) {
-  static const bool cuda_kernel = has_cuda_kernel("conveyor::fused_attention_forward");
-  const bool can_fuse = fused_kernel_can_run(cuda_kernel, q.device(), q.scalar_type());
-  const bool masked = key_padding_mask.has_value() && key_padding_mask->defined();
-  const bool train = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+DispatchQuery attention_query(const at::Tensor& q, const at::Tensor& k, bool masked, bool causal, bool train) {
   DispatchQuery query{"attention", q.device(), q.scalar_type(), {}, {"causal", "mask", "train"}};
   query.shape = {{"batch_heads", static_cast<double>(q.size(0) * q.size(1))},
                  {"seq_q", static_cast<double>(q.size(2))},
@@ -25,7 +20,16 @@ DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at
                  {"causal", causal ? 1.0 : 0.0},
                  {"mask", masked ? 1.0 : 0.0},
                  {"train", train ? 1.0 : 0.0}};
-  return choose_fused_path(query, can_fuse);
+  return query;
+}
+
+DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& key_padding_mask, bool causal) {
+  static const bool cuda_kernel = has_cuda_kernel("conveyor::fused_attention_forward");
+  const bool can_fuse = fused_kernel_can_run(cuda_kernel, q.device(), q.scalar_type());
+  const bool masked = key_padding_mask.has_value() && key_padding_mask->defined();
+  const bool train = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return choose_fused_path(attention_query(q, k, masked, causal, train), can_fuse);
 }
 
 at::Tensor masked_reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -270,10 +270,16 @@ TEST(FusedAttentionCuda, MatchesMathReferenceOnDevice) {
   // The tolerances rest on the host emulation of these kernels at the largest
   // of these shapes (check_attention_kernels large, one head each): at most
   // 5.8e-4 (float16), 4.3e-3 (bfloat16) and 6.2e-7 (float32, head_dim 200)
-  // of the reference's scale, over output and gradients.
+  // of the reference's scale, over output and gradients. The 16-bit calls run
+  // every tensor-core kernel in turn.
+  for (const auto& kernel : fused_kernel_names("attention")) {
+    const ScopedFusedKernel only("attention", kernel);
+    for (const Case& c : all) {
+      check_against_math(c, torch::kCUDA, torch::kBFloat16, 2e-2);
+      check_against_math(c, torch::kCUDA, torch::kFloat16, 5e-3);
+    }
+  }
   for (const Case& c : all) {
-    check_against_math(c, torch::kCUDA, torch::kBFloat16, 2e-2);
-    check_against_math(c, torch::kCUDA, torch::kFloat16, 5e-3);
     check_against_math(c, torch::kCUDA, torch::kFloat32, 2e-5);
     if (c.head_dim <= 128) check_against_math(c, torch::kCUDA, torch::kFloat64, 1e-10);  // float64 tiles are large
   }

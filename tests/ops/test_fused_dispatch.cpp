@@ -154,7 +154,8 @@ TEST(FusedDispatchTable, TheEnvironmentSetsThePolicyAndTheTable) {
 TEST(FusedDispatchKernels, ARowNamesItsKernelAndTheOverridesComeFirst) {
   const std::vector<std::string> lstm_kernels{"persistent", "persistent_fma", "v1", "step"};
   EXPECT_EQ(fused_kernel_names("lstm"), lstm_kernels);
-  EXPECT_TRUE(fused_kernel_names("attention").empty());
+  EXPECT_EQ(fused_kernel_names("attention"), (std::vector<std::string>{"tiles128", "v1"}));
+  EXPECT_TRUE(fused_kernel_names("conv").empty());
   const DispatchTable table = DispatchTable::parse(std::string(kTable) +
                                                    "lstm cpu fp32 fused batch=16 hidden=128 input=128 layers=1 seq=20 "
                                                    "train=1 kernel=step fused_ms=1 reference_ms=2\n");
@@ -191,8 +192,8 @@ TEST(FusedDispatchKernels, ARowNamesItsKernelAndTheOverridesComeFirst) {
   };
   EXPECT_THAT(error("lstm cpu fp32 fused batch=1 kernel=fast\n"),
               HasSubstr("t line 1: lstm has no kernel 'fast' (persistent, persistent_fma, v1, step)"));
-  EXPECT_THAT(error("attention cpu fp32 fused batch_heads=1 kernel=v1\n"),
-              HasSubstr("t line 1: attention has one kernel; there is none to name"));
+  EXPECT_THAT(error("attention cpu fp32 fused batch_heads=1 kernel=v2\n"),
+              HasSubstr("t line 1: attention has no kernel 'v2' (tiles128, v1)"));
   EXPECT_THAT(testing::error_of([] { set_fused_kernel("lstm", "v2"); }), HasSubstr("lstm has no kernel 'v2'"));
 }
 

@@ -54,7 +54,7 @@ struct Copy {
   bool valid;
 };
 inline thread_local uint3 tl_thread_idx, tl_block_idx;
-inline thread_local dim3 tl_block_dim;
+inline thread_local dim3 tl_block_dim, tl_grid_dim;
 inline thread_local Block* tl_block = nullptr;
 inline std::barrier<>* grid_barrier = nullptr;  // launch_cooperative's
 inline thread_local std::vector<std::vector<Copy>> tl_committed;
@@ -79,6 +79,7 @@ inline void grid_sync() { grid_barrier->arrive_and_wait(); }
 #define threadIdx (::emulated::tl_thread_idx)
 #define blockIdx (::emulated::tl_block_idx)
 #define blockDim (::emulated::tl_block_dim)
+#define gridDim (::emulated::tl_grid_dim)
 
 inline void __syncthreads() { emulated::tl_block->bar.arrive_and_wait(); }
 
@@ -323,7 +324,8 @@ class Threads {
 };
 inline Threads threads_pool;
 
-inline void run_thread(Block& block, dim3 block_dim, unsigned tid, uint3 block_idx) {
+inline void run_thread(Block& block, dim3 grid, dim3 block_dim, unsigned tid, uint3 block_idx) {
+  tl_grid_dim = grid;
   tl_thread_idx = uint3{tid % block_dim.x, tid / block_dim.x, 0};
   tl_block_idx = block_idx;
   tl_block_dim = block_dim;
@@ -359,7 +361,7 @@ void launch(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem_bytes, unsigne
   std::barrier<decltype(fresh_smem)> block_done(static_cast<std::ptrdiff_t>(threads), fresh_smem);
   threads_pool.run(threads, [&](unsigned tid) {
     for (unsigned b = 0; b < blocks; ++b) {
-      run_thread(block, block_dim, tid, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
+      run_thread(block, grid, block_dim, tid, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
       kernel(args...);
       check_copies_done();
       block_done.arrive_and_wait();
@@ -380,7 +382,7 @@ void launch_cooperative(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem_by
   for (unsigned b = 0; b < blocks; ++b) all.emplace_back(std::make_unique<Block>(static_cast<int>(threads), smem_bytes));
   threads_pool.run(threads * blocks, [&](unsigned i) {
     const unsigned b = i / threads;
-    run_thread(*all[b], block_dim, i % threads, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
+    run_thread(*all[b], grid, block_dim, i % threads, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
     kernel(args...);
     check_copies_done();
   });

@@ -11,6 +11,9 @@ namespace conveyor::attention::cuda {
 
 enum class ElementType { kHalf, kBFloat16, kFloat, kDouble };
 
+// The tensor-core kernels a call may run (their names: fused_kernel_names("attention")).
+enum class FlashKernel { kTiles128, kV1 };
+
 struct ForwardParams {
   const void* q = nullptr;                    // [B, H, S_q, D]
   const void* k = nullptr;                    // [B, H, S_k, D]
@@ -22,6 +25,7 @@ struct ForwardParams {
   double scale = 1.0;
   bool causal = false;  // key j hidden from query i when j > i (top-left aligned)
   ElementType dtype = ElementType::kFloat;
+  FlashKernel flash_kernel = FlashKernel::kTiles128;  // which tensor-core forward, where one runs
 };
 
 struct BackwardParams {

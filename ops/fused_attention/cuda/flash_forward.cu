@@ -1,7 +1,8 @@
-// Instantiates the tensor-core forward for float16 / bfloat16 x head_dim 64 /
-// 128 and picks one for the shapes at hand.
+// Instantiates the tensor-core forwards (tiles128 and v1) for float16 /
+// bfloat16 x head_dim 64 / 128 and runs the one the call names.
 
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
+#include "ops/fused_attention/cuda/flash_forward_tiles_kernel.cuh"
 
 #include "ops/cuda/shared_memory.h"
 
@@ -11,14 +12,23 @@
 namespace conveyor::attention::cuda {
 namespace {
 
-template <typename T, int kHeadDim>
-void run_flash_forward(const ForwardParams& params, cudaStream_t stream) {
-  using Config = FlashForwardConfigFor<T, kHeadDim>;
-  const auto kernel = flash_forward_kernel<T, Config>;
+template <typename Config, typename Kernel>
+void run(Kernel kernel, const ForwardParams& params, cudaStream_t stream) {
   conveyor::cuda::allow_shared_memory(kernel, Config::kSmemBytes);
   const dim3 grid((params.q_len + Config::kBlockM - 1) / Config::kBlockM, params.heads, params.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int kHeadDim>
+void run_flash_forward(const ForwardParams& params, cudaStream_t stream) {
+  if (params.flash_kernel == FlashKernel::kV1) {
+    using Config = FlashForwardConfigFor<T, kHeadDim>;
+    run<Config>(flash_forward_kernel<T, Config>, params, stream);
+  } else {
+    using Config = TilesForwardConfigFor<T, kHeadDim>;
+    run<Config>(flash_forward_tiles_kernel<T, Config>, params, stream);
+  }
 }
 
 template <typename T>

@@ -67,10 +67,17 @@ at::Tensor contiguous_mask(const std::optional<at::Tensor>& mask) {
   return mask.has_value() && mask->defined() ? mask->contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                          const at::Tensor& v_in,
-                                                          const std::optional<at::Tensor>& key_padding_mask,
-                                                          bool causal, std::optional<double> scale) {
+// The tensor-core kernel the dispatch table (or an override) names for this call.
+cuda::FlashKernel flash_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, bool causal,
+                               bool train) {
+  const std::string name = fused_kernel(attention_query(q, k, mask.defined(), causal, train));
+  return name == "v1" ? cuda::FlashKernel::kV1 : cuda::FlashKernel::kTiles128;
+}
+
+// `train`: called for autograd (fused_attention_forward), whose backward follows.
+std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                                const std::optional<at::Tensor>& key_padding_mask, bool causal,
+                                                std::optional<double> scale, bool train) {
   const AttentionShape s = attention::check_forward_inputs(q_in, k_in, v_in, key_padding_mask);
   check_launchable(q_in, s);
   const double softmax_scale = attention::resolve_scale(scale, s.head_dim);
@@ -86,6 +93,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& q_in
   cuda::ForwardParams p = forward_params(q, k, v, mask, s, causal, softmax_scale);
   p.out = out.data_ptr();
   p.lse = lse.data_ptr();
+  p.flash_kernel = flash_kernel(q, k, mask, causal, train);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (cuda::flash_takes(p)) {
     cuda::launch_flash_forward(p, stream);
@@ -132,9 +140,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   return {grad_q, grad_k, grad_v};
 }
 
+std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const std::optional<at::Tensor>& key_padding_mask,
+                                                          bool causal, std::optional<double> scale) {
+  return forward_cuda(q, k, v, key_padding_mask, causal, scale, /*train=*/true);
+}
+
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& key_padding_mask, bool causal, std::optional<double> scale) {
-  return std::get<0>(attention_forward_cuda(q, k, v, key_padding_mask, causal, scale));
+  return std::get<0>(forward_cuda(q, k, v, key_padding_mask, causal, scale, /*train=*/false));
 }
 
 }  // namespace

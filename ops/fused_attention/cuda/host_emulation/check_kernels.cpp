@@ -12,6 +12,7 @@ alignas(128) unsigned char smem_raw[256 * 1024];
 
 #include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
+#include "ops/fused_attention/cuda/flash_forward_tiles_kernel.cuh"
 #include "ops/fused_attention/cuda/simple_attention_kernels.cuh"
 
 #include <cstdio>
@@ -231,10 +232,19 @@ void run_case(const Problem& pr, bool flash, double tol) {
 
   if (flash) {
     if constexpr (sizeof(T) == 2) {
+      // Both forwards, as their launchers run them: v1, then tiles128, whose
+      // out and lse the backward then reads.
       auto fwd = [&]<int kD>() {
-        using C = FlashForwardConfigFor<T, kD>;  // what the launcher runs
-        emulated::launch(flash_forward_kernel<T, C>, rows_grid(pr.Sq, C::kBlockM), C::kThreads, C::kSmemBytes, smem,
-                         cap, p);
+        using C1 = FlashForwardConfigFor<T, kD>;
+        emulated::launch(flash_forward_kernel<T, C1>, rows_grid(pr.Sq, C1::kBlockM), C1::kThreads, C1::kSmemBytes,
+                         smem, cap, p);
+        report("out v1", name, error(out, want.out), tol);
+        report("lse v1", name, error(lse, want.lse), tol);
+        std::fill(out.begin(), out.end(), from_double<T>(NAN));
+        std::fill(lse.begin(), lse.end(), static_cast<LseT>(NAN));
+        using C = TilesForwardConfigFor<T, kD>;
+        emulated::launch(flash_forward_tiles_kernel<T, C>, rows_grid(pr.Sq, C::kBlockM), C::kThreads, C::kSmemBytes,
+                         smem, cap, p);
       };
       if (pr.D == 64)
         fwd.template operator()<64>();
@@ -245,8 +255,8 @@ void run_case(const Problem& pr, bool flash, double tol) {
     emulated::launch(simple_forward_kernel<T, LseT>, rows_grid(pr.Sq, SimpleTiles::kBlockM), SimpleTiles::kThreads,
                      SimpleTiles::forward_elements(pr.D) * sizeof(LseT), smem, cap, p);
   }
-  report("out", name, error(out, want.out), tol);
-  report("lse", name, error(lse, want.lse), tol);
+  report(flash ? "out tiles128" : "out", name, error(out, want.out), tol);
+  report(flash ? "lse tiles128" : "lse", name, error(lse, want.lse), tol);
 
   // The backward runs on the kernel's own out and lse, as in real use.
   const int64_t rows = static_cast<int64_t>(pr.B) * pr.H * pr.Sq;

@@ -2,6 +2,7 @@
 // Host stand-in for ops/cuda/ptx.cuh (same names), found first on the include
 // path when the kernels are compiled for host emulation (../../../emulated_cuda.h).
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 namespace conveyor::ptx {
 template <typename T>
@@ -20,6 +21,12 @@ inline void mma_1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t 
   emulated::mma_tf32(d, a, b);
 }
 inline float to_tf32(float x) { return emulated::round_tf32(x); }
+// ex2.approx.ftz: within 2 ulp of 2^x (the emulation computes it exactly, so
+// the checks' tolerances must allow for the difference), subnormals to 0.
+inline float ex2_approx(float x) {
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
+}
 inline void cp_async_16(void* smem, const void* gmem, bool valid) { emulated::cp_async(smem, gmem, valid); }
 inline void cp_async_commit() { emulated::cp_async_commit(); }
 template <int kPending>
