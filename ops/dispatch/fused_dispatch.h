@@ -56,8 +56,8 @@
 //                              unit) and the per-step backward
 //              step            a kernel per time step, forward and backward
 //   attention: tiles128        the tensor-core forward with FlashAttention-2's tiles: 128 query
-//                              rows a CTA, 32 a warp, K and V double-buffered (the backward
-//                              is v1's)
+//                              rows a CTA, 32 a warp, K and V double-buffered; the backward
+//                              with its query blocks double-buffered
 //              v1              the first tensor-core kernels: 64 query rows a CTA, 16 a warp
 // (both for float16/bfloat16 at head dim 64 and 128; other calls run the
 // general kernels)

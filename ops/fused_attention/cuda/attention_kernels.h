@@ -34,7 +34,7 @@ struct BackwardParams {
   void* row_dot = nullptr;         // workspace [B, H, S_q]: rowsum(grad_out * out), lse's dtype
   float* grad_q_accum = nullptr;   // workspace [B, H, S_q, D] float, zeroed (tensor-core path only)
   void* grad_q = nullptr;          // outputs, the inputs' dtype (grad_q unused on the tensor-core path,
-  void* grad_k = nullptr;          // whose caller converts grad_q_accum * scale instead)
+  void* grad_k = nullptr;          // whose caller converts grad_q_accum, already scaled, instead)
   void* grad_v = nullptr;
 };
 

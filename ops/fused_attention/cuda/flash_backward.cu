@@ -1,6 +1,7 @@
-// Instantiates the tensor-core backward for float16 / bfloat16 x head_dim 64 /
+// Instantiates the tensor-core backwards (tiles128: query blocks
+// double-buffered; v1: one buffer) for float16 / bfloat16 x head_dim 64 /
 // 128: rowsum(dO * O) first, then the key-block kernel, which accumulates dQ
-// (unscaled, float) into params.grad_q_accum for the caller to convert.
+// (scaled, float) into params.grad_q_accum for the caller to convert.
 
 #include "ops/fused_attention/cuda/flash_backward_kernel.cuh"
 
@@ -12,15 +13,23 @@
 namespace conveyor::attention::cuda {
 namespace {
 
-template <typename T, int kHeadDim>
-void run_flash_backward(const BackwardParams& params, cudaStream_t stream) {
-  using Config = FlashBackwardConfigFor<T, kHeadDim>;
+template <typename Config, typename T>
+void run(const BackwardParams& params, cudaStream_t stream) {
   const auto kernel = flash_backward_kernel<T, Config>;
   conveyor::cuda::allow_shared_memory(kernel, Config::kSmemBytes);
   const ForwardParams& p = params.fwd;
   const dim3 grid((p.k_len + Config::kBlockN - 1) / Config::kBlockN, p.heads, p.batch);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int kHeadDim>
+void run_flash_backward(const BackwardParams& params, cudaStream_t stream) {
+  if (params.fwd.flash_kernel == FlashKernel::kV1) {
+    run<FlashBackwardConfigFor<T, kHeadDim>, T>(params, stream);
+  } else {
+    run<TilesBackwardConfigFor<T, kHeadDim>, T>(params, stream);
+  }
 }
 
 template <typename T>

@@ -7,7 +7,8 @@
 //   S^T  = K Q^T                     P^T = exp2(S^T * scale log2 e - lse log2 e)
 //   dP^T = V dO^T                    dS^T = P^T * (dP^T - D),  D = rowsum(dO * O)
 //   dV  += P^T dO                    dK  += dS^T Q            (scale applied once at the end)
-//   dQ  += dS K  -> atomicAdd into a float workspace shared by all key blocks
+//   dQ  += dS K * scale -> atomicAdd (8 bytes at a time) into a float
+//                          workspace shared by all key blocks
 // P^T and dS^T go from accumulators straight into A fragments; dS is also
 // written to shared memory, transposed, for the dQ product, whose rows mix
 // the keys of every warp. The probabilities are recomputed from the saved
@@ -21,18 +22,21 @@
 
 namespace conveyor::attention::cuda {
 
-template <typename T, int kHeadDim_, int kBlockM_, int kWarps_>
+template <typename T, int kHeadDim_, int kBlockM_, int kWarps_, int kBuffers_ = 1>
 struct FlashBackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;  // keys per CTA
   static constexpr int kBlockM = kBlockM_;     // query rows per step
+  static constexpr int kBuffers = kBuffers_;   // 2: the next query block's Q, dO, lse and D fetched during this one
   static constexpr int kStride = kHeadDim + 8;
   static constexpr int kDsStride = kBlockN + 8;
-  static constexpr int kSmemBytes = (2 * kBlockN + 2 * kBlockM) * kStride * static_cast<int>(sizeof(T)) +
+  // Elements of one query buffer: Q and dO tiles.
+  static constexpr int kQueryBuffer = 2 * kBlockM * kStride;
+  static constexpr int kSmemBytes = (2 * kBlockN * kStride + kBuffers * kQueryBuffer) * static_cast<int>(sizeof(T)) +
                                     kBlockM * kDsStride * static_cast<int>(sizeof(T)) +
-                                    2 * kBlockM * static_cast<int>(sizeof(float));
+                                    kBuffers * 2 * kBlockM * static_cast<int>(sizeof(float));
   // dQ = dS K: warp w takes 16-row block w % kRowBlocks and kDqTilesPerWarp
   // 8-column tiles, produced kDqChunk tiles at a time so that few
   // accumulators are live next to dK and dV.
@@ -45,11 +49,29 @@ struct FlashBackwardConfig {
   static_assert(kDqTilesPerWarp % kDqChunk == 0 && kDqChunk % 2 == 0, "dQ chunks are whole tile pairs");
 };
 
-// The configuration the launcher uses: 64 keys a CTA (4 warps x 16), query
-// steps of 64 rows at head_dim 64 and of 32 at head_dim 128, where dK and dV
-// already hold 128 accumulators a thread.
+// The kernel variant "v1": 64 keys a CTA (4 warps x 16), query steps of 64
+// rows at head_dim 64 and of 32 at head_dim 128, where dK and dV already hold
+// 128 accumulators a thread.
 template <typename T, int kHeadDim>
 using FlashBackwardConfigFor = FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4>;
+// "tiles128": the query blocks double-buffered (the next one's Q, dO, lse
+// and D fetched while this one is used). 128 keys a CTA (8 warps), which
+// would serve each query block to twice the keys, spilled 24-60 bytes at
+// head dim 64 where 64 keys spill none; at head dim 128 this spills 16 bytes
+// where v1 spills 28.
+template <typename T, int kHeadDim>
+using TilesBackwardConfigFor =
+    FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4, /*kBuffers=*/2>;
+
+// dQ += (a, b) at dq: one 8-byte atomic where the GPU has them (sm_90).
+__device__ __forceinline__ void atomic_add2(float* dq, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dq), make_float2(a, b));
+#else
+  atomicAdd(dq, a);
+  atomicAdd(dq + 1, b);
+#endif
+}
 
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const BackwardParams bp) {
@@ -59,11 +81,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + BN * kStride;
-  T* sQ = sV + BN * kStride;
-  T* sdO = sQ + BM * kStride;
-  T* sdS = sdO + BM * kStride;                                   // [BM][kDsStride]: dS, query-major
-  float* sLse = reinterpret_cast<float*>(sdS + BM * kDsStride);  // lse * log2 e
-  float* sDot = sLse + BM;
+  T* sQuery = sV + BN * kStride;                                              // buffers of Q then dO
+  T* sdS = sQuery + Config::kBuffers * Config::kQueryBuffer;                  // [BM][kDsStride]: dS, query-major
+  float* sStats = reinterpret_cast<float*>(sdS + BM * kDsStride);             // buffers of lse * log2 e then D
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -80,6 +100,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
   const float scale = static_cast<float>(p.scale);
   const float scale_log2 = scale * kLog2e;
+  // Query block m0's Q, dO, lse and D into buffer b (cp.async for the tiles, committed by the caller).
+  auto fetch_queries = [&](int m0, int b) {
+    T* q_tile = sQuery + b * Config::kQueryBuffer;
+    copy_tile_async<BM, D, kThreads>(q_tile, kStride, q, m0, p.q_len, tid);
+    copy_tile_async<BM, D, kThreads>(q_tile + BM * kStride, kStride, dout, m0, p.q_len, tid);
+    for (int i = tid; i < BM; i += kThreads) {
+      const bool valid = m0 + i < p.q_len;
+      sStats[b * 2 * BM + i] = valid ? lse[m0 + i] * kLog2e : 0.f;
+      sStats[b * 2 * BM + BM + i] = valid ? row_dot[m0 + i] : 0.f;
+    }
+  };
 
   copy_tile_async<BN, D, kThreads>(sK, kStride, k, n0, p.k_len, tid);
   copy_tile_async<BN, D, kThreads>(sV, kStride, v, n0, p.k_len, tid);
@@ -105,17 +136,31 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   // the mask hides them all, no query does (dK = dV = 0, nothing for dQ).
   const bool any_shown = __syncthreads_or(!key_hidden[0] || !key_hidden[1]) != 0;
   const int m_first = !any_shown ? p.q_len : p.causal ? (n0 / BM) * BM : 0;
-  for (int m0 = m_first; m0 < p.q_len; m0 += BM) {
-    copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
-    copy_tile_async<BM, D, kThreads>(sdO, kStride, dout, m0, p.q_len, tid);
+  if (Config::kBuffers == 2 && m_first < p.q_len) {
+    fetch_queries(m_first, 0);
     cp_async_commit();
-    for (int i = tid; i < BM; i += kThreads) {
-      const bool valid = m0 + i < p.q_len;
-      sLse[i] = valid ? lse[m0 + i] * kLog2e : 0.f;
-      sDot[i] = valid ? row_dot[m0 + i] : 0.f;
+  }
+  int buffer = 0;
+  for (int m0 = m_first; m0 < p.q_len; m0 += BM) {
+    if constexpr (Config::kBuffers == 2) {
+      // The next query block into the other buffer while this one is used.
+      if (m0 + BM < p.q_len) {
+        fetch_queries(m0 + BM, buffer ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+    } else {
+      fetch_queries(m0, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
     }
-    cp_async_wait<0>();
     __syncthreads();
+    const T* sQ = sQuery + buffer * Config::kQueryBuffer;
+    const T* sdO = sQ + BM * kStride;
+    const float* sLse = sStats + buffer * 2 * BM;
+    const float* sDot = sLse + BM;
 
     // S^T and dP^T for this warp's 16 keys x BM queries.
     float s[BM / 8][4], dp[BM / 8][4];
@@ -217,13 +262,14 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
         for (int r = 0; r < 2; ++r) {
           const int query = m0 + row_block * 16 + g + 8 * r;
           if (query < p.q_len) {
-            atomicAdd(dq_accum + static_cast<int64_t>(query) * D + col, acc[c][2 * r]);
-            atomicAdd(dq_accum + static_cast<int64_t>(query) * D + col + 1, acc[c][2 * r + 1]);
+            atomic_add2(dq_accum + static_cast<int64_t>(query) * D + col, acc[c][2 * r] * scale,
+                        acc[c][2 * r + 1] * scale);
           }
         }
       }
     }
     __syncthreads();  // sQ, sdO and sdS are refilled next
+    buffer ^= Config::kBuffers - 1;
   }
   cp_async_wait<0>();  // K and V were never waited for when no query sees these keys
 

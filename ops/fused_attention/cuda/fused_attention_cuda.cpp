@@ -119,6 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
   cuda::BackwardParams bp;
   bp.fwd = forward_params(q, k, v, mask, s, causal, softmax_scale);
+  bp.fwd.flash_kernel = flash_kernel(q, k, mask, causal, /*train=*/true);
   bp.fwd.out = const_cast<void*>(out.const_data_ptr());
   bp.fwd.lse = const_cast<void*>(lse.const_data_ptr());
   bp.grad_out = grad_out.const_data_ptr();
@@ -132,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     at::Tensor grad_q_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     bp.grad_q_accum = grad_q_accum.data_ptr<float>();
     cuda::launch_flash_backward(bp, stream);
-    return {grad_q_accum.mul_(softmax_scale).to(q.scalar_type()), grad_k, grad_v};
+    return {grad_q_accum.to(q.scalar_type()), grad_k, grad_v};  // the kernel scales dQ as it adds it
   }
   at::Tensor grad_q = at::empty_like(q);
   bp.grad_q = grad_q.data_ptr();
