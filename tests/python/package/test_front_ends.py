@@ -66,6 +66,43 @@ def test_a_module_is_exported_at_its_first_step_and_its_own_tensors_train():
     assert torch.allclose(model(x)["logits"], eager(x)["logits"], rtol=0, atol=1e-12)
 
 
+class Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.register_buffer("shift", torch.full((8,), 0.5))
+
+    def forward(self, x):
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)) + self.shift)))
+
+
+def test_an_optimizer_over_the_modules_own_parameters_trains_its_stages_on_their_devices():
+    """With devices=, each stage's parameters and buffers are moved to its
+    device in place (as nn.Module.to moves them): the module's own objects,
+    so an optimizer made over model.parameters() before the pipeline, as
+    tutorials make it, steps what trains. Two stages on "cpu" here; the GPU
+    machine runs the same with "cuda:0" (tests/python/gpu/device_pipeline_check.py)."""
+    torch.manual_seed(3)
+    model = Chain().double()
+    eager = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    pipe = conveyor.Pipeline(model, split_points=["b"], workers=2, microbatches=2, devices=["cpu", "cpu"],
+                             loss_fn=F.mse_loss)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        x, y = torch.randn(6, 4, generator=g, dtype=torch.double), torch.randn(6, 3, generator=g, dtype=torch.double)
+        pipe.train_step(x, y)
+        F.mse_loss(eager(x), y).backward()
+        opt.step(), ref.step(), opt.zero_grad(), ref.zero_grad()
+    own = dict(model.named_parameters())
+    assert [n for n, _ in pipe.named_parameters()] == list(own)
+    assert all(p is own[n] for n, p in pipe.named_parameters()), "the module's own parameter objects"
+    for name, p in eager.named_parameters():
+        assert torch.allclose(own[name], p, rtol=0, atol=1e-10), name
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in pipe.state_dict().items())
+
+
 def test_a_tied_weight_is_one_parameter_by_its_first_name_and_every_state_dict_key():
     model = tied_model()
     pipe = conveyor.Pipeline(model, split_points=["head"], microbatches=2, loss_fn=token_loss, output="logits",
