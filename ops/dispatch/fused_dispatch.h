@@ -67,7 +67,9 @@
 // Calls that only one path can run are not looked up: a device without a
 // fused kernel runs the reference. A masked attention call's reference is
 // SDPA given the mask, made safe for a query whose keys are all masked (SDPA
-// alone returns NaN there; both paths return 0 with zero gradients).
+// alone returns NaN there; both paths return 0 with zero gradients); where
+// no row for masked calls applies, a masked call runs the fused kernel (the
+// reference would materialise the mask and lose SDPA's flash backend).
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>

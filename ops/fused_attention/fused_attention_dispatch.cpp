@@ -29,7 +29,15 @@ DispatchChoice attention_path(const at::Tensor& q, const at::Tensor& k, const at
   const bool can_fuse = fused_kernel_can_run(cuda_kernel, q.device(), q.scalar_type());
   const bool masked = key_padding_mask.has_value() && key_padding_mask->defined();
   const bool train = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  return choose_fused_path(attention_query(q, k, masked, causal, train), can_fuse);
+  const DispatchQuery query = attention_query(q, k, masked, causal, train);
+  if (masked && can_fuse && dispatch_policy() == DispatchPolicy::kTable &&
+      !dispatch_table()->nearest(query, dispatch_device_name(q.device()))) {
+    // Unmeasured masked calls keep the fused kernel, as before masks were
+    // measured: the reference would materialise the mask ([B, 1, S_q, S_k]
+    // with causal masking) and lose SDPA's flash backend.
+    return {FusedPath::kFused, "no measured row for masked calls here: the fused kernel"};
+  }
+  return choose_fused_path(query, can_fuse);
 }
 
 at::Tensor masked_reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

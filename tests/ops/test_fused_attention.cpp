@@ -285,6 +285,28 @@ TEST(FusedAttentionCuda, MatchesMathReferenceOnDevice) {
   }
 }
 
+// A softmax scale of 0 or below (tiles128 takes row maxima of raw scores,
+// which needs scale > 0: such calls run v1) gives the reference's result
+// whichever kernel is named.
+TEST(FusedAttentionCuda, AScaleOfZeroOrBelowMatchesWhateverTheKernel) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(13);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const at::Tensor q = torch::randn({1, 2, 70, 64}, opts), k = torch::randn({1, 2, 90, 64}, opts),
+                   v = torch::randn({1, 2, 90, 64}, opts);
+  const at::Tensor hidden = torch::zeros({1, 1, 70, 90}, torch::kBool);
+  for (const auto& kernel : fused_kernel_names("attention")) {
+    const ScopedFusedKernel only("attention", kernel);
+    for (const double scale : {0.0, -0.3}) {
+      const at::Tensor want = math_attention(q.cpu().to(torch::kDouble), k.cpu().to(torch::kDouble),
+                                             v.cpu().to(torch::kDouble), hidden, scale);
+      EXPECT_LE(relative_error(fused_attention(q, k, v, std::nullopt, false, scale).cpu().to(torch::kDouble), want),
+                2e-2)
+          << kernel << " scale " << scale;
+    }
+  }
+}
+
 // Views that start 2 bytes into their storage (x[1:] of a half tensor, flat)
 // cannot take the tensor-core kernels' 16-byte copies: they run the general
 // kernels and still match (ops/fused_attention/cuda/attention_kernels.h).

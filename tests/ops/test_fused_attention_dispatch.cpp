@@ -120,6 +120,18 @@ attention cpu fp64 fused     batch_heads=4 seq_q=8   seq_k=8   head_dim=16 causa
   EXPECT_EQ(run(128, false).sdpa_calls, 1);
 }
 
+TEST(FusedAttentionDispatch, AMaskedCallWithNoMeasuredRowRunsTheFusedKernel) {
+  // kTable has rows for unmasked calls only.
+  const ScopedDispatch table(DispatchPolicy::kTable, DispatchTable::parse(kTable));
+  at::Tensor mask = torch::zeros({2, 128}, torch::kBool);
+  mask[1].slice(0, 100).fill_(true);
+  const AttentionRun got = run(128, false, mask);
+  EXPECT_EQ(got.fused_calls, 1);
+  EXPECT_EQ(got.sdpa_calls, 0);
+  const auto t = torch::zeros({2, 2, 128, 16}, torch::kDouble);
+  EXPECT_NE(attention_path(t, t, t, mask, false).reason.find("no measured row for masked calls"), std::string::npos);
+}
+
 TEST(FusedAttentionDispatch, AMaskedReferenceCallChecksItsArgumentsAsTheFusedOpDoes) {
   const auto t = torch::zeros({2, 2, 8, 16});
   const at::Tensor wrong = torch::zeros({2, 7}, torch::kBool);

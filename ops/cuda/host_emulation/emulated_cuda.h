@@ -52,6 +52,7 @@ struct Copy {
   void* dst;
   const void* src;
   bool valid;
+  size_t bytes;
 };
 inline thread_local uint3 tl_thread_idx, tl_block_idx;
 inline thread_local dim3 tl_block_dim, tl_grid_dim;
@@ -257,12 +258,12 @@ inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
   collective_count++;
 }
 
-inline void cp_async(void* dst, const void* src, bool valid) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+inline void cp_async(void* dst, const void* src, bool valid, size_t bytes = 16) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0) {
     fprintf(stderr, "cp.async: unaligned\n");
     abort();
   }
-  tl_open.push_back({dst, src, valid});
+  tl_open.push_back({dst, src, valid, bytes});
 }
 inline void cp_async_commit() {
   tl_committed.push_back(std::move(tl_open));
@@ -273,9 +274,9 @@ inline void cp_async_wait(int pending) {
   while (static_cast<int>(tl_committed.size()) > pending) {
     for (const Copy& c : tl_committed.front()) {
       if (c.valid)
-        std::memcpy(c.dst, c.src, 16);
+        std::memcpy(c.dst, c.src, c.bytes);
       else
-        std::memset(c.dst, 0, 16);
+        std::memset(c.dst, 0, c.bytes);
     }
     tl_committed.erase(tl_committed.begin());
   }

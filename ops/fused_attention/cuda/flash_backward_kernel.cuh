@@ -100,7 +100,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
   const float scale = static_cast<float>(p.scale);
   const float scale_log2 = scale * kLog2e;
-  // Query block m0's Q, dO, lse and D into buffer b (cp.async for the tiles, committed by the caller).
+  // Query block m0's Q, dO, lse and D into buffer b (cp.async for the tiles,
+  // committed by the caller; plain loads for lse and D: as 4-byte cp.async
+  // copies they cost every configuration 28-76 bytes of spills).
   auto fetch_queries = [&](int m0, int b) {
     T* q_tile = sQuery + b * Config::kQueryBuffer;
     copy_tile_async<BM, D, kThreads>(q_tile, kStride, q, m0, p.q_len, tid);

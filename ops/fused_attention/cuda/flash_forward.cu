@@ -14,9 +14,11 @@ namespace {
 
 template <typename Config, typename Kernel>
 void run(Kernel kernel, const ForwardParams& params, cudaStream_t stream) {
-  conveyor::cuda::allow_shared_memory(kernel, Config::kSmemBytes);
+  // The tiles, and a flag a key block for the mask (forward_smem_bytes).
+  const size_t smem = forward_smem_bytes<Config>(params.k_len);
+  conveyor::cuda::allow_shared_memory(kernel, smem);
   const dim3 grid((params.q_len + Config::kBlockM - 1) / Config::kBlockM, params.heads, params.batch);
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(params);
+  kernel<<<grid, Config::kThreads, smem, stream>>>(params);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

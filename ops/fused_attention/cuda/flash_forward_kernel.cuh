@@ -34,7 +34,7 @@ struct FlashForwardConfig {
   // +8 elements (16 bytes) per row: rows stay 16-byte aligned for cp.async and
   // ldmatrix, and the 8 rows an ldmatrix phase reads fall in distinct banks.
   static constexpr int kStride = kHeadDim + 8;
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kStride * static_cast<int>(sizeof(T));
+  static constexpr int kTileBytes = (kBlockM + 2 * kBlockN) * kStride * static_cast<int>(sizeof(T));  // then the mask's block flags
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");
 };
 
@@ -44,25 +44,69 @@ struct FlashForwardConfig {
 template <typename T, int kHeadDim>
 using FlashForwardConfigFor = FlashForwardConfig<T, kHeadDim, /*kBlockN=*/64, /*kWarps=*/4>;
 
-// Whether the padding mask shows some key of [n0, n0 + kBlockN) (`all`:
-// every key there). Every thread of the block calls it with the same
-// arguments, and gets the block's answer.
-template <int kBlockN>
-__device__ __forceinline__ bool keys_shown(const uint8_t* mask, int n0, int k_len, int tid, bool all) {
-  bool shown = all;  // the empty block: every key (none) shown, and no key shown
-  for (int i = tid; i < kBlockN; i += blockDim.x) {
-    const bool key = n0 + i < k_len && mask[n0 + i] == 0;
-    shown = all ? shown && key : shown || key;
+// What the padding mask shows of each key block, as flags in the CTA's
+// dynamic shared memory at byte kFlags, one a key block (forward_smem_bytes):
+// bit 0 some key, bit 1 every key (a block past the sequence's end shows its
+// missing keys as hidden). Read once a CTA, a block per thread with 16-byte
+// loads, so that finding the next shown block and telling an edge block take
+// no barrier. Free functions of compile-time offsets: a struct of pointers
+// kept across the key loop, or a fallback that asks the block with a
+// barrier, cost the tiles128 forward 68-76 bytes of spills.
+__device__ __forceinline__ bool has_zero_byte(uint32_t v) { return ((v - 0x01010101u) & ~v & 0x80808080u) != 0; }
+
+template <int kFlags>
+__device__ __forceinline__ uint8_t* mask_flags() {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  return smem_raw + kFlags;
+}
+
+// Fills the flags, then __syncthreads(); every thread calls it.
+template <int kBlockN, int kFlags>
+__device__ __forceinline__ void read_mask_blocks(const uint8_t* mask, int n_blocks, int k_len, int tid) {
+  if (mask == nullptr) return;
+  for (int j = tid; j < n_blocks; j += blockDim.x) {
+    const int n0 = j * kBlockN, n = min(kBlockN, k_len - n0);
+    bool any = false, all = n == kBlockN;
+    const uint8_t* m = mask + n0;
+    if (n == kBlockN && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
+      for (int i = 0; i < kBlockN; i += 16) {
+        const uint4 w = *reinterpret_cast<const uint4*>(m + i);
+        any = any || has_zero_byte(w.x) || has_zero_byte(w.y) || has_zero_byte(w.z) || has_zero_byte(w.w);
+        all = all && (w.x | w.y | w.z | w.w) == 0;
+      }
+    } else {
+      for (int i = 0; i < n; ++i) {
+        any = any || m[i] == 0;
+        all = all && m[i] == 0;
+      }
+    }
+    mask_flags<kFlags>()[j] = static_cast<uint8_t>((any ? 1 : 0) | (all ? 2 : 0));
   }
-  return all ? __syncthreads_and(shown) != 0 : __syncthreads_or(shown) != 0;
+  __syncthreads();
 }
 
 // The first key block from j on with a key the mask shows (n_blocks if none).
-template <int kBlockN>
-__device__ __forceinline__ int next_shown_block(const uint8_t* mask, int j, int n_blocks, int k_len, int tid) {
+template <int kFlags>
+__device__ __forceinline__ int next_shown_block(const uint8_t* mask, int n_blocks, int j) {
   if (mask == nullptr) return j;
-  while (j < n_blocks && !keys_shown<kBlockN>(mask, j * kBlockN, k_len, tid, false)) ++j;
+  while (j < n_blocks && (mask_flags<kFlags>()[j] & 1) == 0) ++j;
   return j;
+}
+
+// Whether key block j must test each score: past the sequence's end, over
+// the causal diagonal (the CTA's first query row m0), or a key the mask hides.
+template <int kBlockN, int kFlags>
+__device__ __forceinline__ bool edge_block(const uint8_t* mask, int j, int k_len, int m0, bool causal) {
+  const int n0 = j * kBlockN;
+  return n0 + kBlockN > k_len || (causal && n0 + kBlockN - 1 > m0) ||
+         (mask != nullptr && (mask_flags<kFlags>()[j] & 2) == 0);
+}
+
+// A forward kernel's dynamic shared memory for keys of length k_len: its
+// tiles, then the flags.
+template <typename Config>
+__host__ __device__ constexpr size_t forward_smem_bytes(int k_len) {
+  return static_cast<size_t>(Config::kTileBytes) + (static_cast<size_t>(k_len) / Config::kBlockN + 16) / 16 * 16;
 }
 
 template <typename T, typename Config>
@@ -82,16 +126,18 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
   const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;
   const T* k = static_cast<const T*>(p.k) + bh * p.k_len * D;
   const T* v = static_cast<const T*>(p.v) + bh * p.k_len * D;
-  const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
 
   // Key blocks this query block needs: with causal masking, none past its last row.
   int n_blocks = (p.k_len + BN - 1) / BN;
   if (p.causal) n_blocks = min(n_blocks, (min(m0 + BM, p.q_len) - 1) / BN + 1);
 
-  int j = next_shown_block<BN>(mask, 0, n_blocks, p.k_len, tid);
   copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
   cp_async_commit();
+  constexpr int kFlags = Config::kTileBytes;
+  const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
+  read_mask_blocks<BN, kFlags>(mask, n_blocks, p.k_len, tid);
+  int j = next_shown_block<kFlags>(mask, n_blocks, 0);
   if (j < n_blocks) copy_tile_async<BN, D, kThreads>(sK, kStride, k, j * BN, p.k_len, tid);
   cp_async_commit();
   cp_async_wait<1>();  // Q has landed
@@ -110,10 +156,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
 
   while (j < n_blocks) {
     const int n0 = j * BN;
-    // Scores to test one by one: past the sequence's end, over the causal
-    // diagonal, or a key the mask hides.
-    const bool edge = n0 + BN > p.k_len || (p.causal && n0 + BN - 1 > m0) ||
-                      (mask != nullptr && !keys_shown<BN>(mask, n0, p.k_len, tid, true));
+    const bool edge = edge_block<BN, kFlags>(mask, j, p.k_len, m0, p.causal);  // scores to test one by one
     copy_tile_async<BN, D, kThreads>(sV, kStride, v, n0, p.k_len, tid);
     cp_async_commit();
     cp_async_wait<1>();  // K_j has landed
@@ -133,7 +176,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_kernel(const F
       }
     }
     __syncthreads();  // every warp is done with sK
-    const int j_next = next_shown_block<BN>(mask, j + 1, n_blocks, p.k_len, tid);
+    const int j_next = next_shown_block<kFlags>(mask, n_blocks, j + 1);
     const bool prefetch = j_next < n_blocks;
     if (prefetch) {
       copy_tile_async<BN, D, kThreads>(sK, kStride, k, j_next * BN, p.k_len, tid);

@@ -5,15 +5,17 @@
 // row tiles that share every K and V fragment the warp loads), and walks the
 // keys kBlockN at a time: 32 at head dim 128, 128 at head dim 64. K and V are
 // double-buffered: block j+1's copies fly while block j is multiplied, with
-// one barrier a block where v1 has four. Q stays in shared memory and is
+// two barriers a block (v1 has four). Q stays in shared memory and is
 // reloaded per block (in registers it would crowd out O at head dim 128).
 //
 // Scores stay raw (unscaled) in the accumulators; the row max is taken on
 // them (the scale is positive) and each probability is one FMA and one
-// ex2.approx: exp2(s * scale log2 e - max * scale log2 e). Key blocks the
-// padding mask hides are skipped, only edge blocks (the sequence's end, the
-// causal diagonal, a partly padded block) test each score, and with causal
-// masking the query blocks with the most keys are launched first.
+// ex2.approx: exp2(s * scale log2 e - max * scale log2 e), which needs
+// scale > 0 (the binding sends other scales to v1). Key blocks the padding
+// mask hides are skipped (its block flags read once a CTA), only edge blocks
+// (the sequence's end, the causal diagonal, a partly padded block) test each
+// score, and with causal masking the query blocks with the most keys are
+// launched first within each (batch, head).
 
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
@@ -32,8 +34,9 @@ struct TilesForwardConfig {
   static constexpr int kBlockM = 16 * kRowTiles * kWarps;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStride = kHeadDim + 8;
-  // Q, then two buffers of a K and a V tile each (double-buffered).
-  static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kStride * static_cast<int>(sizeof(T));
+  // Q, then two buffers of a K and a V tile each (double-buffered), then the
+  // mask's block flags (forward_smem_bytes).
+  static constexpr int kTileBytes = (kBlockM + 4 * kBlockN) * kStride * static_cast<int>(sizeof(T));
   static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "tiles are made of 16x16 mma blocks");
 };
 
@@ -66,15 +69,17 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_tiles_kernel(c
   const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;
   const T* k = static_cast<const T*>(p.k) + bh * p.k_len * D;
   const T* v = static_cast<const T*>(p.v) + bh * p.k_len * D;
-  const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
 
   int n_blocks = (p.k_len + BN - 1) / BN;
   if (p.causal) n_blocks = min(n_blocks, (min(m0 + BM, p.q_len) - 1) / BN + 1);
 
-  // Group 0: Q and the first shown key block's K and V.
-  int j = next_shown_block<BN>(mask, 0, n_blocks, p.k_len, tid);
+  // Group 0: Q (on its way while the mask is read) and the first shown key block's K and V.
   copy_tile_async<BM, D, kThreads>(sQ, kStride, q, m0, p.q_len, tid);
+  constexpr int kFlags = Config::kTileBytes;
+  const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
+  read_mask_blocks<BN, kFlags>(mask, n_blocks, p.k_len, tid);
+  int j = next_shown_block<kFlags>(mask, n_blocks, 0);
   if (j < n_blocks) {
     copy_tile_async<BN, D, kThreads>(sK(0), kStride, k, j * BN, p.k_len, tid);
     copy_tile_async<BN, D, kThreads>(sV(0), kStride, v, j * BN, p.k_len, tid);
@@ -97,10 +102,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_forward_tiles_kernel(c
   int buffer = 0;
   while (j < n_blocks) {
     const int n0 = j * BN;
-    const bool edge = n0 + BN > p.k_len || (p.causal && n0 + BN - 1 > m0) ||
-                      (mask != nullptr && !keys_shown<BN>(mask, n0, p.k_len, tid, true));
-    // The next shown block's K and V into the other buffer, while this one is used.
-    const int j_next = next_shown_block<BN>(mask, j + 1, n_blocks, p.k_len, tid);
+    const bool edge = edge_block<BN, kFlags>(mask, j, p.k_len, m0, p.causal);
+    // The next shown block's K and V into the other buffer, while this one is
+    // used. (Issued after the barrier, which would save the one at the end of
+    // the block, the copies spill 8 bytes at head dim 64.)
+    const int j_next = next_shown_block<kFlags>(mask, n_blocks, j + 1);
     if (j_next < n_blocks) {
       copy_tile_async<BN, D, kThreads>(sK(buffer ^ 1), kStride, k, j_next * BN, p.k_len, tid);
       copy_tile_async<BN, D, kThreads>(sV(buffer ^ 1), kStride, v, j_next * BN, p.k_len, tid);

@@ -67,9 +67,12 @@ at::Tensor contiguous_mask(const std::optional<at::Tensor>& mask) {
   return mask.has_value() && mask->defined() ? mask->contiguous() : at::Tensor();
 }
 
-// The tensor-core kernel the dispatch table (or an override) names for this call.
+// The tensor-core kernel the dispatch table (or an override) names for this
+// call. tiles128 takes the row max of raw scores, which needs scale > 0: a
+// scale of 0 or below runs v1, which scales first.
 cuda::FlashKernel flash_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& mask, bool causal,
-                               bool train) {
+                               bool train, double scale) {
+  if (scale <= 0) return cuda::FlashKernel::kV1;
   const std::string name = fused_kernel(attention_query(q, k, mask.defined(), causal, train));
   return name == "v1" ? cuda::FlashKernel::kV1 : cuda::FlashKernel::kTiles128;
 }
@@ -93,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q_in, const at
   cuda::ForwardParams p = forward_params(q, k, v, mask, s, causal, softmax_scale);
   p.out = out.data_ptr();
   p.lse = lse.data_ptr();
-  p.flash_kernel = flash_kernel(q, k, mask, causal, train);
+  p.flash_kernel = flash_kernel(q, k, mask, causal, train, softmax_scale);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (cuda::flash_takes(p)) {
     cuda::launch_flash_forward(p, stream);
@@ -119,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
   cuda::BackwardParams bp;
   bp.fwd = forward_params(q, k, v, mask, s, causal, softmax_scale);
-  bp.fwd.flash_kernel = flash_kernel(q, k, mask, causal, /*train=*/true);
+  bp.fwd.flash_kernel = flash_kernel(q, k, mask, causal, /*train=*/true, softmax_scale);
   bp.fwd.out = const_cast<void*>(out.const_data_ptr());
   bp.fwd.lse = const_cast<void*>(lse.const_data_ptr());
   bp.grad_out = grad_out.const_data_ptr();

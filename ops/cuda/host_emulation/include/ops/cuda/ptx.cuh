@@ -28,6 +28,7 @@ inline float ex2_approx(float x) {
   return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
 }
 inline void cp_async_16(void* smem, const void* gmem, bool valid) { emulated::cp_async(smem, gmem, valid); }
+inline void cp_async_4(void* smem, const void* gmem, bool valid) { emulated::cp_async(smem, gmem, valid, 4); }
 inline void cp_async_commit() { emulated::cp_async_commit(); }
 template <int kPending>
 inline void cp_async_wait() { emulated::cp_async_wait(kPending); }
