@@ -91,65 +91,54 @@ constexpr bool math_applies(Math math) {
   return true;
 }
 
-template <typename scalar_t, Math math>
-bool launch_forward(const ForwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
-  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, false);
+// The forward (a ForwardSequence) or backward (a BackwardSequence) persistent
+// kernel with product `math`, laid out for the device.
+template <typename scalar_t, Math math, typename Sequence>
+bool launch_persistent(const Sequence& seq, const Device& d, cudaStream_t stream) {
+  constexpr bool kBackward = std::is_same_v<Sequence, BackwardSequence<scalar_t>>;
+  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, kBackward);
   if (p.layout.bytes == 0) return false;
-  return launch_cooperative(&persistent::lstm_forward_persistent_kernel<scalar_t, math>, d, p.blocks,
-                            persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
+  const auto kernel = [] {
+    if constexpr (kBackward) {
+      return &persistent::lstm_backward_persistent_kernel<scalar_t, math>;
+    } else {
+      return &persistent::lstm_forward_persistent_kernel<scalar_t, math>;
+    }
+  }();
+  return launch_cooperative(kernel, d, p.blocks, persistent::kThreads, p.layout.bytes, stream, seq,
+                            p.units_per_block, p.layout);
 }
 
-template <typename scalar_t, Math math>
-bool launch_backward(const BackwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
-  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, true);
-  if (p.layout.bytes == 0) return false;
-  return launch_cooperative(&persistent::lstm_backward_persistent_kernel<scalar_t, math>, d, p.blocks,
-                            persistent::kThreads, p.layout.bytes, stream, seq, p.units_per_block, p.layout);
-}
-
-// Calls launch<scalar_t, math>(...) for the runtime `math`, instantiating only
-// the combinations that exist.
-template <typename scalar_t, template <typename, Math> class Launch, typename Seq>
-bool with_math(Math math, const Seq& seq, cudaStream_t stream) {
+// launch_persistent for the runtime `math`, instantiating only the
+// combinations that exist.
+template <typename scalar_t, typename Sequence>
+bool with_math(Math math, const Sequence& seq, cudaStream_t stream) {
   TORCH_CHECK(math_applies<scalar_t>(math), "fused_lstm: this arithmetic does not apply to the dtype");
   const Device d = current_device();
   if (d.sms == 0) return false;
   switch (math) {
     case Math::kMma16:
-      if constexpr (math_applies<scalar_t>(Math::kMma16)) return Launch<scalar_t, Math::kMma16>::run(seq, d, stream);
+      if constexpr (math_applies<scalar_t>(Math::kMma16)) return launch_persistent<scalar_t, Math::kMma16>(seq, d, stream);
       break;
     case Math::kTf32:
-      if constexpr (math_applies<scalar_t>(Math::kTf32)) return Launch<scalar_t, Math::kTf32>::run(seq, d, stream);
+      if constexpr (math_applies<scalar_t>(Math::kTf32)) return launch_persistent<scalar_t, Math::kTf32>(seq, d, stream);
       break;
     case Math::kFma:
-      return Launch<scalar_t, Math::kFma>::run(seq, d, stream);
+      return launch_persistent<scalar_t, Math::kFma>(seq, d, stream);
   }
   return false;
 }
-
-template <typename scalar_t, Math math>
-struct Forward {
-  static bool run(const ForwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
-    return launch_forward<scalar_t, math>(seq, d, stream);
-  }
-};
-template <typename scalar_t, Math math>
-struct Backward {
-  static bool run(const BackwardSequence<scalar_t>& seq, const Device& d, cudaStream_t stream) {
-    return launch_backward<scalar_t, math>(seq, d, stream);
-  }
-};
 
 }  // namespace
 
 template <typename scalar_t>
 bool try_launch_forward_persistent(const ForwardSequence<scalar_t>& seq, Math math, cudaStream_t stream) {
-  return with_math<scalar_t, Forward>(math, seq, stream);
+  return with_math<scalar_t>(math, seq, stream);
 }
 
 template <typename scalar_t>
 bool try_launch_backward_persistent(const BackwardSequence<scalar_t>& seq, Math math, cudaStream_t stream) {
-  return with_math<scalar_t, Backward>(math, seq, stream);
+  return with_math<scalar_t>(math, seq, stream);
 }
 
 template <typename scalar_t>
