@@ -14,7 +14,18 @@
 
 namespace conveyor {
 
+namespace {
+
+// `request` checked for its own groups' processes (none: one process).
+CheckedRequest checked(BuildRequest request) {
+  const int processes = request.groups ? request.groups->layout().workers : 0;
+  return CheckedRequest(std::move(request), processes);
+}
+
+}  // namespace
+
 void check_request(const BuildRequest& request, int processes) {
+  count_request(RequestStage::kCheck);
   const bool across_processes = processes > 0;
   check_bounds(request.pipeline);
   check_bounds(request.build);
@@ -32,9 +43,33 @@ void check_request(const BuildRequest& request, int processes) {
               .across_processes = across_processes});
 }
 
-BuiltPipeline::BuiltPipeline(const Model& model, BuildRequest request) : model_(model) {
+CheckedRequest::CheckedRequest(BuildRequest request, int processes)
+    : request_(std::move(request)), processes_(processes) {
+  check_request(request_, processes_);
+}
+
+void CheckedRequest::attach_loss(TensorsLossFn loss) {
+  check_argument(static_cast<bool>(request_.loss) == static_cast<bool>(loss),
+                 "conveyor: the request was checked ", request_.loss ? "with" : "without", " a loss");
+  request_.loss = std::move(loss);
+}
+
+void CheckedRequest::attach_lr_schedule(LearningRateSchedule schedule) {
+  request_.pipeline.lr_schedule(std::move(schedule));
+}
+
+void CheckedRequest::attach_groups(std::shared_ptr<ProcessGroups> groups) {
+  check_argument(groups != nullptr && groups->layout().workers == processes_, "conveyor: the request was checked for ",
+                 processes_, " processes, not the ", groups ? groups->layout().workers : 0, " of these groups");
+  request_.groups = std::move(groups);
+}
+
+BuiltPipeline::BuiltPipeline(const Model& model, BuildRequest request)
+    : BuiltPipeline(model, checked(std::move(request))) {}
+
+BuiltPipeline::BuiltPipeline(const Model& model, CheckedRequest checked) : model_(model) {
+  BuildRequest request = std::move(checked.request_);
   const bool across_processes = request.groups != nullptr;
-  check_request(request, across_processes ? request.groups->layout().workers : 0);
   build_ = std::move(request.build);
   distributed_options_ = std::move(request.distributed);
   loss_ = std::move(request.loss);
@@ -52,7 +87,8 @@ BuiltPipeline::BuiltPipeline(const Model& model, BuildRequest request) : model_(
   const SampleBatch* sample = request.sample ? &*request.sample : nullptr;
   PlannedOptions planned =
       plan_pipeline(layers.layers, std::move(options), build_, {.sample = sample, .loss = loss_,
-                                                                .across_processes = across_processes});
+                                                                .across_processes = across_processes,
+                                                                .checked = true});
   search_text_ = std::move(planned.search);
   // 3. The runtime.
   if (across_processes) {

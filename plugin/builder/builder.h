@@ -62,13 +62,37 @@ struct BuildRequest {
 // known schedule, the pipeline's optimizer given once and whole, what the
 // plan mode needs (check_plan), workers that fit the split points.
 // `processes`: the pipeline's processes (its group's size), 0 in one
-// process. Throws std::invalid_argument naming the option. BuiltPipeline
-// makes them first; the conveyor package before it exports a model.
+// process. Throws std::invalid_argument naming the option.
 void check_request(const BuildRequest& request, int processes);
+
+// A request that has passed check_request for `processes` processes, which
+// BuiltPipeline builds without checking again. The conveyor package checks
+// at construction and builds later (an nn.Module is exported from the first
+// step's inputs), attaching then what was only promised when checked.
+class CheckedRequest {
+ public:
+  // Checks the request; throws std::invalid_argument naming the option.
+  CheckedRequest(BuildRequest request, int processes);
+  const BuildRequest& request() const { return request_; }
+  int processes() const { return processes_; }
+  // The loss itself, where the check knew only that there is one.
+  void attach_loss(TensorsLossFn loss);
+  void attach_lr_schedule(LearningRateSchedule schedule);
+  // The groups of the `processes` processes the request was checked for.
+  void attach_groups(std::shared_ptr<ProcessGroups> groups);
+
+ private:
+  friend class BuiltPipeline;
+  BuildRequest request_;
+  int processes_ = 0;
+};
 
 class BuiltPipeline {
  public:
+  // Checks `request` (check_request), then builds.
   BuiltPipeline(const Model& model, BuildRequest request);
+  // Builds a request checked before.
+  BuiltPipeline(const Model& model, CheckedRequest request);
 
   // One step; gradients accumulate into parameters()' .grad (or the
   // pipeline's optimizer steps). The result is also kept as last_step().

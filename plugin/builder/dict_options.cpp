@@ -55,6 +55,7 @@ const std::set<std::string>& dict_option_names() {
 }
 
 BuildRequest request_from_dict(const PythonOptions& options, ValueText text) {
+  count_request(RequestStage::kParse);
   BuildRequest request;
   request.loss = mse;
   for (const auto& entry : options) {

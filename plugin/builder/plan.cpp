@@ -7,6 +7,7 @@
 #include "schedules/generators.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 
@@ -22,7 +23,18 @@ int64_t batch_size(const SampleBatch& sample, const PipelineOptions& options) {
   return 0;
 }
 
+namespace {
+std::atomic<int64_t> request_counters[3];  // by RequestStage
+}  // namespace
+
+void count_request(RequestStage stage) { request_counters[static_cast<int>(stage)]++; }
+
+RequestCounts request_counts() {
+  return {request_counters[0].load(), request_counters[1].load(), request_counters[2].load()};
+}
+
 void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs) {
+  count_request(RequestStage::kPlanCheck);
   const PlanMode mode = build.plan();
   const char* name = value_name(mode);
   if (mode == PlanMode::kGiven) {
@@ -52,7 +64,7 @@ void check_plan(const PipelineOptions& options, const BuildOptions& build, const
 
 PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
                              const PlanInputs& inputs) {
-  check_plan(options, build, inputs);
+  if (!inputs.checked) check_plan(options, build, inputs);
   const SampleBatch* sample = inputs.sample;
   const TensorsLossFn& loss = inputs.loss;
   const PlanMode mode = build.plan();

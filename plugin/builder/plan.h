@@ -40,12 +40,24 @@ struct PlanInputs {
   TensorsLossFn loss;                   // what the profile and the race run
   int64_t batch_size = 0;               // the step's batch (auto's search); 0: the sample's
   bool across_processes = false;        // the options are one process's of several
+  bool checked = false;                 // check_plan has passed them (check_request): plan_pipeline does not again
 };
+
+// How often requests were parsed (request_from_dict), checked
+// (check_request) and their plans checked (check_plan) in this process: a
+// pipeline's construction does each once.
+struct RequestCounts {
+  int64_t parses = 0, checks = 0, plan_checks = 0;
+};
+RequestCounts request_counts();
+enum class RequestStage { kParse, kCheck, kPlanCheck };
+void count_request(RequestStage stage);
 
 // What a plan mode needs, checked before the model is read: plan "auto" and
 // "tuned" a sample (tuned a loss too), no split points, one process, a
 // synchronous schedule; plan "given" no search bounds. Throws
-// std::invalid_argument saying what is missing. plan_pipeline checks first.
+// std::invalid_argument saying what is missing. plan_pipeline checks first,
+// unless the inputs say it was.
 void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs);
 
 // `options` with the plan chosen. Options that hold a profile already are

@@ -60,8 +60,9 @@ class Pipeline:
         if process_group is not None:
             options.setdefault("local_rank", local_rank)
         self._has_loss = loss_fn is not None
-        # What needs no model is refused now, even where the build waits for inputs.
-        _C.check_options(options, loss_fn is not None, process_group.size() if process_group is not None else 0)
+        # Parsed and checked once, now, even where the build waits for inputs: what needs no model is refused here.
+        processes = process_group.size() if process_group is not None else 0
+        checked = _C.check_options(options, loss_fn is not None, processes)
         self._front_end = _front_end.choose(model, python["front_end"], options)
         if self._front_end in ("export", "trace"):
             _front_end.check_split_points(model, options.get("split_points"))
@@ -74,7 +75,7 @@ class Pipeline:
         self._model = model
         self._output, self._model_kwargs = output, dict(model_kwargs or {})
         self._input_names = None  # the forward's keywords, where the batches are dicts
-        self._arguments = (options, python_loss, lr_schedule, process_group, replica_group)
+        self._arguments = (options, checked, python_loss, lr_schedule, process_group, replica_group)
         self._c = None
         self.training = True
         self._worker = process_group.rank() if process_group is not None else 0
@@ -87,7 +88,7 @@ class Pipeline:
         self._build(self._inputs("example_inputs", example) if example is not None else None)
 
     def _build(self, example: Any) -> None:
-        options, python_loss, lr_schedule, process_group, replica_group = self._arguments
+        options, checked, python_loss, lr_schedule, process_group, replica_group = self._arguments
         model, inputs = self._model, _front_end.as_inputs(example) if example is not None else ()
         names = self._input_names
         if self._front_end == "export":
@@ -101,7 +102,7 @@ class Pipeline:
         else:
             built = _front_end.Built(os.fspath(model) if isinstance(model, (str, os.PathLike)) else model._c)
         try:
-            self._c = _C.Pipeline(built.model, options, python_loss, lr_schedule, process_group, replica_group,
+            self._c = _C.Pipeline(built.model, checked, python_loss, lr_schedule, process_group, replica_group,
                                   built.tensors)
         finally:
             built.close()

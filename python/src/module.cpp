@@ -124,25 +124,27 @@ BuildRequest request_of(const py::dict& options) {
 
 class PyPipeline {
  public:
-  // `options`: a dict of the builder's options (plugin/builder/dict_options.h), as the keywords gave them
-  // (the C++ side checks each); `loss_fn` and `lr_schedule`: Python callables
-  // or None. `process_group` (None for one process) and `replica_group`:
-  // torch.distributed's groups, see process_groups().
+  // `checked`: the keywords' options (plugin/builder/dict_options.h), parsed
+  // and checked once by check_options when conveyor.Pipeline was made;
+  // `loss_fn` and `lr_schedule`: Python callables or None. `process_group`
+  // (None for one process) and `replica_group`: torch.distributed's groups,
+  // see process_groups().
   //
   // `model`: a ScriptModule's C++ module, or the path of a TorchScript file
   // or torch.export archive. `tensors`: for an archive, the exported
   // module's own parameters and buffers as (name, tensor) in its order,
   // which the pipeline then trains in place of the archive's copies.
-  PyPipeline(const py::object& model, const py::dict& options, const py::object& loss_fn,
+  PyPipeline(const py::object& model, const CheckedRequest& checked, const py::object& loss_fn,
              const py::object& lr_schedule, const py::object& process_group, const py::object& replica_group,
              const std::vector<std::pair<std::string, at::Tensor>>& tensors)
       : raised_(std::make_shared<RaisedInStep>()) {
-    BuildRequest request = request_of(options);
+    CheckedRequest request = checked;  // a copy: the Python object may build again
     const Model built_from = model_of(model, tensors);
-    if (!loss_fn.is_none()) request.loss = python_loss(loss_fn, raised_);
-    if (!lr_schedule.is_none()) request.pipeline.lr_schedule(python_lr_schedule(lr_schedule, raised_));
+    if (!loss_fn.is_none()) request.attach_loss(python_loss(loss_fn, raised_));
+    if (!lr_schedule.is_none()) request.attach_lr_schedule(python_lr_schedule(lr_schedule, raised_));
     if (!process_group.is_none()) {
-      request.groups = process_groups(process_group, replica_group, request.pipeline.timeout().count() / 1000.0);
+      request.attach_groups(
+          process_groups(process_group, replica_group, request.request().pipeline.timeout().count() / 1000.0));
     }
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
@@ -262,16 +264,26 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = CONVEYOR_VERSION;
   m.attr("torch_version") = CONVEYOR_TORCH_VERSION;
   py::register_exception_translator(translate_errors);
+  py::class_<CheckedRequest>(m, "CheckedOptions",
+                             "conveyor.Pipeline's options, parsed and checked: what _C.Pipeline builds.");
   m.def(
       "check_options",
       [](const py::dict& options, bool has_loss, int processes) {
         BuildRequest request = request_of(options);
-        if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // never called
-        check_request(request, processes);
+        if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // attached later
+        return CheckedRequest(std::move(request), processes);
       },
       py::arg("options"), py::arg("has_loss"), py::arg("processes"),
-      "Refuses (TypeError, ValueError naming it) an option a pipeline built with these keywords would refuse "
-      "before it reads the model.");
+      "Parses and checks the options once: refuses (TypeError, ValueError naming it) an option a pipeline "
+      "built with these keywords would refuse before it reads the model, and returns them for _C.Pipeline.");
+  m.def(
+      "request_counts",
+      [] {
+        const RequestCounts c = request_counts();
+        return py::dict(py::arg("parses") = c.parses, py::arg("checks") = c.checks,
+                        py::arg("plan_checks") = c.plan_checks);
+      },
+      "How often this process parsed and checked a pipeline's options (each once a construction).");
   m.def("option_table", &option_table,
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
   m.def("options_reference", &options_reference, "Every option as a markdown table per section.");
@@ -346,7 +358,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("path"));
 
   py::class_<PyPipeline>(m, "Pipeline")
-      .def(py::init<py::object, py::dict, py::object, py::object, py::object, py::object,
+      .def(py::init<py::object, const CheckedRequest&, py::object, py::object, py::object, py::object,
                     std::vector<std::pair<std::string, at::Tensor>>>(),
            py::arg("model"), py::arg("options"), py::arg("loss_fn"), py::arg("lr_schedule"), py::arg("process_group"),
            py::arg("replica_group"), py::arg("tensors") = std::vector<std::pair<std::string, at::Tensor>>())

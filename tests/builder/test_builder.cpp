@@ -117,5 +117,24 @@ TEST(Builder, WhatARequestGivesTwiceOrNotAtAllIsRefused) {
               HasSubstr("/nonexistent/model.pt"));
 }
 
+TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
+  const auto since = [](const RequestCounts& before) {
+    const RequestCounts now = request_counts();
+    return std::vector<int64_t>{now.checks - before.checks, now.plan_checks - before.plan_checks};
+  };
+  const BuildRequest request{.pipeline = PipelineOptions().microbatches(2), .loss = testing::mse_of_first};
+  RequestCounts before = request_counts();
+  BuiltPipeline(testing::make_mlp(), request);
+  EXPECT_EQ(since(before), (std::vector<int64_t>{1, 1})) << "the request, and its plan within";
+  CheckedRequest checked(request, 0);
+  before = request_counts();
+  BuiltPipeline(testing::make_mlp(), checked);
+  EXPECT_EQ(since(before), (std::vector<int64_t>{0, 0})) << "checked before: not again";
+  // What the check promised holds: a loss where it saw one, the processes it was checked for.
+  CheckedRequest without_loss(BuildRequest{}, 0);
+  EXPECT_THAT(testing::invalid_argument_of([&] { without_loss.attach_loss(testing::mse_of_first); }),
+              HasSubstr("the request was checked without a loss"));
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -103,6 +103,18 @@ def test_an_optimizer_over_the_modules_own_parameters_trains_its_stages_on_their
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in pipe.state_dict().items())
 
 
+def test_the_options_are_parsed_and_checked_once_a_construction():
+    """At construction (a bad option fails there), never again when the
+    exported module is built at the first step."""
+    for front_end in ("export", "script"):
+        before = conveyor._C.request_counts()
+        pipe = conveyor.Pipeline(Chain().double(), split_points=["b"], microbatches=2, loss_fn=F.mse_loss,
+                                 front_end=front_end)
+        pipe.train_step(torch.randn(4, 4, dtype=torch.double), torch.randn(4, 3, dtype=torch.double))
+        after = conveyor._C.request_counts()
+        assert {k: after[k] - before[k] for k in after} == {"parses": 1, "checks": 1, "plan_checks": 1}, front_end
+
+
 def test_a_tied_weight_is_one_parameter_by_its_first_name_and_every_state_dict_key():
     model = tied_model()
     pipe = conveyor.Pipeline(model, split_points=["head"], microbatches=2, loss_fn=token_loss, output="logits",
