@@ -23,19 +23,11 @@ OUT = DOCS / "_generated"
 WORKERS, MICROBATCHES = 4, 8
 
 
-def schedule_names():
-    """The names the library knows, from the schedule option's declaration."""
-    for row in _C.option_table():
-        if row["name"] == "schedule":
-            return re.findall(r'"([a-z0-9-]+)"', row["doc"])
-    raise SystemExit("generate.py: the option table has no 'schedule' row")
-
-
 def schedules():
     folder = OUT / "schedules"
     folder.mkdir(parents=True)
     lines = []
-    for name in schedule_names():
+    for name in _C.schedule_names():
         (folder / f"{name}.svg").write_text(conveyor.schedule_svg(name, WORKERS, MICROBATCHES))
         lines += [f"# {name}", "", f"![{name} on {WORKERS} workers](../_generated/schedules/{name}.svg)", ""]
     (OUT / "schedule_gallery.md").write_text("\n".join(lines))

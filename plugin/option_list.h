@@ -178,10 +178,8 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
     "s % workers (the V schedules: stages w and 2 * workers - 1 - w on worker w). 0: the schedule's own, 2 for "   \
     "\"interleaved\", \"zb-interleaved\" and the V schedules, 1 for the others.")                                 \
   X(scheduling, std::string, schedule, "1f1b", kAny,                                                               \
-    "The schedule: \"sequential\", \"gpipe\", \"1f1b\", \"eager-1f1b\", \"interleaved\", \"zb-h1\", "              \
-    "\"zb-interleaved\", the V schedules \"zb-v\", \"v-half\", \"v-min\", \"dualpipev\" (synchronous: the exact "    \
-    "gradients of the whole batch) or \"pipedream\", \"ddg\", \"fr\" "                                              \
-    "(asynchronous: every micro-batch is a mini-batch with its own update on every stage).")                       \
+    "The schedule: a synchronous one (the exact gradients of the whole batch) or an asynchronous one (every "      \
+    "micro-batch a mini-batch with its own update on every stage), by a name conveyor.schedule_names() lists.")   \
   X(scheduling, std::string, schedule_text, "", kAny,                                                              \
     "A schedule in text form (a line of actions per worker), or torch.distributed.pipelining's CSV; overrides "    \
     "schedule when not empty. Its counts must match the other options'.")                                          \

@@ -245,6 +245,17 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
+const std::vector<std::string>& schedule_names(bool synchronous) {
+  static const auto split = [] {
+    std::pair<std::vector<std::string>, std::vector<std::string>> out;  // asynchronous, synchronous
+    for (const auto& name : schedule_names()) {
+      (make_schedule(name, 2, 4).synchronous() ? out.second : out.first).push_back(name);
+    }
+    return out;
+  }();
+  return synchronous ? split.second : split.first;
+}
+
 namespace {
 
 std::string lowercase(std::string name) {

@@ -108,7 +108,10 @@ bool is_v_shape(const std::string& name);
 // interleaved and V schedules, 1 for the others.
 int default_chunks(const std::string& name);
 
-// The names make_schedule() knows.
+// The names make_schedule() knows: the one list of them.
 const std::vector<std::string>& schedule_names();
+// Those of them whose schedules are synchronous (the whole batch's exact
+// gradients, one update a step), or asynchronous (an update a micro-batch).
+const std::vector<std::string>& schedule_names(bool synchronous);
 
 }  // namespace conveyor::schedules

@@ -3,6 +3,7 @@
 #include "plugin/builder/build_options.h"
 #include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/options.h"
+#include "schedules/generators.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -24,6 +25,17 @@ std::vector<OptionDescription> every_option() {
     return std::find(sections.begin(), sections.end(), row.section) - sections.begin();
   };
   std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  // The schedule's names are the schedule library's list, not the row's.
+  for (auto& row : rows) {
+    if (row.name != "schedule") continue;
+    const auto quoted = [](const std::vector<std::string>& names) {
+      std::string text;
+      for (const auto& n : names) text += (text.empty() ? "\"" : ", \"") + n + "\"";
+      return text;
+    };
+    row.doc += c10::str(" Synchronous: ", quoted(schedules::schedule_names(true)), "; asynchronous: ",
+                        quoted(schedules::schedule_names(false)), ".");
+  }
   return rows;
 }
 

@@ -21,6 +21,7 @@
 
 #include "plugin/options.h"
 #include "plugin/planner/planner.h"
+#include "schedules/generators.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -34,8 +35,7 @@ struct PlanSpace {
   // Workers available (devices, or processes): plans use 1 to this many. 0:
   // as many as PipelineOptions::devices names when it names several, else 1.
   int max_workers = 0;
-  std::vector<std::string> schedules = {"sequential", "gpipe", "1f1b", "eager-1f1b", "interleaved", "zb-h1",
-                                        "zb-interleaved", "zb-v", "v-half", "v-min", "dualpipev"};
+  std::vector<std::string> schedules = schedules::schedule_names(/*synchronous=*/true);
   // Chunks per worker (v) the interleaved schedules are tried with.
   std::vector<int> chunks = {2, 4};
   // Forwards ahead (PipelineOptions::lookahead) eager-1f1b is tried with: it

@@ -27,11 +27,11 @@ if _torch.__version__ != _build.torch_version:
 from . import _C  # noqa: E402  (after the version check: another torch's ABI would fail to load, or crash)
 from ._errors import DivergenceError, PipelineError, PipelineTimeoutError  # noqa: E402
 from ._distributed import process_groups  # noqa: E402
-from ._drawing import schedule_svg  # noqa: E402
+from ._drawing import schedule_names, schedule_svg  # noqa: E402
 from ._pipeline import Pipeline  # noqa: E402
 
 StepResult = _C.StepResult
 torch_version = _build.torch_version
 
-__all__ = ["Pipeline", "StepResult", "process_groups", "schedule_svg", "PipelineError", "PipelineTimeoutError", "DivergenceError", "__version__",
-           "torch_version"]
+__all__ = ["Pipeline", "StepResult", "process_groups", "schedule_names", "schedule_svg", "PipelineError",
+           "PipelineTimeoutError", "DivergenceError", "__version__", "torch_version"]

@@ -1,7 +1,15 @@
-"""Pictures of schedules, drawn by the library itself."""
-from typing import Sequence, Union
+"""The schedules the library knows, and their pictures, drawn by the library itself."""
+from typing import List, Optional, Sequence, Union
 
 from . import _C
+
+
+def schedule_names(synchronous: Optional[bool] = None) -> List[str]:
+    """The names ``schedule=`` takes: all of them, or only the synchronous
+    ones (the whole batch's exact gradients, one update a step) or the
+    asynchronous ones (an update every micro-batch, with the staleness their
+    method defines)."""
+    return list(_C.schedule_names(synchronous))
 
 
 def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: int, chunks: int = 0) -> str:

@@ -93,9 +93,9 @@ def signature() -> inspect.Signature:
 _MODEL_DOC = ("An nn.Module (exported with torch.export by default, see front_end): the pipeline trains the "
               "module's own parameter and buffer tensors, each moved in place to its stage's device (as "
               "nn.Module.to moves them), so an optimizer over model.parameters(), made before or after, and "
-              "model.state_dict() see them; a tied weight is one parameter, by its first name. Or a torch.jit.ScriptModule, a torch.export.ExportedProgram (exported with the "
-              "batch dimension dynamic; the pipeline trains its tensors), or the path of a torch.jit.save or "
-              "torch.export.save file.")
+              "model.state_dict() see them; a tied weight is one parameter, by its first name. Or a "
+              "torch.jit.ScriptModule, a torch.export.ExportedProgram (exported with the batch dimension dynamic; "
+              "the pipeline trains its tensors), or the path of a torch.jit.save or torch.export.save file.")
 
 
 def split_keywords(keywords: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:

@@ -2,6 +2,7 @@
 trained under a pipeline schedule by Conveyor's C++ runtime."""
 import collections
 import os
+import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -19,17 +20,13 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
-_DOC = """A model cut into stages that run under a pipeline schedule, each step
-split into micro-batches flowing through the stages on worker threads.
-
-Synchronous schedules ("sequential", "gpipe", "1f1b", "eager-1f1b",
-"interleaved", "zb-h1", "zb-interleaved", "zb-v", "v-half", "v-min",
-"dualpipev") give the gradients of the whole batch exactly, accumulated
-into parameters()' .grad as loss.backward() would; step any torch.optim
-optimizer over them. Asynchronous ones
-("pipedream", "ddg", "fr") update after every micro-batch with the
-staleness their method defines, and need the pipeline's own optimizer.
-"""
+_DOC = "A model cut into stages that run under a pipeline schedule, each step\nsplit into micro-batches flowing " \
+       "through the stages on worker threads.\n\n" + textwrap.fill(
+           f"Synchronous schedules ({', '.join(repr(n) for n in _C.schedule_names(True))}) give the gradients of "
+           "the whole batch exactly, accumulated into parameters()' .grad as loss.backward() would; step any "
+           f"torch.optim optimizer over them. Asynchronous ones ({', '.join(repr(n) for n in _C.schedule_names(False))}) "
+           "update after every micro-batch with the staleness their method defines, and need the pipeline's own "
+           "optimizer.", width=76) + "\n"
 
 
 class Pipeline:

@@ -288,6 +288,13 @@ PYBIND11_MODULE(_C, m) {
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
   m.def("options_reference", &options_reference, "Every option as a markdown table per section.");
   m.def(
+      "schedule_names",
+      [](std::optional<bool> synchronous) {
+        return synchronous ? schedules::schedule_names(*synchronous) : schedules::schedule_names();
+      },
+      py::arg("synchronous") = py::none(),
+      "The schedules' names, from the schedule library's one list: all, or the synchronous or asynchronous ones.");
+  m.def(
       "schedule_svg",
       [](const std::vector<std::string>& names, int workers, int microbatches, int chunks) {
         std::vector<TimelineBlock> blocks;

@@ -359,3 +359,14 @@ def test_a_torch_version_mismatch_is_refused_at_import():
     assert run.returncode != 0
     assert "ImportError" in run.stderr
     assert f"built against torch {torch.__version__}, but this environment has torch 0.0.1" in run.stderr
+
+
+def test_the_schedule_names_are_the_schedule_librarys_wherever_they_are_shown():
+    names = conveyor.schedule_names()
+    assert names == conveyor.schedule_names(True) + conveyor.schedule_names(False)
+    assert {"1f1b", "zb-v"} <= set(conveyor.schedule_names(True)) and "pipedream" in conveyor.schedule_names(False)
+    row = next(r for r in conveyor._C.option_table() if r["name"] == "schedule")
+    assert all(f'"{n}"' in row["doc"] for n in names), row["doc"]
+    assert all(repr(n) in conveyor.Pipeline.__doc__ for n in names)
+    with pytest.raises(ValueError, match="unknown schedule 'zb-x'"):
+        conveyor.schedule_svg("zb-x", workers=2, microbatches=4)
