@@ -61,14 +61,25 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 // The learning rate of the n-th update (n counts from 0).
 using LearningRateSchedule = std::function<double(int64_t update)>;
 
-// The smallest value a number may take (strict: it must be larger).
+// The values a number may take: from `minimum` (strict: above it) to
+// `maximum` (strict_maximum: below it; an infinite maximum, strict, excludes
+// infinity). NaN is outside every bound but kAny.
 struct Bound {
   double minimum = -std::numeric_limits<double>::infinity();
   bool strict = false;
+  double maximum = std::numeric_limits<double>::infinity();
+  bool strict_maximum = false;
 };
 inline constexpr Bound kAny{};
 inline constexpr Bound kPositive{0, true};
 constexpr Bound at_least(double minimum) { return Bound{minimum, false}; }
+constexpr Bound more_than(double minimum) { return Bound{minimum, true}; }
+// Finite and at least `minimum` (strict: above it).
+constexpr Bound finite(Bound lower) {
+  return Bound{lower.minimum, lower.strict, std::numeric_limits<double>::infinity(), true};
+}
+// Strictly between the two.
+constexpr Bound open_interval(double low, double high) { return Bound{low, true, high, true}; }
 
 // One row, as the code generated from it sees it.
 struct OptionSpec {
@@ -78,10 +89,18 @@ struct OptionSpec {
   Bound bound;
 };
 
-// What `bound` asks in words: "at least 1", "positive".
+// What `bound` asks in words: "at least 1", "positive", "in (0, 1)", "positive and finite".
 inline std::string bound_text(const Bound& bound) {
-  return bound.strict && bound.minimum == 0 ? std::string("positive")
-                                            : c10::str(bound.strict ? "more than " : "at least ", bound.minimum);
+  const double inf = std::numeric_limits<double>::infinity();
+  if (bound.minimum > -inf && bound.maximum < inf) {
+    return c10::str("in ", bound.strict ? "(" : "[", bound.minimum, ", ", bound.maximum,
+                    bound.strict_maximum ? ")" : "]");
+  }
+  std::string text = bound.strict && bound.minimum == 0
+                         ? std::string("positive")
+                         : c10::str(bound.strict ? "more than " : "at least ", bound.minimum);
+  if (bound.maximum == inf && bound.strict_maximum) text += " and finite";
+  return text;
 }
 
 // Throws std::invalid_argument naming `spec`'s option when `value` (a number
@@ -99,7 +118,9 @@ void check_bound(const OptionSpec& spec, const T& value) {
   } else {
     return;
   }
-  const bool inside = spec.bound.strict ? x > spec.bound.minimum : x >= spec.bound.minimum;  // NaN: outside
+  const Bound& b = spec.bound;
+  const bool inside = (b.strict ? x > b.minimum : x >= b.minimum) &&
+                      (b.strict_maximum ? x < b.maximum : x <= b.maximum);  // NaN: outside
   if (!inside) {
     throw std::invalid_argument(
         c10::str("conveyor: ", spec.name, " must be ", bound_text(spec.bound), ", got ", shown));
@@ -108,12 +129,12 @@ void check_bound(const OptionSpec& spec, const T& value) {
 
 
 #define CONVEYOR_LOSS_SCALING_FIELDS(X)                                                                         \
-  X(loss_scaling, double, init_scale, 65536.0, kAny, "the scale of the first step (positive)")                   \
-  X(loss_scaling, double, growth_factor, 2.0, kAny, "multiplies the scale after growth_interval clean updates "   \
-    "in a row (> 1)")                                                                                           \
-  X(loss_scaling, double, backoff_factor, 0.5, kAny, "multiplies the scale after an update that overflowed "     \
-    "(in (0, 1))")                                                                                              \
-  X(loss_scaling, int64_t, growth_interval, 2000, kAny, "clean updates in a row before the scale grows (>= 1)")
+  X(loss_scaling, double, init_scale, 65536.0, finite(kPositive), "the scale of the first step")                 \
+  X(loss_scaling, double, growth_factor, 2.0, more_than(1), "multiplies the scale after growth_interval clean "  \
+    "updates in a row")                                                                                         \
+  X(loss_scaling, double, backoff_factor, 0.5, open_interval(0, 1), "multiplies the scale after an update that " \
+    "overflowed")                                                                                               \
+  X(loss_scaling, int64_t, growth_interval, 2000, at_least(1), "clean updates in a row before the scale grows")
 
 #define CONVEYOR_OPTION_ARG(section, Type, name, default_, bound, doc) TORCH_ARG(Type, name) = default_;
 #define CONVEYOR_OPTION_VISIT(section, Type, name, default_, bound, doc) \
@@ -232,7 +253,7 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
     "Dynamic loss scaling, as torch.amp.GradScaler (float16 needs it): True, or init_scale, growth_factor, "       \
     "backoff_factor, growth_interval. One verdict per update across stages, processes and replicas: an inf or "    \
     "NaN gradient skips the update and backs the scale off. Needs the pipeline's own optimizer.")                  \
-  X(training, double, clip_grad_norm, 0, at_least(0),                                                              \
+  X(training, double, clip_grad_norm, 0, finite(at_least(0)),                                                      \
     "Clip the gradients' global norm to this before the pipeline's optimizer steps (0: no clipping), as "          \
     "clip_grad_norm_ on the unsplit model; asynchronous schedules clip each stage's update by its own norm.")      \
   X(training, double, clip_norm_type, 2.0, kPositive,                                                              \

@@ -63,10 +63,7 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
                    "(PipelineOptions::optimizer): a step whose gradients overflow must skip the optimizer step, ",
                    "which the pipeline can do only for an optimizer it steps");
   }
-  if (options.clip_grad_norm() != 0) {
-    check_argument(options.clip_grad_norm() > 0 && std::isfinite(options.clip_grad_norm()),
-                   "conveyor: clip_grad_norm must be a positive finite norm (0: no clipping), got ",
-                   options.clip_grad_norm());
+  if (options.clip_grad_norm() != 0) {  // its bound: its row's
     check_argument(options.optimizer() != nullptr, "conveyor: clip_grad_norm clips before the pipeline's own ",
                    "optimizer steps, and the pipeline has none: with your own optimizer, call ",
                    "Pipeline::clip_grad_norm(max_norm) between train_step and your optimizer's step");
@@ -74,9 +71,6 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
   check_argument(options.clip_grad_value() == 0 || options.optimizer() != nullptr, "conveyor: clip_grad_value clips ",
                  "before the pipeline's own optimizer steps, and the pipeline has none: with your own optimizer, call ",
                  "torch::nn::utils::clip_grad_value_(pipeline.parameters(), value) before its step");
-  check_argument(options.clip_norm_type() > 0 && !std::isnan(options.clip_norm_type()),
-                 "conveyor: clip_norm_type must be positive (2, any p > 0, or infinity), got ",
-                 options.clip_norm_type());
   if (options.accumulate_steps() > 1) {
     check_argument(schedule.synchronous(), "conveyor: schedule ", name, " updates the weights after every ",
                    "micro-batch, so it cannot accumulate over train_steps; accumulate_steps needs a synchronous ",

@@ -7,15 +7,7 @@
 namespace conveyor {
 
 LossScaler::LossScaler(LossScaling config) : config_(config) {
-  check_argument(std::isfinite(config_.init_scale()) && config_.init_scale() > 0,
-                 "conveyor: loss_scaling's init_scale ",
-                 "must be positive and finite, got ", config_.init_scale());
-  check_argument(config_.growth_factor() > 1, "conveyor: loss_scaling's growth_factor must be > 1, got ",
-                 config_.growth_factor());
-  check_argument(config_.backoff_factor() > 0 && config_.backoff_factor() < 1,
-                 "conveyor: loss_scaling's backoff_factor must be in (0, 1), got ", config_.backoff_factor());
-  check_argument(config_.growth_interval() >= 1, "conveyor: loss_scaling's growth_interval must be >= 1, got ",
-                 config_.growth_interval());
+  check_bounds(config_);  // the rows' bounds (plugin/option_list.h)
   state_.scale = static_cast<float>(config_.init_scale());
 }
 

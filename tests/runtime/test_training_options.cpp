@@ -225,9 +225,9 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
   EXPECT_THAT(error_of([&] { build(PipelineOptions().autocast(at::kDouble)); }),
               HasSubstr("Double is not a mixed-precision dtype"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(-1)); }),
-              HasSubstr("clip_grad_norm must be at least 0, got -1"));
+              HasSubstr("clip_grad_norm must be at least 0 and finite, got -1"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(kInf)); }),
-              HasSubstr("clip_grad_norm must be a positive finite norm"));
+              HasSubstr("clip_grad_norm must be at least 0 and finite, got inf"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(1).clip_norm_type(0)); }),
               HasSubstr("clip_norm_type must be positive"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().clip_grad_value(1)); }),
@@ -239,7 +239,11 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
   EXPECT_THAT(error_of([&] { build(PipelineOptions().loss_scaling(LossScaling())); }),
               HasSubstr("loss scaling needs the pipeline's own optimizer"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).loss_scaling(LossScaling().backoff_factor(2))); }),
-              HasSubstr("backoff_factor must be in (0, 1)"));
+              HasSubstr("backoff_factor must be in (0, 1), got 2"));
+  EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).loss_scaling(LossScaling().growth_factor(1))); }),
+              HasSubstr("growth_factor must be more than 1, got 1"));
+  EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).loss_scaling(LossScaling().init_scale(kInf))); }),
+              HasSubstr("init_scale must be positive and finite, got inf"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().schedule("pipedream").microbatches(2).optimizer(sgd(0.1)).accumulate_steps(2)); }),
               HasSubstr("cannot accumulate over train_steps"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().accumulate_steps(2)); }),
