@@ -269,6 +269,11 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
     "the last good step (one host synchronisation per stage per step). With loss scaling, non-finite gradients "   \
     "are the scaler's verdict instead.")
 
+// Whether the divergence guard checks each step: asked for, and not replaced
+// by loss scaling's own verdict on non-finite gradients (the runtime guards,
+// the planner prices the checks).
+inline bool divergence_guarded(bool divergence_guard, bool loss_scaling) { return divergence_guard && !loss_scaling; }
+
 // --- how steps run --------------------------------------------------------------------------------------------
 #define CONVEYOR_RUNNING_OPTIONS(X)                                                                                \
   X(running, int, channel_capacity, 2, at_least(0),                                                                \

@@ -170,7 +170,7 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   };
   schedules::StageCosts costs;
   bool split_measured = true;  // every layer's I and W (else half the backward each)
-  const bool guard = o.divergence_guard() && !o.loss_scaling();  // as the Pipeline sets its runtime
+  const bool guard = divergence_guarded(o.divergence_guard(), o.loss_scaling().has_value());
   // An asynchronous step first keeps every stage's weights, to roll back to.
   double rollback_copy = 0;
   std::vector<std::vector<int64_t>> held(num);  // per stage and micro-batch, for the workers' totals

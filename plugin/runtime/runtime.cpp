@@ -93,7 +93,7 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
       training_(std::move(training)),
       running_(std::move(running)),
       replicas_(std::move(replicas)),
-      guard_(training_.divergence_guard && !training_.loss_scaling),
+      guard_(divergence_guarded(training_.divergence_guard, training_.loss_scaling.has_value())),
       workers_(static_cast<int>(local_workers_.size())) {
   if (training_.loss_scaling) scaler_.emplace(*training_.loss_scaling);
   // Each worker on an accelerator computes on its own stream, so workers that
