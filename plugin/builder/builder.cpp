@@ -37,7 +37,7 @@ void check_request(const BuildRequest& request, int processes) {
   PipelineOptions options = request.pipeline;
   if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
   if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
-  check_split_points(options, request.build.split_points());
+  check_split_point_count(options, request.build.split_points());
   check_plan(options, request.build,
              {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
               .across_processes = across_processes});

@@ -19,10 +19,10 @@ namespace conveyor {
 
 namespace {
 
-// Sets the boundaries that `split_points` make (see check_split_points).
+// Sets the boundaries that `split_points` make (see check_split_point_count).
 void apply_split_points(PipelineOptions& options, const std::vector<std::string>& split_points,
                         std::vector<int64_t> boundaries) {
-  check_split_points(options, split_points);
+  check_split_point_count(options, split_points);
   if (!split_points.empty()) options.boundaries(std::move(boundaries));
 }
 
@@ -59,7 +59,7 @@ Model load_model(const std::string& path) {
 
 }  // namespace
 
-void check_split_points(const PipelineOptions& options, const std::vector<std::string>& split_points) {
+void check_split_point_count(const PipelineOptions& options, const std::vector<std::string>& split_points) {
   if (split_points.empty()) return;
   const int stages = static_cast<int>(split_points.size()) + 1;
   if (!options.boundaries().empty()) {
@@ -93,13 +93,21 @@ std::string layer_parameter_name(const torch::nn::Sequential& layers, const std:
                               "the model's forward uses");
 }
 
+void check_model_kind(ModelKind kind, const BuildOptions& build) {
+  const char* model = kind == ModelKind::layers ? "torch::nn layers" : "a torch.export program";
+  check_argument(kind != ModelKind::exported || !build.fused_ops(), "conveyor: fused_ops swaps TorchScript ",
+                 "submodules and torch::nn layers; a torch.export program runs the operators it was exported with ",
+                 "(an nn.Module built with front_end='script' has them swapped)");
+  check_argument(kind == ModelKind::script || !build.optimize(), "conveyor: optimize lets the TorchScript ",
+                 "executor optimize the stages; the model is ", model);
+}
+
 ModelLayers model_layers(const Model& model, const BuildOptions& build, PipelineOptions& options) {
   if (const auto* path = std::get_if<std::string>(&model)) return model_layers(load_model(*path), build, options);
-  if (!std::holds_alternative<torch::jit::Module>(model)) {
-    const bool layers = std::holds_alternative<torch::nn::Sequential>(model);
-    check_argument(!build.optimize(), "conveyor: optimize lets the TorchScript executor optimize the stages; the ",
-                   "model is ", layers ? "torch::nn layers" : "a torch.export program");
-  }
+  check_model_kind(std::holds_alternative<torch::nn::Sequential>(model)  ? ModelKind::layers
+                   : std::holds_alternative<torch::jit::Module>(model) ? ModelKind::script
+                                                                       : ModelKind::exported,
+                   build);
   const std::vector<std::string>& split_points = build.split_points();
   ModelLayers out;
   if (const auto* given = std::get_if<torch::nn::Sequential>(&model)) {
@@ -123,8 +131,6 @@ ModelLayers model_layers(const Model& model, const BuildOptions& build, Pipeline
     const auto& exported = std::get<std::shared_ptr<const ExportedModel>>(model);
 #ifdef CONVEYOR_WITH_EXPORT
     check_argument(exported != nullptr, "conveyor: the exported model is empty (load it with load_exported)");
-    check_argument(!build.fused_ops(), "conveyor.Pipeline: fused_ops swaps TorchScript submodules; a torch.export ",
-                   "program runs the operators it was exported with");
     out.layers = sequential_from_export(*exported, split_points);
     out.aliases = exported->aliases;
     for (const exported::State& s : exported->program->state) {

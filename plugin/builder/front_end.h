@@ -48,10 +48,21 @@ struct ModelLayers {
   std::vector<std::string> transient_buffers;
 };
 
-// That the options agree with `split_points`: workers 0 or one per segment
-// (of chunks_per_worker stages), no boundaries of their own. Throws
+// That the options agree with the number of `split_points`: workers 0 or
+// one per segment (of chunks_per_worker stages), no boundaries of their own.
+// (Whether each names a part of the model, the front end checks.) Throws
 // std::invalid_argument saying how they differ.
-void check_split_points(const PipelineOptions& options, const std::vector<std::string>& split_points);
+void check_split_point_count(const PipelineOptions& options, const std::vector<std::string>& split_points);
+
+// A model's kind, as far as the build options care.
+enum class ModelKind { layers, script, exported };
+
+// That `build` asks of a `kind` model only what it can do: fused_ops swaps
+// TorchScript submodules and torch::nn layers, not a torch.export program's
+// operators; optimize is the TorchScript executor's. The one statement of
+// that rule: the conveyor package asks it of the front end it chose before
+// exporting. Throws std::invalid_argument naming the option.
+void check_model_kind(ModelKind kind, const BuildOptions& build);
 
 // The model as layers (see above); sets `options`' boundaries from
 // build.split_points() and renames their tied_parameters. Throws

@@ -64,14 +64,10 @@ def choose(model: Any, front_end: Optional[str], options: Dict[str, Any]) -> str
     if front_end is None:
         # The fused ops and the TorchScript optimizer work on TorchScript.
         return "script" if options.get("fused_ops") or options.get("optimize") else "export"
-    if front_end == "export" and (options.get("fused_ops") or options.get("optimize")):
-        which = "fused_ops" if options.get("fused_ops") else "optimize"
-        raise ValueError(f"conveyor.Pipeline: {which} works on TorchScript; with front_end='export' the program "
-                         "runs the operators it was exported with (front_end='script' swaps them)")
     return front_end
 
 
-def check_split_points(model: nn.Module, split_points: Any) -> None:
+def check_split_point_names(model: nn.Module, split_points: Any) -> None:
     """Split points name submodules: one that is none is refused before
     the model is exported (whether it is called once, at the top of the
     forward, the builder checks on the graph)."""
@@ -161,11 +157,8 @@ def _saved(program: torch.export.ExportedProgram) -> str:
     return path
 
 
-def exported_program(program: torch.export.ExportedProgram, options: Dict[str, Any]) -> Built:
+def exported_program(program: torch.export.ExportedProgram) -> Built:
     """An ExportedProgram: its own tensors (the module's it came from)."""
-    if options.get("fused_ops"):
-        raise ValueError("conveyor.Pipeline: fused_ops swaps TorchScript submodules; an ExportedProgram runs the "
-                         "operators it was exported with")
     tensors = [*program.state_dict.items(), *program.constants.items()]
     path = _saved(program)
     return Built(path, [(n, t) for n, t in tensors if isinstance(t, torch.Tensor)], path)

@@ -61,8 +61,10 @@ class Pipeline:
         processes = process_group.size() if process_group is not None else 0
         checked = _C.check_options(options, loss_fn is not None, processes)
         self._front_end = _front_end.choose(model, python["front_end"], options)
+        if self._front_end == "export":
+            _C.check_model_kind(checked, "export")  # before the export, which may wait for the first step
         if self._front_end in ("export", "trace"):
-            _front_end.check_split_points(model, options.get("split_points"))
+            _front_end.check_split_point_names(model, options.get("split_points"))
         if self._front_end in ("given", "script") and (output is not None or model_kwargs):
             raise ValueError("conveyor.Pipeline: output and model_kwargs shape the forward that front_end='export' "
                              "or 'trace' records; " + ("the model is given as it runs" if self._front_end == "given"
@@ -95,7 +97,7 @@ class Pipeline:
         elif self._front_end == "script":
             built = _front_end.Built(_front_end.script(model)._c)
         elif isinstance(model, torch.export.ExportedProgram):
-            built = _front_end.exported_program(model, options)
+            built = _front_end.exported_program(model)
         else:
             built = _front_end.Built(os.fspath(model) if isinstance(model, (str, os.PathLike)) else model._c)
         try:

@@ -12,6 +12,7 @@
 #endif
 #include "plugin/builder/builder.h"
 #include "plugin/builder/dict_options.h"
+#include "plugin/builder/front_end.h"
 #include "plugin/builder/option_table.h"
 #include "plugin/option_values.h"
 #include "plugin/trace/timeline.h"
@@ -276,6 +277,15 @@ PYBIND11_MODULE(_C, m) {
       py::arg("options"), py::arg("has_loss"), py::arg("processes"),
       "Parses and checks the options once: refuses (TypeError, ValueError naming it) an option a pipeline "
       "built with these keywords would refuse before it reads the model, and returns them for _C.Pipeline.");
+  m.def(
+      "check_model_kind",
+      [](const CheckedRequest& checked, const std::string& kind) {
+        check_argument(kind == "export" || kind == "script", "conveyor: no model kind '", kind, "'");
+        check_model_kind(kind == "export" ? ModelKind::exported : ModelKind::script, checked.request().build);
+      },
+      py::arg("checked"), py::arg("kind"),
+      "Refuses (ValueError naming the option) what checked options ask of a model of the kind the front end "
+      "makes ('export' or 'script') that it cannot do, before the model is exported.");
   m.def(
       "request_counts",
       [] {

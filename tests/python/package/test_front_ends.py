@@ -210,8 +210,16 @@ def test_what_the_front_ends_refuse_is_named_with_the_alternative():
         conveyor.Pipeline(tied_model(), front_end="trace")
     with pytest.raises(ValueError, match="output and model_kwargs shape the forward"):
         conveyor.Pipeline(torch.jit.script(Branchy()), output=0)
-    with pytest.raises(ValueError, match="fused_ops works on TorchScript"):
+    # One rule, in C++: asked of the front end before the export, and of a program given as it is.
+    exported_operators = "fused_ops swaps TorchScript submodules and torch::nn layers; a torch.export program runs"
+    with pytest.raises(ValueError, match=exported_operators):
         conveyor.Pipeline(tied_model(), front_end="export", fused_ops=True)
+    program = torch.export.export(Two(), (torch.randn(3, 4),))
+    with pytest.raises(ValueError, match=exported_operators):
+        conveyor.Pipeline(program, fused_ops=True, loss_fn=F.mse_loss)
+    with pytest.raises(ValueError, match="optimize lets the TorchScript executor optimize the stages; the model is a "
+                                         "torch.export program"):
+        conveyor.Pipeline(tied_model(), front_end="export", optimize=True)
     # Options that need no model are refused at once, before any export.
     with pytest.raises(ValueError, match="unknown schedule 'zigzag'"):
         conveyor.Pipeline(tied_model(), schedule="zigzag")
