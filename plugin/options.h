@@ -39,20 +39,6 @@ struct PipelineOptions {
   const TrainingOptions& training() const { return training_; }
   const RunningOptions& running() const { return running_; }
 
-  // Renamed: the count of threads or processes is workers(); a stage is a
-  // piece of the model. Calling stages() fails to compile with this message.
-  template <typename Renamed = int>
-  PipelineOptions& stages(int) {
-    static_assert(sizeof(Renamed) == 0, "PipelineOptions::stages(n) is now workers(n): a stage is a piece of the "
-                                        "model, a worker the thread or process that runs one or more stages");
-    return *this;
-  }
-  template <typename Renamed = int>
-  int stages() const {
-    static_assert(sizeof(Renamed) == 0, "PipelineOptions::stages() is now workers()");
-    return 0;
-  }
-
  private:
   CuttingOptions cutting_;
   SchedulingOptions scheduling_;

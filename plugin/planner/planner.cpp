@@ -271,46 +271,6 @@ Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& o, int
   return plan;
 }
 
-Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& o, int64_t batch,
-                 const std::vector<int>& microbatches, const std::vector<std::string>& schedules) {
-  std::optional<Plan> best;
-  std::string closest = "no candidates given";
-  int64_t closest_excess = std::numeric_limits<int64_t>::max();
-  for (const std::string& name : schedules) {
-    for (int m : microbatches) {
-      PipelineOptions candidate = o;
-      candidate.schedule(name).schedule_text("").microbatches(m);
-      std::optional<Plan> plan;
-      try {
-        plan = make_plan(model, candidate, batch);
-      } catch (const std::invalid_argument& e) {
-        if (closest_excess == std::numeric_limits<int64_t>::max()) {
-          closest = c10::str(name, " with ", m, " micro-batches: ", e.what());
-        }
-        continue;
-      }
-      const std::vector<int64_t> budgets = budgets_for(o, static_cast<int>(plan->predicted.size()));
-      int64_t excess = std::numeric_limits<int64_t>::min();
-      int worst = 0;
-      for (size_t k = 0; k < budgets.size(); ++k) {
-        const int64_t over = plan->predicted[k].peak_bytes() - budgets[k];
-        if (over > excess) excess = over, worst = static_cast<int>(k);
-      }
-      if (excess > 0) {
-        if (excess < closest_excess) {
-          closest_excess = excess;
-          closest = c10::str(name, " with ", m, " micro-batches needs ", bytes_text(excess), " more than stage ", worst,
-                             "'s budget of ", bytes_text(budgets[worst]));
-        }
-        continue;
-      }
-      if (!best || plan->step_seconds() < best->step_seconds()) best = std::move(plan);
-    }
-  }
-  if (!best) throw std::invalid_argument("conveyor: no plan fits: closest: " + closest);
-  return *best;
-}
-
 std::string Plan::str() const {
   std::ostringstream os;
   const int64_t n = batch_size / std::max(1, schedule.num_microbatches);

@@ -116,14 +116,6 @@ Plan predict(const ModelProfile& profile, const StagePlan& stages, const schedul
 // profile, or when the profile does not describe the model.
 Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size);
 
-// Of the given numbers of micro-batches and schedules, the plan with the
-// shortest predicted step whose every stage fits options.memory_budgets()
-// (no budgets: every plan fits). The profile's times are rescaled to each
-// micro-batch size. Throws std::invalid_argument naming the closest miss when
-// none fits.
-Plan choose_plan(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size,
-                 const std::vector<int>& microbatches, const std::vector<std::string>& schedules);
-
 // The costs Balance::kTime splits by: a stage's forward, backward and
 // transfers per micro-batch of the profile's size, its memory under the
 // options' schedule and micro-batch count.
