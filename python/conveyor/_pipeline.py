@@ -241,6 +241,13 @@ class Pipeline:
         """Restores what ``save_checkpoint`` saved; returns its step."""
         return self._built().load_checkpoint(os.fspath(path))
 
+    def save_model_state(self, path: Union[str, os.PathLike]) -> None:
+        """The plain state dict, ``{name: tensor}`` by the model's own names,
+        written atomically: ``model.load_state_dict(torch.load(path))`` reads
+        it into the unsplit model. One process only (across processes, each
+        holds only its stages: ``save_checkpoint`` on every rank)."""
+        self._built().save_model_state(os.fspath(path))
+
     # --- across processes ----------------------------------------------------------------------------------------
     @property
     def worker(self) -> int:

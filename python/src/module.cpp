@@ -6,6 +6,7 @@
 // stages run), and errors raised as the Python exceptions they are.
 
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/checkpoint/model_state.h"
 #include "plugin/errors.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
@@ -422,5 +423,11 @@ PYBIND11_MODULE(_C, m) {
              save_checkpoint(path, p.pipeline(), TrainingState{step, {}});
            })
       .def("load_checkpoint",
-           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.pipeline()); });
+           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.pipeline()); })
+      .def("save_model_state", [](PyPipeline& p, const std::string& path) {
+        check_argument(p.built().distributed() == nullptr, "conveyor.Pipeline: save_model_state writes the whole ",
+                       "model, and each process of a multi-process pipeline holds only its stages: call ",
+                       "save_checkpoint on every rank (load_checkpoint resumes the files at any layout)");
+        save_model_state(path, p.pipeline());
+      });
 }

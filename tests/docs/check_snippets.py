@@ -14,7 +14,9 @@ that a stale example fails the tests:
            checks has no place in the manual.
 
 It also checks that the README's picture, docs/schedules.svg, is what the
-library draws now.
+library draws now, and that the checkpoint guide's table of what each side
+saves names only functions the C++ headers declare and methods the Python
+package has.
   python tests/docs/check_snippets.py      (ctest: docs_snippets)
 """
 import os
@@ -166,9 +168,38 @@ def check_picture():
         "open('docs/schedules.svg', 'w').write(conveyor.schedule_svg(['1f1b', 'zb-v'], 4, 8))\""]
 
 
+def check_checkpoint_table():
+    """docs/guides/checkpoints.md's "What each side saves": | what | C++ | Python |."""
+    page = ROOT / "docs" / "guides" / "checkpoints.md"
+    where = f"{page.relative_to(ROOT)}: the table of what each side saves"
+    lines = page.read_text().split("## What each side saves", 1)[-1].splitlines()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+    rows = [r for r in rows[2:] if len(r) == 3]  # below the header and its rule
+    if len(rows) < 3:
+        return [f"{where} is missing or has fewer than 3 rows"]
+    headers = "\n".join(f.read_text() for f in sorted((ROOT / "plugin" / "checkpoint").glob("*.h")))
+    owners = {"pipe": conveyor.Pipeline, "optimizer": torch.optim.Optimizer, "torch": torch}
+    failures = []
+    for what, cpp, python in rows:
+        for name in re.findall(r"`([^`]+)`", cpp):
+            owner, _, member = name.rpartition("::")
+            declared = re.search(rf"struct {owner}\b[^}}]*\b{member}\b", headers) if owner else \
+                re.search(rf"\b{name}\(", headers)
+            if not declared:
+                failures.append(f"{where}: {what}: plugin/checkpoint/ declares no {name}")
+        for code in re.findall(r"`([^`]+)`", python):
+            calls = [("pipe", code)] if re.fullmatch(r"\w+", code) else re.findall(r"(\w+)\.(\w+)", code)
+            if not calls:
+                failures.append(f"{where}: {what}: nothing checks `{code}`")
+            for obj, method in calls:
+                if obj not in owners or not hasattr(owners[obj], method):
+                    failures.append(f"{where}: {what}: {obj} has no {method}")
+    return failures
+
+
 def main():
     blocks = every_block()
-    failures = check_picture()
+    failures = check_picture() + check_checkpoint_table()
     counts = {}
     for b in blocks:
         counts[b.language] = counts.get(b.language, 0) + 1
