@@ -12,7 +12,10 @@ builder reads (plugin/builder/front_end.h):
 import contextlib
 import difflib
 import inspect
+import io
 import os
+import re
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -164,26 +167,45 @@ def exported_program(program: torch.export.ExportedProgram) -> Built:
     return Built(path, [(n, t) for n, t in tensors if isinstance(t, torch.Tensor)], path)
 
 
+def _export_error(error: Exception, output: OutputChoice, printed: str) -> ValueError:
+    """What failed, in a few lines: torch.export's first line, the user's
+    line it failed at and what to do. The whole of torch's error is the
+    result's `torch_error`; what torch printed meanwhile (the graph it
+    recorded before failing, its warnings) is `export_output`."""
+    text = str(error)
+    at = re.search(r"The following call raised this error:\n((?:.+\n?){1,2})", text)
+    where = "".join(f"\n{line.rstrip()}" for line in at[1].splitlines()) if at else ""
+    outputs = ""
+    if output is None and "output" in text:
+        outputs = ("The forward returns what no list of tensors holds: choose the tensors the loss reads with "
+                   "output= (a key such as \"logits\", an index or a callable), and turn off what it need not "
+                   "return with model_kwargs= (Hugging Face: {\"use_cache\": False}).\n")
+    failure = ValueError(
+        f"conveyor.Pipeline: torch.export cannot export the model: {_first_line(error)}{where}\n{outputs}"
+        "It is exported with the batch dimension (each input's first) dynamic, in training mode. Rewrite that "
+        "construct, or build with front_end='script' (TorchScript) or front_end='trace' (tracing one run; give "
+        "example_inputs=...).\n(torch.export's whole error: this exception's .torch_error"
+        + ("; what it printed, the graph it recorded among it: .export_output)" if printed.strip() else ")"))
+    failure.torch_error, failure.export_output = error, printed
+    return failure
+
+
 def export(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwargs: Dict[str, Any],
            names: Optional[Tuple[str, ...]] = None) -> Built:
     """`model` exported with torch.export on `inputs` (every tensor's first
     dimension dynamic, so micro-batches of any size run)."""
     batch = torch.export.Dim("batch")
     shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in inputs)
+    # torch.export prints the graph it recorded to stderr when it fails: kept
+    # on the error instead, and written out only if the export succeeds.
+    printed = io.StringIO()
     try:
-        with _training_mode(model), _forward_as_given(model, len(inputs), output, kwargs, names):
+        with _training_mode(model), _forward_as_given(model, len(inputs), output, kwargs, names), \
+                contextlib.redirect_stderr(printed):
             program = torch.export.export(model, inputs, dynamic_shapes=shapes)
     except Exception as error:  # torch.export raises many kinds; all are reported alike
-        outputs = ""
-        if output is None and "output" in str(error):
-            outputs = ("The forward returns what no list of tensors holds: choose the tensors the loss reads with "
-                       "output= (a key such as \"logits\", an index or a callable), and turn off what it need not "
-                       "return with model_kwargs= (Hugging Face: {\"use_cache\": False}). ")
-        raise ValueError(
-            f"conveyor.Pipeline: torch.export cannot export the model: {_first_line(error)}\n{error}\n{outputs}"
-            "It is exported with the batch dimension (each input's first) dynamic, in training mode. Rewrite that "
-            "construct, or build with front_end='script' (TorchScript) or front_end='trace' (tracing one run; "
-            "give example_inputs=...)") from error
+        raise _export_error(error, output, printed.getvalue()) from None
+    sys.stderr.write(printed.getvalue())
     # The module's own tensors under every name (a tied weight's first name
     # first), then the constants torch.export lifted out of the code.
     given = dict(_module_tensors(model))

@@ -195,10 +195,16 @@ def test_torchscripts_refusal_names_the_submodule_and_its_first_error():
     assert "redefine" not in str(refused.value)
 
 
-def test_what_the_front_ends_refuse_is_named_with_the_alternative():
+def test_what_the_front_ends_refuse_is_named_with_the_alternative(capfd):
     x = torch.randn(4, 4)
-    with pytest.raises(ValueError, match=r"torch.export cannot export the model(.|\n)*front_end='script'"):
+    with pytest.raises(ValueError, match=r"torch.export cannot export the model(.|\n)*front_end='script'") as refused:
         conveyor.Pipeline(Branchy(), loss_fn=F.mse_loss, example_inputs=x)
+    # What failed in a few lines, at the forward's own line; torch's whole error and the graph it printed are
+    # kept on the error, not written to the terminal.
+    message = str(refused.value)
+    assert len(message.splitlines()) <= 6 and "in forward" in message and "if " in message, message
+    assert "def forward" in refused.value.export_output and "def forward" not in capfd.readouterr().err
+    assert isinstance(refused.value.torch_error, Exception)
     # TorchScript compiles the branch.
     pipe = conveyor.Pipeline(Branchy(), split_points=["b"], loss_fn=F.mse_loss, front_end="script")
     assert pipe.forward(x).shape == (4, 4)
