@@ -16,7 +16,7 @@ that a stale example fails the tests:
 It also checks that the README's picture, docs/schedules.svg, is what the
 library draws now, and that the checkpoint guide's table of what each side
 saves names only functions the C++ headers declare and methods the Python
-package has.
+package has, and that the guides stay within their words.
   python tests/docs/check_snippets.py      (ctest: docs_snippets)
 """
 import os
@@ -197,9 +197,19 @@ def check_checkpoint_table():
     return failures
 
 
+# The guides are read first and whole: a new page makes room in the others.
+GUIDE_WORDS = 13000
+
+
+def check_guide_words():
+    words = sum(len(p.read_text().split()) for p in (ROOT / "docs" / "guides").glob("*.md"))
+    return [] if words <= GUIDE_WORDS else [
+        f"docs/guides/ holds {words} words, over its {GUIDE_WORDS}: make room before adding"]
+
+
 def main():
     blocks = every_block()
-    failures = check_picture() + check_checkpoint_table()
+    failures = check_picture() + check_checkpoint_table() + check_guide_words()
     counts = {}
     for b in blocks:
         counts[b.language] = counts.get(b.language, 0) + 1
