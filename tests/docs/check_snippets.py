@@ -39,6 +39,7 @@ PROGRAM_SOURCES = {
     "build/examples/distributed_train": ["examples/distributed"],
     "build/examples/translator": ["examples/translator"],
     "build/examples/bert_pipeline": ["examples/bert"],
+    "build/examples/train_script": ["examples/torchscript/train_script.cpp"],
     "build/benchmarks/bench_fused_lstm": ["benchmarks/bench_fused_lstm.cpp"],
     "build/benchmarks/bench_fused_attention": ["benchmarks/bench_fused_attention.cpp"],
 }
