@@ -1,8 +1,5 @@
 #include "plugin/builder/option_table.h"
 
-#include "plugin/builder/build_options.h"
-#include "plugin/distributed/distributed_pipeline.h"
-#include "plugin/options.h"
 #include "schedules/generators.h"
 
 #include <c10/util/StringUtil.h>
@@ -11,11 +8,12 @@
 
 namespace conveyor {
 
-std::vector<OptionDescription> every_option() {
+std::vector<OptionDescription> every_option(const PipelineOptions& options, const BuildOptions& build,
+                                            const DistributedOptions& distributed) {
   std::vector<OptionDescription> rows;
-  describe_options(PipelineOptions(), rows);
-  describe_options(BuildOptions(), rows);
-  describe_options(DistributedOptions(), rows);
+  describe_options(options, rows);
+  describe_options(build, rows);
+  describe_options(distributed, rows);
   // Grouped by section, in the order the sections first appear.
   std::vector<std::string> sections;
   for (const auto& row : rows) {
@@ -38,6 +36,8 @@ std::vector<OptionDescription> every_option() {
   }
   return rows;
 }
+
+std::vector<OptionDescription> every_option() { return every_option({}, {}, {}); }
 
 std::string options_reference() {
   const auto cell = [](std::string text) {  // a markdown table cell: '|' escaped

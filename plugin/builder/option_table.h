@@ -4,7 +4,10 @@
 // Python keywords, the TorchScript class's keys and the manual's reference
 // come from.
 
+#include "plugin/builder/build_options.h"
+#include "plugin/distributed/distributed_pipeline.h"
 #include "plugin/option_values.h"
+#include "plugin/options.h"
 
 #include <string>
 #include <vector>
@@ -12,8 +15,11 @@
 namespace conveyor {
 
 // Every row of PipelineOptions', BuildOptions' and DistributedOptions' lists,
-// with their defaults, grouped by section: what a pipeline from Python can be
-// given.
+// with the values of the three given, grouped by section (the schedule's
+// documentation naming the schedule library's schedules).
+std::vector<OptionDescription> every_option(const PipelineOptions& options, const BuildOptions& build,
+                                            const DistributedOptions& distributed);
+// The same with their defaults: what a pipeline from Python can be given.
 std::vector<OptionDescription> every_option();
 
 // The manual's reference of every option (docs/reference/options.md, generated

@@ -94,12 +94,8 @@ Tensors tensors_from(const char* what, const py::handle& value) {
 }
 
 py::dict options_of(const BuiltPipeline& pipe) {
-  std::vector<OptionDescription> rows;
-  describe_options(pipe.pipeline().options(), rows);
-  describe_options(pipe.build_options(), rows);
-  describe_options(pipe.distributed_options(), rows);
   py::dict out;
-  for (const auto& row : rows) {
+  for (const auto& row : every_option(pipe.pipeline().options(), pipe.build_options(), pipe.distributed_options())) {
     if (!row.type.empty()) out[py::str(row.name)] = python_of(row.default_value);
   }
   return out;
