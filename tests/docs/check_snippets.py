@@ -16,7 +16,8 @@ that a stale example fails the tests:
 It also checks that the README's picture, docs/schedules.svg, is what the
 library draws now, and that the checkpoint guide's table of what each side
 saves names only functions the C++ headers declare and methods the Python
-package has, and that the guides stay within their words.
+package has, that the guides stay within their words, and that their prose
+reads (prose_lint.py: no sentence over 40 words, no bullet over 8 lines).
   python tests/docs/check_snippets.py      (ctest: docs_snippets)
 """
 import os
@@ -31,6 +32,7 @@ import torch
 
 import conveyor
 from doc_blocks import ROOT, every_block
+import prose_lint
 
 # Where the flags of a program that a command names are defined.
 PROGRAM_SOURCES = {
@@ -211,6 +213,7 @@ def check_guide_words():
 def main():
     blocks = every_block()
     failures = check_picture() + check_checkpoint_table() + check_guide_words()
+    failures += [f for page in prose_lint.guides() for f in prose_lint.problems(page)]
     counts = {}
     for b in blocks:
         counts[b.language] = counts.get(b.language, 0) + 1
