@@ -323,4 +323,65 @@ struct RunningOptions {
   CONVEYOR_TRAINING_OPTIONS(X)                                                                                     \
   CONVEYOR_RUNNING_OPTIONS(X)
 
+// --- how a model given from Python (or TorchScript) becomes a pipeline: the builder's (plugin/builder/) ----------
+// Whether the plan is the options' (given), searched on the profile of a
+// sample batch (auto), or searched and then raced on it (tuned).
+enum class PlanMode { kGiven, kAuto, kTuned };
+constexpr std::array<const char*, 3> value_names(PlanMode) { return {"given", "auto", "tuned"}; }
+
+// The optimizers the pipeline can make by name (torch.optim's).
+enum class OptimizerName { kSgd, kAdam, kAdamW };
+constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd", "adam", "adamw"}; }
+
+#define CONVEYOR_BUILD_OPTIONS(X)                                                                                  \
+  X(cutting, std::vector<std::string>, split_points, {}, kAny,                                                     \
+    "Submodule names whose calls begin a new stage ([\"layers.2\", \"head\"]: three stages). Without them the "    \
+    "forward must be a plain chain of submodules, cut into workers stages by balance.")                            \
+  X(planning, PlanMode, plan, PlanMode::kGiven, kAny,                                                          \
+    "\"given\": the plan the options describe. \"auto\": search the whole plan (workers, schedule, chunks, "       \
+    "micro-batches, recomputation, split) on the profile of sample for the fastest predicted step within "         \
+    "max_workers and memory_budget. \"tuned\": then race the twelve predicted fastest on sample, the slower "      \
+    "half dropped each round.")                                                                                    \
+  X(planning, int, max_workers, 0, at_least(0), "Plan \"auto\": the most workers to consider (0: workers, else 4).") \
+  X(planning, int64_t, memory_budget, 0, at_least(0),                                                              \
+    "Plan \"auto\": bytes each worker may hold (0: no limit).")                                                    \
+  X(model, bool, fused_ops, false, kAny,                                                                           \
+    "Swap Conveyor's fused LSTM into the model (a TorchScript module or torch::nn layers) before cutting it.")     \
+  X(model, bool, optimize, false, kAny, "Let the TorchScript executor optimize the stages.")                       \
+  X(training, std::optional<OptimizerName>, optimizer, std::nullopt, kAny,                                         \
+    "The pipeline's own optimizer by name (torch.optim's), one per stage; train_step steps it.")                  \
+  X(training, std::optional<double>, lr, std::nullopt, kAny, "The learning rate of the pipeline's optimizer.")    \
+  X(training, std::optional<double>, momentum, std::nullopt, kAny, "Momentum (\"sgd\" only).")                     \
+  X(training, std::optional<double>, weight_decay, std::nullopt, kAny,                                             \
+    "Weight decay (torch.optim's default: 0, and 0.01 for \"adamw\").")
+
+// --- how a pipeline runs across processes: DistributedPipeline's (plugin/distributed/) --------------------------
+#define CONVEYOR_DISTRIBUTED_OPTIONS(X)                                                                            \
+  X(distributed, bool, scale_learning_rate, false, kAny,                                                           \
+    "Multiply the pipeline's own optimizer's learning rate (lr_schedule included) by the number of replicas: the " \
+    "linear scaling rule for a global batch that many times the per-replica one.")                                 \
+  X(distributed, std::vector<std::vector<int64_t>>, activation_shapes, {}, kAny,                                   \
+    "What stage k sends to stage k + 1, checked on arrival: entry k is the activation's shape, -1 for a "          \
+    "dimension that may vary. Empty: not checked.")                                                                \
+  X(distributed, int, local_rank, 0, at_least(0),                                                                  \
+    "This process's index on its machine (torchrun's LOCAL_RANK, which Python reads): a device \"cuda\" becomes "  \
+    "cuda:<local_rank>, so each process drives its own GPU.")                                                      \
+  X(distributed, bool, shard_optimizer_state, false, kAny,                                                         \
+    "With replicas and the pipeline's own optimizer (synchronous schedules), each replica of a stage keeps the "   \
+    "optimizer state of 1/D of its weights (ZeRO stage 1): gradients are reduce-scattered, each replica updates "  \
+    "its part, the weights are all-gathered; the same weights as without.")                                       \
+  X(distributed, bool, shared_memory, true, kAny,                                                                  \
+    "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
+    "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")
+
+struct BuildOptions {
+  CONVEYOR_BUILD_OPTIONS(CONVEYOR_OPTION_ARG)
+};
+CONVEYOR_FOR_EACH_OPTION(BuildOptions, CONVEYOR_BUILD_OPTIONS)
+
+struct DistributedOptions {
+  CONVEYOR_DISTRIBUTED_OPTIONS(CONVEYOR_OPTION_ARG)
+};
+CONVEYOR_FOR_EACH_OPTION(DistributedOptions, CONVEYOR_DISTRIBUTED_OPTIONS)
+
 }  // namespace conveyor

@@ -20,8 +20,8 @@
 //                                 .loss = loss});
 //   pipe.train_step({x}, {y});
 //
-// Options: the rows of PipelineOptions (plugin/option_list.h), BuildOptions
-// (build_options.h) and DistributedOptions; dict_options.h reads them from a
+// Options: PipelineOptions, BuildOptions and DistributedOptions, whose rows
+// are all in plugin/option_list.h; dict_options.h reads them from a
 // dict as Python gives them. Every error in them is a std::invalid_argument
 // naming the option.
 

@@ -3,8 +3,8 @@
 // Python hands them over: the conveyor package's keywords
 // (python/src/module.cpp) and the TorchScript class's dict (torch_class.cpp).
 //
-// The dict's keys are the rows of PipelineOptions (plugin/option_list.h),
-// BuildOptions (build_options.h) and DistributedOptions, each value of its
+// The dict's keys are the rows of PipelineOptions, BuildOptions and
+// DistributedOptions (plugin/option_list.h), each value of its
 // row's type (read by option_values.h; None: the default); and two that are
 // objects: loss ("cross_entropy" over the last dimension | "mse" | a
 // scripted module called as loss(*outputs, *targets); default "mse") and

@@ -59,30 +59,6 @@
 
 namespace conveyor {
 
-#define CONVEYOR_DISTRIBUTED_OPTIONS(X)                                                                            \
-  X(distributed, bool, scale_learning_rate, false, kAny,                                                           \
-    "Multiply the pipeline's own optimizer's learning rate (lr_schedule included) by the number of replicas: the " \
-    "linear scaling rule for a global batch that many times the per-replica one.")                                 \
-  X(distributed, std::vector<std::vector<int64_t>>, activation_shapes, {}, kAny,                                   \
-    "What stage k sends to stage k + 1, checked on arrival: entry k is the activation's shape, -1 for a "          \
-    "dimension that may vary. Empty: not checked.")                                                                \
-  X(distributed, int, local_rank, 0, at_least(0),                                                                  \
-    "This process's index on its machine (torchrun's LOCAL_RANK, which Python reads): a device \"cuda\" becomes "  \
-    "cuda:<local_rank>, so each process drives its own GPU.")                                                      \
-  X(distributed, bool, shard_optimizer_state, false, kAny,                                                         \
-    "With replicas and the pipeline's own optimizer (synchronous schedules), each replica of a stage keeps the "   \
-    "optimizer state of 1/D of its weights (ZeRO stage 1): gradients are reduce-scattered, each replica updates "  \
-    "its part, the weights are all-gathered; the same weights as without.")                                       \
-  X(distributed, bool, shared_memory, C10dTransportOptions{}.shared_memory, kAny,                                  \
-    "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
-    "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")
-
-// How a pipeline runs across processes (each row documented above).
-struct DistributedOptions {
-  CONVEYOR_DISTRIBUTED_OPTIONS(CONVEYOR_OPTION_ARG)
-};
-CONVEYOR_FOR_EACH_OPTION(DistributedOptions, CONVEYOR_DISTRIBUTED_OPTIONS)
-
 // Replica `replica`'s shard of a global batch: the replica-th of `replicas`
 // equal, contiguous slices along `dim`. Averaging the replicas' gradients of a
 // mean loss equals the global batch's gradient only if the slices are equal,

@@ -1,5 +1,5 @@
 """The keywords of conveyor.Pipeline: each option's row comes from the C++
-declarations (plugin/option_list.h and the lists beside it), with its type,
+declaration (plugin/option_list.h), with its type,
 default, documentation, bound and choices; only the keywords that hold Python
 objects are declared here."""
 import difflib
@@ -9,8 +9,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import _C
 
-# Every option's row, declared once in C++ (plugin/option_list.h and the lists
-# beside it): the keywords, their types, defaults and help all come from it.
+# Every option's row, declared once in C++ (plugin/option_list.h): the
+# keywords, their types, defaults and help all come from it.
 _TABLE = {row["name"]: row for row in _C.option_table() if row["type"] is not None}
 _CPP_ONLY = {row["name"]: row for row in _C.option_table() if row["type"] is None}
 

@@ -1,7 +1,7 @@
-// Every option is declared once (plugin/option_list.h and the lists beside
-// it): what Python passes reads back as the same default, each value given
-// reaches the pipeline that runs, values are checked against their rows, and
-// the manual's reference has a row for each.
+// Every option is declared once (plugin/option_list.h): what Python passes
+// reads back as the same default, each value given reaches the pipeline that
+// runs, values are checked against their rows, and the manual's reference has
+// a row for each.
 #include "error_of.h"
 #include "plugin/options.h"
 #include "plugin/builder/builder.h"
