@@ -374,6 +374,47 @@ constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd",
     "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
     "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")
 
+// --- what only Python gives: conveyor.Pipeline's keywords that hold Python objects ------------------------------
+// A row is P(name, Python annotation, documentation); the package reads them
+// itself (python/conveyor/_pipeline.py). An empty documentation: the C++ row
+// of the same name says what it is.
+#define CONVEYOR_PYTHON_KEYWORDS(P)                                                                                \
+  P(loss_fn, "Union[Callable, str, torch.jit.ScriptModule, None]",                                                 \
+    "loss_fn(output, target) -> scalar tensor, any Python callable (called on the last stage's thread "            \
+    "with the GIL held for the call; output and target are tensors, or tuples of them for several), or "           \
+    "\"cross_entropy\" / \"mse\", or a scripted module; loss_reduction says whether it returns a mean (the "       \
+    "default) or a sum over its micro-batch.")                                                                     \
+  P(lr_schedule, "Optional[Callable[[int], float]]",                                                               \
+    "")                                                                                                            \
+  P(sample, "Optional[Tuple[Tensors, Tensors]]",                                                                   \
+    "An (inputs, target) batch of the size each step trains on, profiled for balance=\"time\" and "                \
+    "plan=\"auto\".")                                                                                              \
+  P(front_end, "Optional[str]",                                                                                    \
+    "How an nn.Module becomes a graph the pipeline cuts: \"export\" (torch.export, the batch dimension "           \
+    "dynamic, in training mode; the default), \"script\" (torch.jit.script; the default where fused_ops or "       \
+    "optimize asks for TorchScript) or \"trace\" (torch.jit.trace of one run on example_inputs). Other "           \
+    "models run as given.")                                                                                        \
+  P(example_inputs, "Optional[Tensors]",                                                                           \
+    "Inputs to export or trace the model with, when it is built; without them (or sample) an nn.Module is"         \
+    " exported at the first train_step or forward, from its inputs.")                                              \
+  P(output, "Union[str, int, Callable, None]",                                                                     \
+    "For a forward that returns a dict, a dataclass (Hugging Face's ModelOutput) or a tuple: the output "          \
+    "the pipeline returns and the loss reads, by key or attribute (\"logits\"), by index, or as "                  \
+    "output(result) -> tensors. With front_end \"export\" or \"trace\".")                                          \
+  P(model_kwargs, "Optional[Dict[str, Any]]",                                                                      \
+    "Keyword arguments every forward call takes (use_cache=False, return_dict=True), with the inputs "             \
+    "positionally. With front_end \"export\" or \"trace\".")                                                       \
+  P(process_group, "Optional[ProcessGroup]",                                                                       \
+    "Run across processes (under torchrun, after torch.distributed.init_process_group): the group of this"         \
+    " replica's processes, each running one worker's stages (its rank in the group is the worker; workers"         \
+    " is its size). Every process builds the pipeline from the same model and options and calls "                  \
+    "train_step with its replica's batch; parameters() and state_dict() are then its own stages', "                \
+    "StepResult.loss the whole batch's on every process.")                                                         \
+  P(replica_group, "Optional[ProcessGroup]",                                                                       \
+    "With process_group, data parallelism across replicas of the pipeline: the processes running this "            \
+    "worker in every replica. Gradients are averaged across it; replica 0's initial weights are "                  \
+    "broadcast. conveyor.process_groups(workers) makes both groups.")
+
 struct BuildOptions {
   CONVEYOR_BUILD_OPTIONS(CONVEYOR_OPTION_ARG)
 };

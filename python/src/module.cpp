@@ -295,6 +295,18 @@ PYBIND11_MODULE(_C, m) {
                         py::arg("plan_checks") = c.plan_checks);
       },
       "How often this process parsed and checked a pipeline's options (each once a construction).");
+  m.def(
+      "python_keywords",
+      [] {
+        py::list out;
+#define CONVEYOR_PYTHON_KEYWORD_ROW(name, annotation, doc) \
+  out.append(py::dict(py::arg("name") = #name, py::arg("type") = annotation, py::arg("doc") = doc));
+        CONVEYOR_PYTHON_KEYWORDS(CONVEYOR_PYTHON_KEYWORD_ROW)
+#undef CONVEYOR_PYTHON_KEYWORD_ROW
+        return out;
+      },
+      "conveyor.Pipeline's keywords that hold Python objects: name, Python type and documentation (empty: the "
+      "C++ row of that name's).");
   m.def("option_table", &option_table,
         "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
   m.def("options_reference", &options_reference, "Every option as a markdown table per section.");
