@@ -376,7 +376,7 @@ constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd",
 
 // --- what only Python gives: conveyor.Pipeline's keywords that hold Python objects ------------------------------
 // A row is P(name, Python annotation, documentation); the package reads them
-// itself (python/conveyor/_pipeline.py). An empty documentation: the C++ row
+// itself (python/conveyor/_options.py). An empty documentation: the C++ row
 // of the same name says what it is.
 #define CONVEYOR_PYTHON_KEYWORDS(P)                                                                                \
   P(loss_fn, "Union[Callable, str, torch.jit.ScriptModule, None]",                                                 \

@@ -5,15 +5,15 @@ between its decoder layers into 4 stages on 4 devices, trained under 1F1B
 with torch.optim.AdamW on English text (Debian's 'fortunes', which the set-up
 installs; this file's own text where it is absent), byte by byte; saved to a
 checkpoint with the optimizer's state, resumed from it when run again, and
-evaluated on held-out text. Nothing is downloaded: the weights start random
-(from_pretrained loads real ones; the rest is the same). Exits 1 unless the
-held-out loss ends below two thirds of a random model's (ln 256).
+evaluated on text it never trained on. Nothing is downloaded: the weights
+start random (from_pretrained loads real ones; the rest is the same). Exits 1
+unless the held-out loss ends below two thirds of a random model's (ln 256).
 
 One process, each stage on its own device (4 GPUs; on fewer, the stages share
 them; without one, 4 CPU workers):
   python examples/python/finetune_causal_lm.py --steps 30 --checkpoint run/
   python examples/python/finetune_causal_lm.py --steps 60 --checkpoint run/   # resumes at step 30
-One process per stage (GPU i for LOCAL_RANK i where there are GPUs):
+One process per stage (GPU LOCAL_RANK where every process has one, else the CPU):
   torchrun --nproc-per-node=4 examples/python/finetune_causal_lm.py --steps 30 --checkpoint run/
 """
 import argparse
@@ -34,7 +34,7 @@ STAGES = 4
 
 
 def text() -> bytes:
-    files = sorted(glob.glob("/usr/share/games/fortunes/*"))
+    files = sorted(f for f in glob.glob("/usr/share/games/fortunes/*") if os.path.isfile(f))
     corpus = b"".join(pathlib.Path(f).read_bytes() for f in files if not f.endswith((".dat", ".u8")))
     return corpus[:400_000] if len(corpus) > 10_000 else pathlib.Path(__file__).read_bytes() * 20
 
@@ -48,8 +48,10 @@ def batch(data: torch.Tensor, size: int, seed: int):
 def model_of(kind: str, layers: int):
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     if kind == "gpt2":
+        # No dropout: random draws in 4 stages at once would not repeat, nor resume exactly
+        # (stage_rng=True gives each stage its own streams, at the cost of taking turns).
         config = GPT2Config(vocab_size=256, n_positions=SEQUENCE, n_embd=128, n_layer=layers, n_head=4,
-                            bos_token_id=0, eos_token_id=0)
+                            bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return GPT2LMHeadModel(config), "transformer.h"
     config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQUENCE,
@@ -71,10 +73,13 @@ def main():
     parser.add_argument("--checkpoint", help="a folder: resume from its checkpoint if any, save to it at the end")
     args = parser.parse_args()
     across_processes = "WORLD_SIZE" in os.environ  # under torchrun
-    rank = 0
+    rank, world = 0, 1
+    # Across processes each drives GPU LOCAL_RANK: only with a GPU for every process on this machine.
+    gpus = torch.cuda.device_count()
+    on_gpus = gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if across_processes else gpus > 0
     if across_processes:
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-        rank = dist.get_rank()
+        dist.init_process_group("cpu:gloo,cuda:nccl" if on_gpus else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same model in every process
     model, stack = model_of(args.model, args.layers)
@@ -82,12 +87,11 @@ def main():
     # the top-level children would be cut between.
     split_points = [f"{stack}.{args.layers * k // STAGES}" for k in range(1, STAGES)]
     if across_processes:  # one stage a process: its own GPU (cuda:LOCAL_RANK) or the CPU
-        placement = dict(process_group=dist.group.WORLD, devices="cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        gpus = torch.cuda.device_count()
+        placement = dict(process_group=dist.group.WORLD, devices="cuda" if on_gpus else "cpu")
+    else:  # 4 GPUs: one a stage; fewer: shared in turn; none: 4 CPU workers
         placement = dict(devices=[f"cuda:{k % gpus}" if gpus else "cpu" for k in range(STAGES)])
     data = torch.tensor(list(text()), dtype=torch.long)
-    held_out = batch(data, args.batch, seed=-1)
+    data, held_out = data[:-20_000], batch(data[-20_000:], args.batch, seed=0)  # the last 20 kB never trains
     pipe = conveyor.Pipeline(model, split_points=split_points, microbatches=args.microbatches, schedule="1f1b",
                              output="logits", model_kwargs={"use_cache": False}, loss_fn=loss_fn,
                              example_inputs=held_out[0], **placement)
@@ -97,15 +101,22 @@ def main():
     opt = torch.optim.AdamW([{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}], lr=3e-3)
 
-    # Each process writes its own files (across processes, its stage's); all of them resume together.
+    # Each process writes its own files (across processes, its stage's), named for the layout; the
+    # processes resume together, from the same step.
     folder = args.checkpoint or "."
-    files = (os.path.join(folder, f"pipeline.{rank}.ckpt"), os.path.join(folder, f"adamw.{rank}.pt"))
+    files = [os.path.join(folder, f"{what}.{rank}-of-{world}.{ending}") for what, ending in
+             (("pipeline", "ckpt"), ("adamw", "pt"))]
     start = 0
     if args.checkpoint and os.path.exists(files[0]):
         start = pipe.load_checkpoint(files[0])
-        opt.load_state_dict(torch.load(files[1]))
-        if rank == 0:
-            print(f"resumed at step {start} from {args.checkpoint}")
+        opt.load_state_dict(torch.load(files[1], map_location="cpu"))  # moved to each parameter's device
+    if across_processes:
+        steps = torch.tensor([start, -start])
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+        if steps[0] != -steps[1]:
+            sys.exit(f"rank {rank}: the processes' checkpoints in {folder} are of different steps")
+    if start and rank == 0:
+        print(f"resumed at step {start} from {args.checkpoint}")
 
     def evaluate():
         """The held-out loss where the output is (across processes, on the last stage's process), else None."""

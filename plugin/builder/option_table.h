@@ -4,8 +4,7 @@
 // Python keywords, the TorchScript class's keys and the manual's reference
 // come from.
 
-#include "plugin/builder/build_options.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/option_list.h"
 #include "plugin/option_values.h"
 #include "plugin/options.h"
 

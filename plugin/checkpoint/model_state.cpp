@@ -50,6 +50,8 @@ void save_model_state(const std::string& path, const Pipeline& pipe) {
 
 void save_model_state(const std::string& path, const torch::nn::Module& model) { write_state(path, named_state(model)); }
 
+void save_model_state(const std::string& path, const Named& state) { write_state(path, state); }
+
 namespace {
 
 // Copies `d` (a state dict, or a checkpoint's dict: its model) into `model`.

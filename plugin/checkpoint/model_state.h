@@ -29,6 +29,10 @@ namespace conveyor {
 // gather its model first (DistributedPipeline::gather_model) and save that.
 void save_model_state(const std::string& path, const Pipeline& pipe);
 void save_model_state(const std::string& path, const torch::nn::Module& model);
+// A state dict as given, e.g. BuiltPipeline::state_dict(): the model's own
+// keys (a tied weight under each of its names, no non-persistent buffers),
+// which the unsplit model's load_state_dict reads strictly.
+void save_model_state(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& state);
 
 // Copies the weights in `path` (a plain state dict, this module's or
 // torch.save's, or a Conveyor checkpoint of any number of stages) into

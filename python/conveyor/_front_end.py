@@ -198,14 +198,17 @@ def export(model: nn.Module, inputs: Tuple[Any, ...], output: OutputChoice, kwar
     shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() > 0 else None for x in inputs)
     # torch.export prints the graph it recorded to stderr when it fails: kept
     # on the error instead, and written out only if the export succeeds.
-    printed = io.StringIO()
+    printed, kept = io.StringIO(), False
     try:
         with _training_mode(model), _forward_as_given(model, len(inputs), output, kwargs, names), \
                 contextlib.redirect_stderr(printed):
             program = torch.export.export(model, inputs, dynamic_shapes=shapes)
     except Exception as error:  # torch.export raises many kinds; all are reported alike
+        kept = True
         raise _export_error(error, output, printed.getvalue()) from None
-    sys.stderr.write(printed.getvalue())
+    finally:
+        if not kept:  # a success, or an interrupt: what was printed is shown after all
+            sys.stderr.write(printed.getvalue())
     # The module's own tensors under every name (a tied weight's first name
     # first), then the constants torch.export lifted out of the code.
     given = dict(_module_tensors(model))

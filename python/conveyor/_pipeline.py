@@ -61,7 +61,7 @@ class Pipeline:
         processes = process_group.size() if process_group is not None else 0
         checked = _C.check_options(options, loss_fn is not None, processes)
         self._front_end = _front_end.choose(model, python["front_end"], options)
-        if self._front_end == "export":
+        if self._front_end == "export" or isinstance(model, torch.export.ExportedProgram):
             _C.check_model_kind(checked, "export")  # before the export, which may wait for the first step
         if self._front_end in ("export", "trace"):
             _front_end.check_split_point_names(model, options.get("split_points"))

@@ -439,7 +439,8 @@ PYBIND11_MODULE(_C, m) {
       .def("save_model_state", [](PyPipeline& p, const std::string& path) {
         check_argument(p.built().distributed() == nullptr, "conveyor.Pipeline: save_model_state writes the whole ",
                        "model, and each process of a multi-process pipeline holds only its stages: call ",
-                       "save_checkpoint on every rank (load_checkpoint resumes the files at any layout)");
-        save_model_state(path, p.pipeline());
+                       "save_checkpoint on every rank, then `conveyor_checkpoint export OUT FILE...` (the C++ tool) ",
+                       "writes the plain state dict of all the ranks' files");
+        save_model_state(path, p.built().state_dict());  // the model's own keys, as pipe.state_dict()
       });
 }

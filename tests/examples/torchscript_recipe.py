@@ -29,7 +29,7 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         model = os.path.join(folder, "regressor.pt")
-        assert "blocks.2" in run([sys.executable, SAVE, model])
+        run([sys.executable, SAVE, model])
         losses = {}
         for processes in (1, 2):
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -344,3 +344,20 @@ def test_inputs_given_by_name_bind_the_forwards_keyword_arguments():
         pipe.train_step(batch["input_ids"], y)
     with pytest.raises(ValueError, match="binds keyword arguments of an nn.Module's forward"):
         conveyor.Pipeline(torch.jit.script(Two()), split_points=["b"], loss_fn=F.mse_loss).train_step(batch, y)
+
+
+def test_save_model_state_is_what_the_unsplit_module_loads_strictly(tmp_path):
+    """The plain state dict by the module's own keys: a tied weight under
+    both its names, no non-persistent buffer, so load_state_dict is strict."""
+    model = tied_model()
+    x, y = tokens()
+    pipe = conveyor.Pipeline(model, split_points=["head"], microbatches=3, loss_fn=token_loss, output="logits",
+                             optimizer="sgd", lr=0.1, example_inputs=x)
+    pipe.train_step(x, y)
+    pipe.save_model_state(tmp_path / "model.pt")
+    saved = torch.load(tmp_path / "model.pt")
+    assert list(saved) == list(model.state_dict())
+    fresh = TiedLm().double()
+    fresh.load_state_dict(saved)  # strict
+    for name, t in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], t), name
