@@ -20,6 +20,7 @@ package has, that the guides stay within their words, and that their prose
 reads (prose_lint.py: no sentence over 40 words, no bullet over 8 lines).
   python tests/docs/check_snippets.py      (ctest: docs_snippets)
 """
+import itertools
 import os
 import pathlib
 import re
@@ -176,18 +177,21 @@ def check_checkpoint_table():
     page = ROOT / "docs" / "guides" / "checkpoints.md"
     where = f"{page.relative_to(ROOT)}: the table of what each side saves"
     lines = page.read_text().split("## What each side saves", 1)[-1].splitlines()
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
-    rows = [r for r in rows[2:] if len(r) == 3]  # below the header and its rule
-    if len(rows) < 3:
-        return [f"{where} is missing or has fewer than 3 rows"]
-    headers = "\n".join(f.read_text() for f in sorted((ROOT / "plugin" / "checkpoint").glob("*.h")))
+    first = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table[2:]]  # below the rule
+    if len(rows) < 3 or any(len(r) != 3 for r in rows):
+        return [f"{where} is missing, has fewer than 3 rows, or rows without 3 cells"]
+    # The declarations, not the comments that may still name a function that is gone.
+    headers = "\n".join(line for f in sorted((ROOT / "plugin" / "checkpoint").glob("*.h"))
+                        for line in f.read_text().splitlines() if not line.lstrip().startswith("//"))
     owners = {"pipe": conveyor.Pipeline, "optimizer": torch.optim.Optimizer, "torch": torch}
     failures = []
     for what, cpp, python in rows:
         for name in re.findall(r"`([^`]+)`", cpp):
             owner, _, member = name.rpartition("::")
-            declared = re.search(rf"struct {owner}\b[^}}]*\b{member}\b", headers) if owner else \
-                re.search(rf"\b{name}\(", headers)
+            declared = re.search(rf"struct {re.escape(owner)}\b[^}}]*\b{re.escape(member)}\b", headers) if owner \
+                else re.search(rf"\b{re.escape(name)}\(", headers)
             if not declared:
                 failures.append(f"{where}: {what}: plugin/checkpoint/ declares no {name}")
         for code in re.findall(r"`([^`]+)`", python):

@@ -45,7 +45,7 @@ def sentences(lines):
     text = re.sub(r"`[^`]*`", "CODE", text)
     text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
     text = re.sub(r"^\s*([-*]|\d+\.)\s", "", text, count=1)  # the bullet's own mark
-    return re.split(r"(?<=[.!?])\s+(?=[A-Z(*\[])|;\s+|:\s+(?=[A-Z(])", text)
+    return re.split(r"(?<=[.!?])\s+", text)  # at a full stop, question or exclamation mark
 
 
 def problems(page):
