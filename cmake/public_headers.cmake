@@ -8,7 +8,7 @@ set(CONVEYOR_SCRIPT_HEADERS plugin/script/torchscript.h plugin/script/script_lay
 set(CONVEYOR_EXPORT_HEADERS plugin/export/exported.h plugin/export/export_layer.h plugin/export/program.h
   plugin/export/segments.h)
 set(CONVEYOR_PUBLIC_HEADERS
-  plugin/conveyor.h plugin/errors.h plugin/model/model_names.h plugin/option_list.h plugin/options.h
+  plugin/conveyor.h plugin/errors.h plugin/model/model_names.h plugin/option_list.h plugin/option_rows.h plugin/options.h
   plugin/pipeline.h plugin/measure/profile_model.h
   plugin/step_result.h plugin/measure/tune_plan.h plugin/types.h plugin/version.h
   plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
