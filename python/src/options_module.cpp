@@ -1,0 +1,81 @@
+#include "python/src/options_module.h"
+
+#include "plugin/builder/builder.h"
+#include "plugin/builder/dict_options.h"
+#include "plugin/builder/front_end.h"
+#include "plugin/builder/option_table.h"
+#include "plugin/errors.h"
+#include "python/src/values.h"
+
+#include <torch/extension.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+
+namespace py = pybind11;
+
+namespace conveyor {
+
+namespace {
+
+// The request the keywords describe (plugin/builder/dict_options.h).
+BuildRequest request_of(const py::dict& options) {
+  c10::impl::GenericDict generic(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [key, value] : options) {
+    const auto name = py::cast<std::string>(key);
+    generic.insert(name, ivalue_of(value, "option '" + name + "'"));
+  }
+  return request_from_dict(c10::impl::toTypedDict<std::string, c10::IValue>(std::move(generic)), ValueText::kTyped);
+}
+
+}  // namespace
+
+void define_options(py::module_& m) {
+  py::class_<CheckedRequest>(m, "CheckedOptions",
+                             "conveyor.Pipeline's options, parsed and checked: what _C.Pipeline builds.");
+  m.def(
+      "check_options",
+      [](const py::dict& options, bool has_loss, int processes) {
+        BuildRequest request = request_of(options);
+        if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // attached later
+        return CheckedRequest(std::move(request), processes);
+      },
+      py::arg("options"), py::arg("has_loss"), py::arg("processes"),
+      "Parses and checks the options once: refuses (TypeError, ValueError naming it) an option a pipeline "
+      "built with these keywords would refuse before it reads the model, and returns them for _C.Pipeline.");
+  m.def(
+      "check_model_kind",
+      [](const CheckedRequest& checked, const std::string& kind) {
+        check_argument(kind == "export" || kind == "script", "conveyor: no model kind '", kind, "'");
+        check_model_kind(kind == "export" ? ModelKind::exported : ModelKind::script, checked.request().build);
+      },
+      py::arg("checked"), py::arg("kind"),
+      "Refuses (ValueError naming the option) what checked options ask of a model of the kind the front end "
+      "makes ('export' or 'script') that it cannot do, before the model is exported.");
+  m.def(
+      "request_counts",
+      [] {
+        const RequestCounts c = request_counts();
+        return py::dict(py::arg("parses") = c.parses, py::arg("checks") = c.checks,
+                        py::arg("plan_checks") = c.plan_checks);
+      },
+      "How often this process parsed and checked a pipeline's options (each once a construction).");
+  m.def(
+      "python_keywords",
+      [] {
+        py::list out;
+#define CONVEYOR_PYTHON_KEYWORD_ROW(name, annotation, doc) \
+  out.append(py::dict(py::arg("name") = #name, py::arg("type") = annotation, py::arg("doc") = doc));
+        CONVEYOR_PYTHON_KEYWORDS(CONVEYOR_PYTHON_KEYWORD_ROW)
+#undef CONVEYOR_PYTHON_KEYWORD_ROW
+        return out;
+      },
+      "conveyor.Pipeline's keywords that hold Python objects: name, Python type and documentation (empty: the "
+      "C++ row of that name's).");
+  m.def("option_table", &option_table,
+        "Every option's section, name, Python type (None: C++ only), default, documentation, bound and choices.");
+  m.def("options_reference", &options_reference, "Every option as a markdown table per section.");
+}
+
+}  // namespace conveyor
