@@ -1,5 +1,6 @@
 // Instantiates the tensor-core backwards (tiles128: query blocks
-// double-buffered; v1: one buffer) for float16 / bfloat16 x head_dim 64 /
+// double-buffered, at head_dim 128 two warps to a key row block; v1: one
+// buffer, one warp to a row block) for float16 / bfloat16 x head_dim 64 /
 // 128: rowsum(dO * O) first, then the key-block kernel, which accumulates dQ
 // (scaled, float) into params.grad_q_accum for the caller to convert.
 

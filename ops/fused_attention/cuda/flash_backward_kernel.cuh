@@ -1,41 +1,60 @@
 #pragma once
 // Tensor-core attention backward, FlashAttention-2 style. One CTA owns
-// kBlockN keys of one (batch, head), 16 per warp, and keeps their dK and dV
-// accumulators in registers while it walks the query rows kBlockM at a time.
-// Per query block, in the transposed view (keys as rows) so that each warp's
-// results are rows it owns:
+// kBlockN keys of one (batch, head), 16 per key warp, and keeps their dK and
+// dV accumulators in registers while it walks the query rows kBlockM at a
+// time. Per query block, in the transposed view (keys as rows) so that each
+// warp's results are rows it owns:
 //   S^T  = K Q^T                     P^T = exp2(S^T * scale log2 e - lse log2 e)
 //   dP^T = V dO^T                    dS^T = P^T * (dP^T - D),  D = rowsum(dO * O)
 //   dV  += P^T dO                    dK  += dS^T Q            (scale applied once at the end)
 //   dQ  += dS K * scale -> atomicAdd (8 bytes at a time) into a float
 //                          workspace shared by all key blocks
-// P^T and dS^T go from accumulators straight into A fragments; dS is also
-// written to shared memory, transposed, for the dQ product, whose rows mix
-// the keys of every warp. The probabilities are recomputed from the saved
-// log-sum-exp, never stored; hidden keys (and every key of a fully masked row)
-// get probability 0 and so contribute nothing, and a CTA whose keys the
-// padding mask hides all skips the queries altogether.
+// With kSplit = 1 (v1, and tiles128 at head dim 64) a warp owns 16 keys and
+// all of their dK and dV columns: P^T and dS^T go from accumulators straight
+// into A fragments, and dS is also written to shared memory, transposed, for
+// the dQ product, whose rows mix the keys of every warp. With kSplit = 2
+// (tiles128 at head dim 128, where 16 keys' dK and dV alone are 128
+// accumulators a thread) the two warps of a key row block share its dK and dV
+// columns half and half: each computes S^T and dP^T for half of the block's
+// queries and writes P^T and dS^T to shared memory (key-major, 4 bytes a
+// store), from which both read the whole block for their products, and dQ
+// reads dS with transposed loads. The probabilities are recomputed from the
+// saved log-sum-exp, never stored; hidden keys (and every key of a fully
+// masked row) get probability 0 and so contribute nothing, and a CTA whose
+// keys the padding mask hides all skips the queries altogether.
 
 #include "ops/fused_attention/cuda/attention_kernels.h"
 #include "ops/fused_attention/cuda/flash_forward_kernel.cuh"
 #include "ops/fused_attention/cuda/warp_mma.cuh"
 
+#include <type_traits>
+
 namespace conveyor::attention::cuda {
 
-template <typename T, int kHeadDim_, int kBlockM_, int kWarps_, int kBuffers_ = 1>
+template <typename T, int kHeadDim_, int kBlockM_, int kWarps_, int kBuffers_ = 1, int kSplit_ = 1,
+          bool kTiles_ = false>
 struct FlashBackwardConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = 16 * kWarps;  // keys per CTA
-  static constexpr int kBlockM = kBlockM_;     // query rows per step
-  static constexpr int kBuffers = kBuffers_;   // 2: the next query block's Q, dO, lse and D fetched during this one
+  static constexpr int kSplit = kSplit_;              // warps sharing a key row block's dK and dV columns
+  static constexpr int kKeyWarps = kWarps / kSplit;   // key row blocks of 16
+  static constexpr int kBlockN = 16 * kKeyWarps;      // keys per CTA
+  static constexpr int kBlockM = kBlockM_;            // query rows per step
+  static constexpr int kWarpQueries = kBlockM / kSplit;  // of S^T and dP^T, per warp
+  static constexpr int kWarpDims = kHeadDim / kSplit;    // of dK and dV, per warp
+  static constexpr int kBuffers = kBuffers_;  // 2: the next query block's Q, dO, lse and D fetched during this one
+  // tiles128's refinements: each probability one FMA and ex2.approx, as its
+  // forward computes the log-sum-exp; masks tested only on edge tiles.
+  static constexpr bool kTiles = kTiles_;
   static constexpr int kStride = kHeadDim + 8;
-  static constexpr int kDsStride = kBlockN + 8;
+  static constexpr int kDsStride = kBlockN + 8;  // kSplit 1: dS query-major, [kBlockM][kDsStride]
+  static constexpr int kPStride = kBlockM + 8;   // kSplit 2: P^T and dS^T key-major, [kBlockN][kPStride] each
+  static constexpr int kScoreElements = kSplit == 1 ? kBlockM * kDsStride : 2 * kBlockN * kPStride;
   // Elements of one query buffer: Q and dO tiles.
   static constexpr int kQueryBuffer = 2 * kBlockM * kStride;
   static constexpr int kSmemBytes = (2 * kBlockN * kStride + kBuffers * kQueryBuffer) * static_cast<int>(sizeof(T)) +
-                                    kBlockM * kDsStride * static_cast<int>(sizeof(T)) +
+                                    kScoreElements * static_cast<int>(sizeof(T)) +
                                     kBuffers * 2 * kBlockM * static_cast<int>(sizeof(float));
   // dQ = dS K: warp w takes 16-row block w % kRowBlocks and kDqTilesPerWarp
   // 8-column tiles, produced kDqChunk tiles at a time so that few
@@ -44,6 +63,8 @@ struct FlashBackwardConfig {
   static constexpr int kDqTilesPerWarp = (kHeadDim / 8) / (kWarps / kRowBlocks);
   static constexpr int kDqChunk = 4;
   static_assert(kHeadDim % 16 == 0 && kBlockM % 16 == 0, "tiles are made of 16x16 mma blocks");
+  static_assert(kSplit == 1 || kSplit == 2, "a key row block's columns go to one warp or two");
+  static_assert(kWarpQueries % 16 == 0 && kWarpDims % 16 == 0, "each warp's share is whole 16x16 blocks");
   static_assert(kWarps % kRowBlocks == 0, "each warp takes whole dQ row blocks");
   static_assert(kDqTilesPerWarp * (kWarps / kRowBlocks) == kHeadDim / 8, "dQ columns split evenly across warps");
   static_assert(kDqTilesPerWarp % kDqChunk == 0 && kDqChunk % 2 == 0, "dQ chunks are whole tile pairs");
@@ -55,13 +76,25 @@ struct FlashBackwardConfig {
 template <typename T, int kHeadDim>
 using FlashBackwardConfigFor = FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4>;
 // "tiles128": the query blocks double-buffered (the next one's Q, dO, lse
-// and D fetched while this one is used). 128 keys a CTA (8 warps), which
-// would serve each query block to twice the keys, spilled 24-60 bytes at
-// head dim 64 where 64 keys spill none; at head dim 128 this spills 16 bytes
-// where v1 spills 28.
+// and D fetched while this one is used). At head dim 64, 64 keys a CTA (4
+// warps x 16; 128 keys, which would serve each query block to twice the
+// keys, spilled 24-60 bytes) and query steps of 64. At head dim 128, 64 keys
+// a CTA in 8 warps, two to a key row block (kSplit 2: 64 dK and dV
+// accumulators a thread, where one warp to a row block held 128 and spilled
+// 16 bytes), and query steps of 64.
 template <typename T, int kHeadDim>
 using TilesBackwardConfigFor =
-    FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/kHeadDim <= 64 ? 64 : 32, /*kWarps=*/4, /*kBuffers=*/2>;
+    FlashBackwardConfig<T, kHeadDim, /*kBlockM=*/64, /*kWarps=*/kHeadDim <= 64 ? 4 : 8, /*kBuffers=*/2,
+                        /*kSplit=*/kHeadDim <= 64 ? 1 : 2, /*kTiles=*/true>;
+
+// A fragment of the 16x16 block at (row0, col0) of A = M^T, where M is a
+// row-major tile (A's rows are M's columns: dS from key-major dS^T).
+template <typename T>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* tile, int stride, int row0, int col0,
+                                                  int lane) {
+  const int i = lane >> 3, r = lane & 7;
+  ldmatrix_x4_trans(a, tile + (col0 + (i >> 1) * 8 + r) * stride + row0 + (i & 1) * 8);
+}
 
 // dQ += (a, b) at dq: one 8-byte atomic where the GPU has them (sm_90).
 __device__ __forceinline__ void atomic_add2(float* dq, float a, float b) {
@@ -76,17 +109,26 @@ __device__ __forceinline__ void atomic_add2(float* dq, float a, float b) {
 template <typename T, typename Config>
 __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const BackwardParams bp) {
   constexpr int D = Config::kHeadDim, BM = Config::kBlockM, BN = Config::kBlockN;
-  constexpr int kStride = Config::kStride, kDsStride = Config::kDsStride, kThreads = Config::kThreads;
+  constexpr int QW = Config::kWarpQueries, DW = Config::kWarpDims;
+  constexpr int kStride = Config::kStride, kDsStride = Config::kDsStride, kPStride = Config::kPStride;
+  constexpr int kThreads = Config::kThreads;
+  constexpr bool kSplit = Config::kSplit > 1;
   const ForwardParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + BN * kStride;
-  T* sQuery = sV + BN * kStride;                                              // buffers of Q then dO
-  T* sdS = sQuery + Config::kBuffers * Config::kQueryBuffer;                  // [BM][kDsStride]: dS, query-major
-  float* sStats = reinterpret_cast<float*>(sdS + BM * kDsStride);             // buffers of lse * log2 e then D
+  T* sQuery = sV + BN * kStride;                                // buffers of Q then dO
+  T* sdS = sQuery + Config::kBuffers * Config::kQueryBuffer;    // kSplit 1: [BM][kDsStride], dS query-major
+  T* sP = sdS + BN * kPStride;                                  // kSplit 2: sdS [BN][kPStride] is dS^T, then P^T
+  float* sStats = reinterpret_cast<float*>(sdS + Config::kScoreElements);  // buffers of lse * log2 e then D
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
+  // This warp's 16 keys (row block key_warp), its queries of each block
+  // [q_first, q_first + QW) for S^T and dP^T, and its dK / dV columns
+  // [d_first, d_first + DW).
+  const int key_warp = warp % Config::kKeyWarps, part = warp / Config::kKeyWarps;
+  const int q_first = part * QW, d_first = part * DW;
   const int n0 = blockIdx.x * BN;
   const int head = blockIdx.y, batch = blockIdx.z;
   const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
@@ -118,8 +160,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   copy_tile_async<BN, D, kThreads>(sV, kStride, v, n0, p.k_len, tid);
   cp_async_commit();
 
-  // This warp's keys: rows key_lo (registers 0,1) and key_lo + 8 (registers 2,3).
-  const int key_lo = n0 + warp * 16 + g;
+  // This lane's keys: rows key_lo (registers 0,1) and key_lo + 8 (registers 2,3).
+  const int key_lo = n0 + key_warp * 16 + g;
   bool key_hidden[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -127,9 +169,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
     key_hidden[r] = key >= p.k_len || (mask != nullptr && mask[key] != 0);
   }
 
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[DW / 8][4], dv[DW / 8][4];
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
+  for (int dt = 0; dt < DW / 8; ++dt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   }
@@ -137,6 +179,9 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   // With causal masking, queries before n0 see none of these keys; where
   // the mask hides them all, no query does (dK = dV = 0, nothing for dQ).
   const bool any_shown = __syncthreads_or(!key_hidden[0] || !key_hidden[1]) != 0;
+  // tiles128 tests masks only on edge tiles: where a key of this CTA is
+  // hidden, past the last query row, or on the causal diagonal.
+  const bool all_shown = Config::kTiles && __syncthreads_and(!key_hidden[0] && !key_hidden[1]) != 0;
   const int m_first = !any_shown ? p.q_len : p.causal ? (n0 / BM) * BM : 0;
   if (Config::kBuffers == 2 && m_first < p.q_len) {
     fetch_queries(m_first, 0);
@@ -164,21 +209,21 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
     const float* sLse = sStats + buffer * 2 * BM;
     const float* sDot = sLse + BM;
 
-    // S^T and dP^T for this warp's 16 keys x BM queries.
-    float s[BM / 8][4], dp[BM / 8][4];
+    // S^T and dP^T for this warp's 16 keys x its QW queries of the block.
+    float s[QW / 8][4], dp[QW / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt) {
+    for (int nt = 0; nt < QW / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t k_frag[4];
-      load_a(k_frag, sK, kStride, warp * 16, kk * 16, lane);
+      load_a(k_frag, sK, kStride, key_warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < BM / 8; nt += 2) {
+      for (int nt = 0; nt < QW / 8; nt += 2) {
         uint32_t b[2][2];
-        load_b_rows(b, sQ, kStride, nt * 8, kk * 16, lane);
+        load_b_rows(b, sQ, kStride, q_first + nt * 8, kk * 16, lane);
         mma_16816<T>(s[nt], k_frag, b[0]);
         mma_16816<T>(s[nt + 1], k_frag, b[1]);
       }
@@ -186,56 +231,89 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t v_frag[4];
-      load_a(v_frag, sV, kStride, warp * 16, kk * 16, lane);
+      load_a(v_frag, sV, kStride, key_warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int nt = 0; nt < BM / 8; nt += 2) {
+      for (int nt = 0; nt < QW / 8; nt += 2) {
         uint32_t b[2][2];
-        load_b_rows(b, sdO, kStride, nt * 8, kk * 16, lane);
+        load_b_rows(b, sdO, kStride, q_first + nt * 8, kk * 16, lane);
         mma_16816<T>(dp[nt], v_frag, b[0]);
         mma_16816<T>(dp[nt + 1], v_frag, b[1]);
       }
     }
 
-    // P^T in s, dS^T in dp; dS also to shared memory as [query][key].
+    // P^T in s, dS^T in dp; dS also to shared memory (kSplit 1: as
+    // [query][key]; kSplit 2: P^T and dS^T as [key][query], two queries a store).
+    const bool edge = !Config::kTiles || !all_shown || m0 + BM > p.q_len || (p.causal && m0 < n0 + BN - 1);
+    auto probabilities = [&](auto masked) {
 #pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt) {
+      for (int nt = 0; nt < QW / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int key = key_lo + 8 * r;
-        const int ql = nt * 8 + 2 * t + (e & 1);
-        const int query = m0 + ql;
-        const bool hidden = key_hidden[r] || query >= p.q_len || (p.causal && key > query);
-        const float prob = hidden ? 0.f : exp2f(s[nt][e] * scale_log2 - sLse[ql]);
-        const float ds = prob * (dp[nt][e] - sDot[ql]);
-        s[nt][e] = prob;
-        dp[nt][e] = ds;
-        if constexpr (MmaType<T>::kIsBFloat16) {
-          sdS[ql * kDsStride + warp * 16 + g + 8 * r] = __float2bfloat16_rn(ds);
-        } else {
-          sdS[ql * kDsStride + warp * 16 + g + 8 * r] = __float2half_rn(ds);
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const int ql = q_first + nt * 8 + 2 * t + (e & 1);
+          bool hidden = false;
+          if constexpr (decltype(masked)::value) {
+            const int key = key_lo + 8 * r;
+            const int query = m0 + ql;
+            hidden = key_hidden[r] || query >= p.q_len || (p.causal && key > query);
+          }
+          float prob;
+          if constexpr (Config::kTiles) {
+            prob = hidden ? 0.f : ptx::ex2_approx(fmaf(s[nt][e], scale_log2, -sLse[ql]));
+          } else {
+            prob = hidden ? 0.f : exp2f(s[nt][e] * scale_log2 - sLse[ql]);
+          }
+          const float ds = prob * (dp[nt][e] - sDot[ql]);
+          s[nt][e] = prob;
+          dp[nt][e] = ds;
+          if constexpr (!kSplit) {
+            if constexpr (MmaType<T>::kIsBFloat16) {
+              sdS[ql * kDsStride + key_warp * 16 + g + 8 * r] = __float2bfloat16_rn(ds);
+            } else {
+              sdS[ql * kDsStride + key_warp * 16 + g + 8 * r] = __float2half_rn(ds);
+            }
+          }
+        }
+        if constexpr (kSplit) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int at = (key_warp * 16 + g + 8 * r) * kPStride + q_first + nt * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(sP + at) = pack2<T>(s[nt][2 * r], s[nt][2 * r + 1]);
+            *reinterpret_cast<uint32_t*>(sdS + at) = pack2<T>(dp[nt][2 * r], dp[nt][2 * r + 1]);
+          }
         }
       }
+    };
+    if (edge) {
+      probabilities(std::true_type{});
+    } else {
+      probabilities(std::false_type{});
     }
+    if constexpr (kSplit) __syncthreads();  // P^T and dS^T complete: each warp reads its row block's whole
 
-    // dV += P^T dO and dK += dS^T Q over this block's BM queries.
+    // dV += P^T dO and dK += dS^T Q over this block's BM queries, in this warp's DW columns.
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
       uint32_t p_frag[4], ds_frag[4];
-      accumulators_to_a<T>(p_frag, s[2 * kk], s[2 * kk + 1]);
-      accumulators_to_a<T>(ds_frag, dp[2 * kk], dp[2 * kk + 1]);
+      if constexpr (kSplit) {
+        load_a(p_frag, sP, kPStride, key_warp * 16, kk * 16, lane);
+        load_a(ds_frag, sdS, kPStride, key_warp * 16, kk * 16, lane);
+      } else {
+        accumulators_to_a<T>(p_frag, s[2 * kk], s[2 * kk + 1]);
+        accumulators_to_a<T>(ds_frag, dp[2 * kk], dp[2 * kk + 1]);
+      }
 #pragma unroll
-      for (int dt = 0; dt < D / 8; dt += 2) {
+      for (int dt = 0; dt < DW / 8; dt += 2) {
         uint32_t b[2][2];
-        load_b_cols(b, sdO, kStride, kk * 16, dt * 8, lane);
+        load_b_cols(b, sdO, kStride, kk * 16, d_first + dt * 8, lane);
         mma_16816<T>(dv[dt], p_frag, b[0]);
         mma_16816<T>(dv[dt + 1], p_frag, b[1]);
-        load_b_cols(b, sQ, kStride, kk * 16, dt * 8, lane);
+        load_b_cols(b, sQ, kStride, kk * 16, d_first + dt * 8, lane);
         mma_16816<T>(dk[dt], ds_frag, b[0]);
         mma_16816<T>(dk[dt + 1], ds_frag, b[1]);
       }
     }
-    __syncthreads();  // sdS complete
+    if constexpr (!kSplit) __syncthreads();  // sdS complete
 
     // dQ[m0 : m0 + BM] += dS K (unscaled): warp -> a 16-row block and a share of the columns.
     const int row_block = warp % Config::kRowBlocks;
@@ -248,7 +326,11 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         uint32_t a[4];
-        load_a(a, sdS, kDsStride, row_block * 16, kk * 16, lane);
+        if constexpr (kSplit) {
+          load_a_transposed(a, sdS, kPStride, row_block * 16, kk * 16, lane);
+        } else {
+          load_a(a, sdS, kDsStride, row_block * 16, kk * 16, lane);
+        }
 #pragma unroll
         for (int c = 0; c < Config::kDqChunk; c += 2) {
           uint32_t b[2][2];
@@ -270,7 +352,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
         }
       }
     }
-    __syncthreads();  // sQ, sdO and sdS are refilled next
+    __syncthreads();  // sQ, sdO, sP and sdS are refilled next
     buffer ^= Config::kBuffers - 1;
   }
   cp_async_wait<0>();  // K and V were never waited for when no query sees these keys
@@ -282,8 +364,8 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
     const int key = key_lo + 8 * r;
     if (key >= p.k_len) continue;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      const int64_t at = static_cast<int64_t>(key) * D + dt * 8 + 2 * t;
+    for (int dt = 0; dt < DW / 8; ++dt) {
+      const int64_t at = static_cast<int64_t>(key) * D + d_first + dt * 8 + 2 * t;
       *reinterpret_cast<uint32_t*>(grad_k + at) = pack2<T>(dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
       *reinterpret_cast<uint32_t*>(grad_v + at) = pack2<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
     }

@@ -332,6 +332,7 @@ int main(int argc, char** argv) {
       {2, 1, 65, 65, 64, true, 2},   {1, 1, 130, 70, 128, true, 1}, {1, 1, 64, 200, 128, false, 0},
       {1, 1, 40, 200, 64, true, 1},  // key blocks past the last query
       {2, 1, 70, 200, 64, false, 4}, {1, 1, 100, 150, 128, true, 5},  // key blocks the mask hides: skipped
+      {1, 1, 160, 96, 128, true, 0},  // tiles128's unmasked path: whole query blocks below the diagonal
   };
   // Every case in float16 with both kernels; bfloat16 (other conversions,
   // the same tiling) with tiles128 on the first four. Each emulated thread is
