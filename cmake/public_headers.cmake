@@ -8,18 +8,19 @@ set(CONVEYOR_SCRIPT_HEADERS plugin/script/torchscript.h plugin/script/script_lay
 set(CONVEYOR_EXPORT_HEADERS plugin/export/exported.h plugin/export/export_layer.h plugin/export/program.h
   plugin/export/segments.h)
 set(CONVEYOR_PUBLIC_HEADERS
-  plugin/conveyor.h plugin/errors.h plugin/model/model_names.h plugin/option_list.h plugin/option_rows.h plugin/options.h
-  plugin/pipeline.h plugin/measure/profile_model.h
-  plugin/step_result.h plugin/measure/tune_plan.h plugin/types.h plugin/version.h
-  plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h plugin/model/tied_parameters.h
-  plugin/model/sharded_state.h
+  plugin/conveyor.h plugin/pipeline.h plugin/version.h
+  plugin/core/errors.h plugin/core/option_list.h plugin/core/option_rows.h plugin/core/options.h
+  plugin/core/step_result.h plugin/core/types.h
+  plugin/runner/stage_runner.h plugin/measure/profile_model.h plugin/measure/tune_plan.h
+  plugin/model/model_names.h plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h
+  plugin/model/tied_parameters.h plugin/model/sharded_state.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
   plugin/planner/search.h
   plugin/trace/timeline.h plugin/support/atomic_file.h plugin/support/tensors.h
   plugin/transport/transport.h plugin/transport/c10d.h
   plugin/checkpoint/checkpoint.h plugin/checkpoint/checkpoint_file.h plugin/checkpoint/optimizer_state.h
   plugin/checkpoint/model_state.h
-  plugin/distributed/data_parallel.h plugin/distributed/distributed_pipeline.h plugin/measure/c10d_link.h
+  plugin/distributed/data_parallel.h plugin/distributed/distributed_runner.h plugin/measure/c10d_link.h
   plugin/distributed/process_groups.h plugin/distributed/sharded_optimizer.h
-  plugin/builder/builder.h plugin/builder/build_options.h plugin/builder/front_end.h plugin/builder/plan.h
+  plugin/builder/front_end.h plugin/builder/plan.h
   ${CONVEYOR_SCRIPT_HEADERS} ${CONVEYOR_EXPORT_HEADERS})

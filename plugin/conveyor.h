@@ -1,23 +1,23 @@
 #pragma once
-// Conveyor: pipeline model parallelism for LibTorch. Include this one header.
+// Conveyor: pipeline model parallelism for LibTorch. Include this one header;
+// the class to build is conveyor::Pipeline (plugin/pipeline.h).
 
 #include "ops/adapters.h"
 #include "ops/tensors_layers.h"
-#include "plugin/builder/builder.h"
-#include "plugin/errors.h"
-#include "plugin/model/stage.h"
+#include "plugin/core/errors.h"
+#include "plugin/core/options.h"
+#include "plugin/core/step_result.h"
+#include "plugin/core/types.h"
+#include "plugin/measure/profile_model.h"
+#include "plugin/measure/tune_plan.h"
 #include "plugin/model/model_names.h"
-#include "plugin/options.h"
+#include "plugin/model/stage.h"
 #include "plugin/pipeline.h"
 #include "plugin/planner/partition.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "plugin/planner/search.h"
-#include "plugin/measure/profile_model.h"
-#include "plugin/step_result.h"
 #include "plugin/trace/timeline.h"
-#include "plugin/measure/tune_plan.h"
-#include "plugin/types.h"
 #include "plugin/version.h"
 #include "schedules/generators.h"
 #include "schedules/schedule.h"

@@ -1,43 +1,45 @@
 #pragma once
-// Pipeline: the user-facing API. Splits a torch::nn::Sequential into stages,
-// runs them on workers (threads, each on its device) and trains or evaluates
-// the model under a schedule.
+// conveyor::Pipeline: the one class a user builds. It takes any model (a
+// torch::nn::Sequential, a TorchScript module, a torch.export program, or the
+// path of a saved one), cuts it into stages and trains it under a schedule, in
+// this process (a thread per worker, each on its device) or across the
+// processes of torch.distributed's groups (one worker a process, with
+// data-parallel replicas).
 //
-//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions()
-//                                      .workers(2).microbatches(8).schedule("1f1b"));
-//   torch::optim::SGD opt(pipe.parameters(), 0.1);
-//   opt.zero_grad();
-//   auto r = pipe.train_step(input, target, [](auto& out, auto& tgt) {
-//     return torch::nn::functional::cross_entropy(out, tgt); });
+//   torch::nn::Sequential model(torch::nn::Linear(8, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
+//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(2).microbatches(4).schedule("1f1b"));
+//   torch::optim::Adam opt(pipe.parameters(), 1e-2);
+//   auto r = pipe.train_step(x, y, [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); });
 //   opt.step();
+//   opt.zero_grad();
+//
+//   conveyor::Pipeline lm(conveyor::load_script("lm.pt"),
+//                         conveyor::PipelineOptions().split_points({"encoder", "decoder"}).microbatches(4)
+//                             .optimizer(conveyor::OptimizerName::kAdamW).lr(1e-3));
 //
 // With a synchronous schedule, train_step accumulates into .grad exactly as
 // loss.backward() on the unsplit model would (the caller zeroes gradients and
 // steps, as with any torch::optim optimizer; or gives the pipeline its own
-// optimizer with PipelineOptions::optimizer, and train_step steps it). If a
-// step fails, .grad may hold part of that step's gradient.
+// optimizer, and train_step steps it). With an asynchronous schedule
+// (pipedream, ddg, fr) the pipeline owns one optimizer per stage and every
+// micro-batch is a mini-batch with its own update on every stage.
 //
-// With an asynchronous schedule (pipedream, ddg, fr) the pipeline owns one
-// optimizer per stage (PipelineOptions::optimizer) and every micro-batch is a
-// mini-batch: train_step(batch of M mini-batches) makes M updates on every
-// stage, with the staleness the method defines, and drains before returning.
-//
-//   conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(4).microbatches(16)
-//       .schedule("pipedream").optimizer([](std::vector<at::Tensor> p) {
-//         return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9)); }));
-//   auto r = pipe.train_step(input, target, loss_fn);  // 16 updates per stage
-//
-// parameters() are the live weights an optimizer steps (with weight stashing
-// they are the pipeline's own tensors; the model's parameters hold the same
-// values between steps).
+// Building runs in phases, each a file of plugin/builder/: the model as
+// layers (front_end.h), the plan (plan.h: the options' own, searched or
+// raced, with a sample's first micro-batch profiled once when it needs it),
+// then the runner: a StageRunner (plugin/runner/stage_runner.h) in this
+// process, or a DistributedRunner (plugin/distributed/distributed_runner.h)
+// over the groups. Every option is a row of plugin/core/option_list.h; an
+// error in one is a std::invalid_argument naming it.
 
-#include "plugin/model/stage_plan.h"
-#include "plugin/options.h"
-#include "plugin/step_result.h"
-#include "plugin/types.h"
-#include "schedules/schedule.h"
-
-#include <torch/nn/modules/container/sequential.h>
+#include "plugin/builder/front_end.h"
+#include "plugin/builder/plan.h"
+#include "plugin/checkpoint/checkpoint.h"
+#include "plugin/core/options.h"
+#include "plugin/core/step_result.h"
+#include "plugin/distributed/distributed_runner.h"
+#include "plugin/planner/planner.h"
+#include "plugin/runner/stage_runner.h"
 
 #include <memory>
 #include <optional>
@@ -47,118 +49,165 @@
 
 namespace conveyor {
 
-class Runtime;    // plugin/runtime/runtime.h
-class Stage;      // plugin/model/stage.h
-class Transport;  // plugin/transport/transport.h
-struct StepData;  // plugin/runtime/runtime.h
+// What a pipeline is built with, besides the model.
+struct BuildRequest {
+  PipelineOptions options;
+  // The loss train_step takes when it is given none (and that the profile
+  // and plan "tuned" run): loss(outputs, targets) -> a scalar.
+  TensorsLossFn loss;
+  // A whole batch: its first micro-batch is profiled when balance "time" or
+  // plan "auto" needs it, and the plan then predicts the step.
+  std::optional<SampleBatch> sample;
+  // torch.distributed's groups (conveyor::ProcessGroups; the conveyor
+  // package hands them over): each process builds the same pipeline and
+  // runs its worker's stages.
+  std::shared_ptr<ProcessGroups> groups;
+};
+
+// The checks of a request that need no model: each option's bounds, a
+// known schedule, the pipeline's optimizer given once and whole, what the
+// plan mode needs (check_plan), workers that fit the split points.
+// `processes`: the pipeline's processes (its group's size), 0 in one
+// process. Throws std::invalid_argument naming the option.
+void check_request(const BuildRequest& request, int processes);
+
+// A request that has passed check_request for `processes` processes, which
+// Pipeline builds without checking again. The conveyor package checks
+// at construction and builds later (an nn.Module is exported from the first
+// step's inputs), attaching then what was only promised when checked.
+class CheckedRequest {
+ public:
+  // Checks the request; throws std::invalid_argument naming the option.
+  CheckedRequest(BuildRequest request, int processes);
+  const BuildRequest& request() const { return request_; }
+  int processes() const { return processes_; }
+  // The loss itself, where the check knew only that there is one.
+  void attach_loss(TensorsLossFn loss);
+  void attach_lr_schedule(LearningRateSchedule schedule);
+  // The groups of the `processes` processes the request was checked for.
+  void attach_groups(std::shared_ptr<ProcessGroups> groups);
+
+ private:
+  friend class Pipeline;
+  BuildRequest request_;
+  int processes_ = 0;
+};
 
 class Pipeline {
  public:
-  // Takes the model's layers (shared, not copied) and moves each to its
-  // stage's device. Throws std::invalid_argument for a bad configuration,
-  // before anything is moved.
-  explicit Pipeline(torch::nn::Sequential model, PipelineOptions options = {});
-
-  // One worker of a pipeline whose other workers run in other processes (see
-  // plugin/distributed/distributed_pipeline.h): plans the whole model as above but builds and runs
-  // only the stages the schedule places on worker `local_worker` (one, or
-  // its chunks under an interleaved schedule), reaching the others through
-  // `transport`. Only those layers are moved and trained; parameters() are
-  // their weights; train_step's loss is NaN and forward() undefined unless
-  // the worker runs the last stage.
-  // `replicas` (if given) reduces a stage's gradients across data-parallel
-  // replicas before each update of the pipeline's optimizer.
-  Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
-           std::unique_ptr<Transport> transport, ReplicaReduction replicas = {});
+  // Checks the options (check_request), then builds. With `groups`, this
+  // process runs its worker's stages of replica groups->replica(); every
+  // process passes the same model and options.
+  explicit Pipeline(const Model& model, PipelineOptions options = {}, std::shared_ptr<ProcessGroups> groups = nullptr);
+  Pipeline(const Model& model, BuildRequest request);
+  // Builds a request checked before.
+  Pipeline(const Model& model, CheckedRequest request);
   ~Pipeline();
   Pipeline(Pipeline&&) noexcept;
   Pipeline& operator=(Pipeline&&) noexcept;
 
-  // One training step on a whole batch: splits it into micro-batches, runs
-  // the schedule, accumulates gradients. Returns the batch's loss and timings.
-  StepResult train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn);
-  // The same for a model of several inputs, outputs or targets: each input
-  // and target is split along batch_dim() (except those declared shared),
-  // stage 0's first layer receives the micro-batch's inputs, and loss_fn the
-  // last stage's outputs and the micro-batch's targets.
-  //   pipe.train_step({tokens, mask}, {labels}, [](const Tensors& out, const Tensors& t) {
-  //     return torch::nn::functional::cross_entropy(out[0], t[0]); });
-  StepResult train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn);
+  // One step on a whole batch (across processes, this replica's: see
+  // shard()): split into micro-batches, run under the schedule, gradients
+  // accumulated into parameters()' .grad (or the pipeline's optimizer
+  // stepped). Stage 0 reads the inputs, the loss the last stage's outputs
+  // and the targets; without a loss here, the request's. The result is
+  // last_step(), valid until the next step; across processes its loss is the
+  // global batch's.
+  const StepResult& train_step(const Tensors& inputs, const Tensors& targets);
+  const StepResult& train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss);
+  const StepResult& train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
   // One step on micro-batches the caller made (bucketing: each padded to its
-  // own length): exactly options().microbatches() of them, each weighted by
-  // its share of the samples (its size along batch_dim()).
-  StepResult train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
-                                const TensorsLossFn& loss_fn);
-
-  // Inference: no autograd, nothing stashed; micro-batches flow through the
-  // stages concurrently. Output on the last stage's device.
-  at::Tensor forward(const at::Tensor& input);
-  // The same for several inputs or outputs; each output is the micro-batches'
-  // outputs concatenated along batch_dim().
+  // own length): exactly options().microbatches() of them.
+  const StepResult& train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
+                                       const TensorsLossFn& loss);
+  const StepResult& last_step() const { return last_; }
+  // Inference: no autograd, nothing stashed. Across processes the output is
+  // on the last stage's process, an empty list (an undefined tensor) elsewhere.
   Tensors forward(const Tensors& inputs);
-
-  // Clips the gradients by their global norm, as
-  // torch::nn::utils::clip_grad_norm_(parameters(), max_norm, norm_type) on
-  // the unsplit model: the norm over every parameter (each tied parameter
-  // once), across stages and processes; every gradient is multiplied by
-  // min(1, max_norm / (norm + 1e-6)). For a caller that owns its optimizer,
-  // between train_step and its step; collective over the pipeline's
-  // processes. Returns the norm before clipping.
+  at::Tensor forward(const at::Tensor& input);
+  // Clips the gradients' global norm, as clip_grad_norm_ on the unsplit
+  // model (across processes too), for a caller that owns its optimizer;
+  // returns the norm before clipping.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
-  // The loss scaler's scale and growth tracker (PipelineOptions::loss_scaling);
-  // none without one. Checkpoints save and restore it.
-  std::optional<LossScalerState> loss_scaler_state() const;
-  void restore_loss_scaler(const LossScalerState& state);
-
-  // The live weights, stage by stage.
-  std::vector<at::Tensor> parameters() const;
-  // Names as in the original Sequential ("3.weight").
+  // Model names, in the model's order, each once: a tied weight by its
+  // first name and its first holder's tensor (the one a caller's optimizer
+  // steps; the pipeline keeps the later stages' copies equal to it). Across
+  // processes, this process's stages'.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  std::vector<at::Tensor> parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
+  // Parameters and persistent buffers by model name, detached, as the
+  // model's state_dict() has them (a tied weight under each of its names):
+  // what torch.save keeps.
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
+  // Copies `state`'s tensors (by model name, of the pipeline's shapes) into
+  // the pipeline; returns the names it lacks and those it has no place for.
+  // `strict`: any of either is an error naming the first, and nothing is
+  // copied; otherwise the names present are loaded.
+  struct IncompatibleKeys {
+    std::vector<std::string> missing, unexpected;
+  };
+  IncompatibleKeys load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict = true);
 
   // Training or evaluation mode of every layer (dropout, batch norm).
   void train(bool on = true);
   void eval() { train(false); }
 
-  // Pieces of the model (the schedule's stages): workers() * chunks().
+  // Pieces of the model (the schedule's stages) and the workers that run them.
   int num_stages() const;
-  // Threads (or processes) that run the stages: PipelineOptions::workers.
-  int num_workers() const { return schedule_.num_workers(); }
-  // Whether this process runs stage k (every stage, unless built for one).
-  bool is_local(int k) const;
-  const Stage& stage(int k) const;
+  int num_workers() const;
+  const schedules::Schedule& schedule() const;
+  // The options as built: the given ones with the plan's choices (the
+  // runner's, runner().options(), are this process's: its device, its
+  // optimizer as a factory).
+  const PipelineOptions& options() const;
   // Steps train_step has completed.
   int64_t completed_steps() const;
-  // Sets completed_steps() and each local stage's update count (which the
-  // learning-rate schedule reads) when a checkpoint is loaded.
-  void restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates);
-  const StagePlan& plan() const { return plan_; }
-  const schedules::Schedule& schedule() const { return schedule_; }
-  const PipelineOptions& options() const { return options_; }
-  // The tied parameters, by name, each group in stage order (see
-  // PipelineOptions::tied_parameters; groups found by the pipeline included).
-  const std::vector<std::vector<std::string>>& tied_parameters() const { return tied_names_; }
+  // The plan's text; with balance "time", its predicted times and memory.
+  // With plan "auto", the search: the chosen plan and the runners-up.
+  std::string plan_text() const;
+  // The plan's prediction, made with balance "time" (a profile).
+  const std::optional<Plan>& prediction() const { return plan_; }
+  const std::string& fused_ops_report() const { return fused_ops_report_; }
+
+  // Across processes: global rank 0 logs, checkpoints and evaluates (in one
+  // process, true); `base` times the replicas with scale_learning_rate.
+  bool is_logging_rank() const;
+  double learning_rate(double base) const;
+
+  // This process's stages and their runtime (across processes, its
+  // worker's): what checkpoints, timelines and per-stage inspection read.
+  StageRunner& runner() { return *runner_; }
+  const StageRunner& runner() const { return *runner_; }
+  // Null unless built with process groups.
+  DistributedRunner* distributed() { return distributed_.get(); }
+  const DistributedRunner* distributed() const { return distributed_.get(); }
 
  private:
-  // Builds the stages (all, or only those of `local_worker` >= 0) and the runtime.
-  void build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport);
-  // Runs a training step on data whose inputs and targets are set.
-  StepResult train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn);
-
   PipelineOptions options_;
-  std::vector<std::vector<std::string>> tied_names_;
-  schedules::Schedule schedule_;  // built and validated once, by plan_stages (before plan_ is set)
-  StagePlan plan_;
-  ReplicaReduction replicas_;
-  int accumulated_ = 0;  // train_steps accumulated since the last update (accumulate_steps)
-  std::unique_ptr<Runtime> runtime_;
+  std::string fused_ops_report_ = "fused_ops is off\n";
+  // state_dict() with the later stages' copies of tied weights too.
+  std::vector<std::pair<std::string, at::Tensor>> state_entries() const;
+
+  std::vector<std::pair<std::string, std::string>> aliases_;  // see ModelLayers
+  std::vector<std::string> transient_buffers_;
+  std::optional<Plan> plan_;
+  std::string search_text_;
+  std::unique_ptr<StageRunner> local_;              // in one process
+  std::unique_ptr<DistributedRunner> distributed_;  // across processes
+  StageRunner* runner_ = nullptr;                   // the one of them
+  StepResult last_;
+  TensorsLossFn loss_;
 };
 
-// The parameters and buffers by the names the original model gives them
-// (plugin/model/model_names.h), stage by stage. In a pipeline that runs one
-// stage of several processes (plugin/distributed/distributed_pipeline.h),
-// those of this process's stage.
-std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe);
-std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe);
+// Checkpoints of a pipeline (plugin/checkpoint/checkpoint.h says what they
+// hold): each process saves and loads its own stages.
+void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state = {});
+int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+                        const std::vector<torch::optim::Optimizer*>& optimizers = {});
+// The plain state dict ({name: tensor}, pipe.state_dict()'s keys), which
+// torch.load reads and the unsplit model loads; in one process.
+void save_model_state(const std::string& path, const Pipeline& pipe);
 
 }  // namespace conveyor

@@ -1,14 +1,8 @@
-# The plugin: the public entry point here (pipeline, options and their values
-# as Python gives them, step results, errors, shared types, the operators'
-# registration), and one folder per concern, each listing its own sources.
-# Included by the top-level CMakeLists after add_library(conveyor ...).
-target_sources(conveyor PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/errors.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/option_values.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/registration.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/step_result.cpp)
-foreach(folder support model trace planner runtime transport checkpoint distributed measure)
+# The plugin: the public entry point here (pipeline.h, the one class a user
+# builds, and conveyor.h, which includes everything a user may name), and one
+# folder per concern, each listing its own sources, from the foundation
+# (core/) up. Included by the top-level CMakeLists after add_library(conveyor ...).
+foreach(folder core support model trace planner runtime transport runner checkpoint distributed measure)
   include(${CMAKE_CURRENT_LIST_DIR}/${folder}/sources.cmake)
 endforeach()
 # TorchScript models in the pipeline and the Python class.

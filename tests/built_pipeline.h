@@ -1,9 +1,9 @@
 #pragma once
-// The builder's pipeline (plugin/builder/builder.h) of a model cut at split
+// The builder's pipeline (plugin/pipeline.h) of a model cut at split
 // points, as the front-end tests train it: the Pipeline, kept alive with
-// the BuiltPipeline that owns it.
+// the Pipeline that owns it.
 
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
@@ -15,15 +15,15 @@
 
 namespace conveyor::testing {
 
-inline std::shared_ptr<Pipeline> built_pipeline(const Model& model, PipelineOptions options,
+inline std::shared_ptr<StageRunner> built_pipeline(const Model& model, PipelineOptions options,
                                                 std::vector<std::string> split_points = {}) {
-  auto built = std::make_shared<BuiltPipeline>(
-      model, BuildRequest{.pipeline = std::move(options), .build = BuildOptions().split_points(std::move(split_points))});
-  return std::shared_ptr<Pipeline>(built, &built->pipeline());
+  auto built = std::make_shared<Pipeline>(
+      model, BuildRequest{.options = std::move(options).split_points(std::move(split_points))});
+  return std::shared_ptr<StageRunner>(built, &built->runner());
 }
 
 #ifdef CONVEYOR_WITH_EXPORT
-inline std::shared_ptr<Pipeline> built_pipeline(const ExportedModel& model, PipelineOptions options,
+inline std::shared_ptr<StageRunner> built_pipeline(const ExportedModel& model, PipelineOptions options,
                                                 std::vector<std::string> split_points = {}) {
   return built_pipeline(Model(std::make_shared<const ExportedModel>(model)), std::move(options),
                         std::move(split_points));

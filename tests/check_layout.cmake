@@ -3,26 +3,30 @@
 #    benchmarks, tests. schedules/ includes neither ops/ nor plugin/; ops/
 #    never includes plugin/;
 #  - inside plugin/, each folder includes only the folders below it:
-#      support/    nothing of the plugin but errors.h
-#      model/      support/ and the public types (types.h, errors.h)
-#      trace/      support/ and the public step result
-#      planner/    model/, trace/, support/ and the public types, options and
-#                  step result; never the runtime, a transport or pipeline.h
-#      transport/  support/ and the public types; never the runtime
-#      runtime/    model/, transport/, support/ and the public types; never the
-#                  planner, script/, export/, distributed/, checkpoint/, options.h or
-#                  pipeline.h
-#      the root    (the public entry point) everything above; never script/, export/,
-#                  distributed/, checkpoint/, measure/ or builder/, which build on
-#                  it (but conveyor.h, the umbrella, includes the builder and
-#                  measure/); its headers
-#                  never include the runtime's
+#      support/    nothing of the plugin but core/errors.h
+#      core/       the foundation (errors, types, every option's row, the
+#                  options and their values, step results): support/ only
+#      model/      support/ and core/'s types and errors (not the options or
+#                  the step result)
+#      trace/      support/, core/'s types and errors and the step result
+#      planner/    model/, trace/, support/ and core/; never the runtime, a
+#                  transport or the runner
+#      transport/  support/ and core/ but the options; never the runtime
+#      runtime/    model/, transport/, support/ and core/ but the options (it
+#                  takes their sections); never the planner or the runner
+#      runner/     (StageRunner) everything above; never script/, export/,
+#                  distributed/, checkpoint/, measure/ or builder/, which
+#                  build on it; its headers never include the runtime's
 #      script/, export/, distributed/, checkpoint/ build on all of the above
 #                  and never include measure/ or builder/;
 #      measure/    (profiling a model, timing links and plans) builds on all of
 #                  the above but script/, export/ and checkpoint/;
-#      builder/    (the one way from a model to a pipeline) builds on all of
-#                  the above; nothing includes it;
+#      builder/    (conveyor::Pipeline's phases) builds on all of the above;
+#      the root    what a user includes: pipeline.h (the one class a user
+#                  builds), conveyor.h (everything a user may name) and
+#                  version.h (which anything may include), on top of
+#                  everything; no folder includes pipeline.h but builder/,
+#                  which implements it, nor conveyor.h;
 #  - files short enough to read in one sitting: no source file over 400 lines.
 # Usage: cmake -DSOURCE_DIR=<repository root> -P check_layout.cmake
 if(NOT SOURCE_DIR)
@@ -60,24 +64,26 @@ function(check_includes folder which forbidden_regex)
   set(_violations "${_violations}" PARENT_SCOPE)
 endfunction()
 
-set(_fronts "script|export|distributed|checkpoint|measure|builder")
-set(_entry "pipeline|options|conveyor")
+set(_fronts "runner|script|export|distributed|checkpoint|measure|builder")
+set(_root "\"plugin/(pipeline|conveyor)\\.h")
 check_includes(schedules ALL "\"(ops|plugin)/")
 check_includes(ops ALL "\"plugin/")
-check_includes(plugin HERE "\"plugin/(${_fronts})/")
-# ... but the umbrella header names the front door.
-list(FILTER _violations EXCLUDE REGEX "^plugin/conveyor\\.h: #include \"plugin/(builder|measure)/[a-z_]+\\.h\"$")
 check_includes(plugin HEADERS "\"plugin/runtime/")
-check_includes(plugin/support ALL "\"plugin/(runtime|planner|model|trace|transport|${_fronts})/|\"plugin/(${_entry}|step_result|types)\\.h")
-check_includes(plugin/model ALL "\"plugin/(runtime|planner|trace|transport|${_fronts})/|\"plugin/(${_entry}|step_result)\\.h")
-check_includes(plugin/trace ALL "\"plugin/(runtime|planner|model|transport|${_fronts})/|\"plugin/(${_entry})\\.h")
-check_includes(plugin/planner ALL "\"plugin/(runtime|transport|${_fronts})/|\"plugin/(pipeline|conveyor)\\.h")
-check_includes(plugin/transport ALL "\"plugin/(runtime|planner|model|trace|${_fronts})/|\"plugin/(${_entry})\\.h")
+check_includes(plugin/core ALL "\"plugin/(model|trace|planner|transport|runtime|${_fronts})/|${_root}")
+check_includes(plugin/support ALL
+  "\"plugin/(model|trace|planner|transport|runtime|${_fronts})/|\"plugin/core/(options|option_list|option_rows|option_values|step_result|types)\\.h|${_root}")
+check_includes(plugin/model ALL "\"plugin/(runtime|planner|trace|transport|${_fronts})/|\"plugin/core/(options|step_result)\\.h|${_root}")
+check_includes(plugin/trace ALL "\"plugin/(runtime|planner|model|transport|${_fronts})/|\"plugin/core/options\\.h|${_root}")
+check_includes(plugin/planner ALL "\"plugin/(runtime|transport|${_fronts})/|${_root}")
+check_includes(plugin/transport ALL "\"plugin/(runtime|planner|model|trace|${_fronts})/|\"plugin/core/options\\.h|${_root}")
+check_includes(plugin/runtime ALL "\"plugin/(planner|trace|${_fronts})/|\"plugin/core/options\\.h|${_root}")
+check_includes(plugin/runner ALL "\"plugin/(script|export|distributed|checkpoint|measure|builder)/|${_root}")
+check_includes(plugin/runner HEADERS "\"plugin/runtime/")
 foreach(front script export distributed checkpoint)
-  check_includes(plugin/${front} ALL "\"plugin/(measure|builder)/")
+  check_includes(plugin/${front} ALL "\"plugin/(measure|builder)/|${_root}")
 endforeach()
-check_includes(plugin/measure ALL "\"plugin/(script|export|checkpoint|builder)/")
-check_includes(plugin/runtime ALL "\"plugin/(planner|trace|${_fronts})/|\"plugin/(${_entry})\\.h")
+check_includes(plugin/measure ALL "\"plugin/(script|export|checkpoint|builder)/|${_root}")
+check_includes(plugin/builder ALL "\"plugin/conveyor\\.h")
 
 # The installed headers include only installed headers.
 if(EXISTS "${SOURCE_DIR}/cmake/public_headers.cmake")

@@ -44,7 +44,7 @@ struct DevicePipelineModel {
 
 inline void move_to(torch::nn::Sequential& model, const torch::Device& device) { model->to(device, torch::kFloat64); }
 
-inline void expect_same_parameters(const Pipeline& got, const Pipeline& want, double tol, const std::string& where) {
+inline void expect_same_parameters(const StageRunner& got, const StageRunner& want, double tol, const std::string& where) {
   const auto a = got.named_parameters();
   const auto b = want.named_parameters();
   ASSERT_EQ(a.size(), b.size()) << where;
@@ -70,7 +70,7 @@ inline void check_exact_gradients(const DevicePipelineModel& m, const torch::Dev
       const at::Tensor x = m.input.to(device), y = m.target.to(device);
       const at::Tensor ref_loss = m.loss(reference->forward(x), y);
       ref_loss.backward();
-      Pipeline pipe(model, PipelineOptions()
+      StageRunner pipe(model, PipelineOptions()
                                .workers(k)
                                .microbatches(4)
                                .batch_dim(m.batch_dim)
@@ -86,7 +86,7 @@ inline void check_exact_gradients(const DevicePipelineModel& m, const torch::Dev
 // 5 steps of `schedule` on `device`, as a user writes them: the caller's Adam
 // steps right after each train_step returns, with no synchronisation (or the
 // pipeline's own Adam, for an asynchronous schedule). Returns the pipeline.
-inline std::unique_ptr<Pipeline> five_steps(const DevicePipelineModel& m, const torch::Device& device,
+inline std::unique_ptr<StageRunner> five_steps(const DevicePipelineModel& m, const torch::Device& device,
                                             const std::string& schedule, int workers) {
   torch::manual_seed(40);
   auto model = m.make();
@@ -102,7 +102,7 @@ inline std::unique_ptr<Pipeline> five_steps(const DevicePipelineModel& m, const 
                      .schedule(schedule)
                      .devices({device.str()});
   if (asynchronous) options.optimizer(adam);
-  auto pipe = std::make_unique<Pipeline>(model, options);
+  auto pipe = std::make_unique<StageRunner>(model, options);
   std::unique_ptr<torch::optim::Optimizer> caller = asynchronous ? nullptr : adam(pipe->parameters());
   for (int step = 0; step < 5; ++step) {
     // A different batch each step, made on the CPU and moved as a user would.

@@ -4,7 +4,7 @@
 // single-process references share with them.
 
 #include "plugin/checkpoint/checkpoint.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/distributed/distributed_runner.h"
 #include "tensor_files.h"
 #include "test_models.h"
 
@@ -87,7 +87,7 @@ TORCH_MODULE(Tripwire);
 // (test_shared_memory runs the same roles over shared memory, the default
 // between processes of one machine).
 inline DistributedOptions link_options() {
-  return DistributedOptions().shared_memory(std::getenv("CONVEYOR_TEST_SHARED_MEMORY") != nullptr);
+  return DistributedOptions{.shared_memory = std::getenv("CONVEYOR_TEST_SHARED_MEMORY") != nullptr};
 }
 
 // ---------------------------------------------------------------------------
@@ -173,22 +173,22 @@ inline void pipelines(Worker& w) {
   std::vector<std::string> cases = synchronous_cases();
   if (w.env.world_size == 2) cases.insert(cases.end(), virtual_stage_cases().begin(), virtual_stage_cases().end());
   for (const std::string& schedule : cases) {
-    DistributedPipeline pipe(seeded_mlp(), synchronous_case(schedule), groups, link_options());
+    DistributedRunner pipe(seeded_mlp(), PipelineOptions(synchronous_case(schedule)).distributed(link_options()), groups);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
     write_tensors(w.file(schedule), grads);
   }
   for (const std::string& schedule : w.env.world_size == 4 ? four_rank_v_cases() : std::vector<std::string>{}) {
-    DistributedPipeline pipe(seeded_deep_mlp(), four_rank_v_case(schedule), groups, link_options());
+    DistributedRunner pipe(seeded_deep_mlp(), PipelineOptions(four_rank_v_case(schedule)).distributed(link_options()), groups);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap grads = grads_of(pipe.named_parameters());
     grads["loss"] = at::full({1}, r.loss, at::kDouble);
     write_tensors(w.file("v4-" + schedule), grads);
   }
-  DistributedPipeline pipe(
-      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups, link_options());
+  DistributedRunner pipe(
+      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()).distributed(link_options()),
+      groups);
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     pipe.train_step(s.x, s.y, mse);
@@ -196,12 +196,12 @@ inline void pipelines(Worker& w) {
   write_tensors(w.file("pipedream"), values_of(pipe.named_parameters()));
   // Each rank checkpoints its own stage; a fresh pipeline (other initial
   // weights) that loads it takes the next step exactly as the original does.
-  save_checkpoint(w.file("pipedream-ckpt"), pipe.pipeline(), {kSteps, {}});
+  save_checkpoint(w.file("pipedream-ckpt"), pipe.runner(), {kSteps, {}});
   torch::manual_seed(9);
-  DistributedPipeline resumed(
-      make_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups, link_options());
-  load_checkpoint(w.file("pipedream-ckpt"), resumed.pipeline());
+  DistributedRunner resumed(
+      make_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()).distributed(link_options()),
+      groups);
+  load_checkpoint(w.file("pipedream-ckpt"), resumed.runner());
   const Data next = global_batch(kSteps);
   pipe.train_step(next.x, next.y, mse);
   resumed.train_step(next.x, next.y, mse);
@@ -215,8 +215,7 @@ inline void hybrid(Worker& w) {
   auto groups = w.groups("hybrid", 2, std::chrono::seconds(20));
   const int d = groups->replica(), replicas = groups->layout().replicas;
   auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
-  DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("1f1b").optimizer(sgd), groups,
-                           link_options());
+  DistributedRunner pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("1f1b").optimizer(sgd).distributed(link_options()), groups);
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
@@ -231,9 +230,9 @@ inline void hybrid(Worker& w) {
   }
   // An asynchronous schedule reduces across replicas at every update; with
   // the same data on both replicas it must equal one pipeline.
-  DistributedPipeline async(
-      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()),
-      groups, link_options());
+  DistributedRunner async(
+      seeded_mlp(), PipelineOptions().microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()).distributed(link_options()),
+      groups);
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
     async.train_step(s.x, s.y, mse);
@@ -261,8 +260,7 @@ inline void data_parallel(Worker& w) {
 inline void released_sends(Worker& w) {
   auto groups = w.groups("released", w.env.world_size, std::chrono::seconds(20));
   for (const bool release : {true, false}) {
-    DistributedPipeline pipe(seeded_mlp(), synchronous_case("1f1b").free_sent_activations(release), groups,
-                             link_options());
+    DistributedRunner pipe(seeded_mlp(), PipelineOptions(synchronous_case("1f1b").free_sent_activations(release)).distributed(link_options()), groups);
     const Data d = global_batch(0);
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap out = grads_of(pipe.named_parameters());
@@ -279,8 +277,14 @@ inline void declared_shape_mismatch(Worker& w) {
   const std::chrono::milliseconds timeout(1000);
   auto groups = w.groups("mismatch", w.env.world_size, timeout);
   try {
-    DistributedPipeline pipe(seeded_mlp(), PipelineOptions().microbatches(2).schedule("gpipe").timeout(timeout), groups,
-                             link_options().activation_shapes({{-1, 7}}));
+    DistributedRunner pipe(seeded_mlp(),
+                           PipelineOptions()
+                               .microbatches(2)
+                               .schedule("gpipe")
+                               .timeout(timeout)
+                               .distributed(link_options())
+                               .activation_shapes({{-1, 7}}),
+                           groups);
     const Data d = global_batch(0);
     pipe.train_step(d.x, d.y, mse);
     w.note("mismatch", "no error");
@@ -297,9 +301,9 @@ inline void faulty(Worker& w) {
   torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), Tripwire(), torch::nn::Linear(16, 8),
                               torch::nn::Tanh(), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
-  DistributedPipeline pipe(
-      model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout),
-      groups, link_options());
+  DistributedRunner pipe(
+      model, PipelineOptions().boundaries({2, 5}).microbatches(kMicrobatches).schedule("1f1b").timeout(timeout).distributed(link_options()),
+      groups);
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);
@@ -341,7 +345,7 @@ inline PipelineOptions autocast_options() {
 inline void training_options(Worker& w) {
   auto groups = w.groups("training-options", 2, std::chrono::seconds(20));
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  DistributedPipeline clipped(seeded_mlp(), clipped_options(), groups, link_options());
+  DistributedRunner clipped(seeded_mlp(), PipelineOptions(clipped_options()).distributed(link_options()), groups);
   std::vector<double> norms;
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
@@ -352,7 +356,7 @@ inline void training_options(Worker& w) {
   write_tensors(w.file("clip"), clip);
 
   auto factor = std::make_shared<double>(1.0);
-  DistributedPipeline scaled(bomb_model(factor), scaled_options(), groups, link_options());
+  DistributedRunner scaled(bomb_model(factor), PipelineOptions(scaled_options()).distributed(link_options()), groups);
   std::vector<double> scales, skipped;
   for (int step = 0; step < kSteps + 1; ++step) {
     *factor = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
@@ -362,7 +366,7 @@ inline void training_options(Worker& w) {
     skipped.push_back(r.skipped_updates);
   }
   if (replicas == 1) {  // bf16 autocast over c10d: the activations and gradients cross in bf16
-    DistributedPipeline bf16(seeded_fp32_mlp(), autocast_options(), groups, link_options());
+    DistributedRunner bf16(seeded_fp32_mlp(), PipelineOptions(autocast_options()).distributed(link_options()), groups);
     const Data s = global_batch(0);
     const StepResult r = bf16.train_step(s.x.to(torch::kFloat32), s.y.to(torch::kFloat32), mse);
     TensorMap grads = grads_of(bf16.named_parameters());

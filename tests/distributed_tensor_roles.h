@@ -89,7 +89,7 @@ inline void wire_counts(Worker& w) {
     o.timeout = std::chrono::seconds(20);
     auto transport = std::make_unique<C10dTransport>(groups->pipeline(), nullptr, o);
     const C10dTransport& wire = *transport;
-    Pipeline pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches), o.worker,
+    StageRunner pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches), o.worker,
                   std::move(transport));
     pipe.train_step(d.x, d.y, mse);
     const std::string what = "wide" + std::to_string(width);
@@ -103,12 +103,12 @@ inline void several_tensors(Worker& w) {
   auto groups = w.groups("tensors", w.env.world_size, std::chrono::seconds(20));
   const Data d = global_batch(0);
   {
-    DistributedPipeline pipe(seeded_two_input(), PipelineOptions().microbatches(kMicrobatches), groups, link_options());
+    DistributedRunner pipe(seeded_two_input(), PipelineOptions(PipelineOptions().microbatches(kMicrobatches)).distributed(link_options()), groups);
     pipe.train_step(two_input_batch(), Tensors{d.y}, mse_of_first);
     write_tensors(w.file("two-input"), grads_of(pipe.named_parameters()));
   }
   {
-    DistributedPipeline pipe(seeded_lstm_lm(), PipelineOptions().microbatches(kMicrobatches), groups, link_options());
+    DistributedRunner pipe(seeded_lstm_lm(), PipelineOptions(PipelineOptions().microbatches(kMicrobatches)).distributed(link_options()), groups);
     const auto [inputs, targets] = bucketed_batches();
     pipe.train_microbatches(inputs, targets, lm_loss_of_first);
     write_tensors(w.file("bucketed"), grads_of(pipe.named_parameters()));
@@ -117,7 +117,7 @@ inline void several_tensors(Worker& w) {
     auto sgd = [](std::vector<at::Tensor> p) {
       return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
     };
-    DistributedPipeline pipe(seeded_tied_lm(), tied_lm_options().optimizer(sgd), groups, link_options());
+    DistributedRunner pipe(seeded_tied_lm(), PipelineOptions(tied_lm_options().optimizer(sgd)).distributed(link_options()), groups);
     for (int step = 0; step < kTiedSteps; ++step) {
       const auto [x, y] = tied_lm_batch(step);
       pipe.train_step(x, y, lm_loss);

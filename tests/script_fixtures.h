@@ -30,7 +30,7 @@ inline at::Tensor cross_entropy_of(const Tensors& out, const Tensors& target) {
 }
 
 // Every pipeline gradient equals the reference's, matched by the model's names.
-inline void expect_same_grads(const Pipeline& pipe, const torch::jit::Module& ref, double tol,
+inline void expect_same_grads(const StageRunner& pipe, const torch::jit::Module& ref, double tol,
                               const std::string& where) {
   std::map<std::string, at::Tensor> expected;
   for (const auto& p : ref.named_parameters()) expected[p.name] = p.value;

@@ -42,40 +42,40 @@ TORCH_MODULE(Stall);
 
 TEST(BadInput, ConfigurationErrorsAreClear) {
   const auto mlp = testing::make_mlp();
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(9)); }),
+  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(9)); }),
               HasSubstr("9 stages asked for a model of only 7 layers"));
-  EXPECT_THAT(error_of([&] { Pipeline(torch::nn::Sequential(), PipelineOptions()); }), HasSubstr("the model is empty"));
+  EXPECT_THAT(error_of([&] { StageRunner(torch::nn::Sequential(), PipelineOptions()); }), HasSubstr("the model is empty"));
   EXPECT_THAT(error_of([&] {
-                Pipeline(mlp, PipelineOptions().boundaries({5, 3}));
+                StageRunner(mlp, PipelineOptions().boundaries({5, 3}));
               }),
               HasSubstr("strictly increasing, but boundary 1 (3) follows 5"));
   EXPECT_THAT(error_of([&] {
-                Pipeline(mlp, PipelineOptions().boundaries({2, 9}));
+                StageRunner(mlp, PipelineOptions().boundaries({2, 9}));
               }),
               HasSubstr("boundary 1 is 9, out of range"));
   EXPECT_THAT(error_of([&] {
-                Pipeline(mlp, PipelineOptions().workers(2).devices({"cpu", "gpu:1"}));
+                StageRunner(mlp, PipelineOptions().workers(2).devices({"cpu", "gpu:1"}));
               }),
               HasSubstr("unknown device 'gpu:1' for worker 1"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).schedule("zigzag")); }),
+  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).schedule("zigzag")); }),
               HasSubstr("unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, "
                         "zb-interleaved, zb-v, v-half, v-min, dualpipev, pipedream, ddg, fr)"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(0)); }),
+  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).microbatches(0)); }),
               HasSubstr("microbatches must be at least 1, got 0"));
-  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(2).channel_capacity(0)); }),
+  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).microbatches(2).channel_capacity(0)); }),
               HasSubstr("deadlocks under blocking transfers with channel capacity 0"));
   EXPECT_THAT(error_of([&] {
-                Pipeline(mlp,
+                StageRunner(mlp,
                          PipelineOptions().workers(3).microbatches(2).schedule_text(schedules::make_gpipe(2, 2).str()));
               }),
               HasSubstr("the schedule is for 2 workers and 2 micro-batches, the pipeline has 3 workers and 2"));
   EXPECT_THAT(
-      error_of([&] { Pipeline(mlp, PipelineOptions().workers(1).microbatches(2).schedule_text("0F0 0B0 0F1\n")); }),
+      error_of([&] { StageRunner(mlp, PipelineOptions().workers(1).microbatches(2).schedule_text("0F0 0B0 0F1\n")); }),
       HasSubstr("never runs the backward of micro-batch 1 (no action 0B1)"));
 }
 
 TEST(BadInput, BatchesThatDoNotSplit) {
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(4));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(4));
   const auto x = torch::randn({3, 8}, torch::kFloat64);
   EXPECT_THAT(error_of([&] {
                 pipe.train_step(x, torch::randn({3, 3}, torch::kFloat64), testing::mse);
@@ -93,7 +93,7 @@ TEST(BadInput, BatchesThatDoNotSplit) {
 }
 
 TEST(BadInput, ShapeRejectedByAStageNamesTheStageAndLayer) {
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(2));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(2));
   // The first layer is Linear(8, 16): 5 features do not fit.
   try {
     pipe.train_step(torch::randn({4, 5}, torch::kFloat64), torch::randn({4, 3}, torch::kFloat64), testing::mse);
@@ -125,7 +125,7 @@ TEST(Failures, AStageErrorReachesTheCallerAndThePipelineRecovers) {
   torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Tanh(), ThrowOnCall(2), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(4).microbatches(4).schedule("1f1b"));
+  StageRunner pipe(model, PipelineOptions().workers(4).microbatches(4).schedule("1f1b"));
   const auto x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
   try {
     pipe.train_step(x, y, testing::mse);
@@ -145,7 +145,7 @@ TEST(Failures, AStageErrorReachesTheCallerAndThePipelineRecovers) {
 
 TEST(Failures, AStalledStageTimesOutWithTheWaitNamed) {
   torch::nn::Sequential model(torch::nn::Linear(4, 4), Stall(600ms), torch::nn::Linear(4, 1));
-  Pipeline pipe(model, PipelineOptions().boundaries({2}).microbatches(1).timeout(100ms));
+  StageRunner pipe(model, PipelineOptions().boundaries({2}).microbatches(1).timeout(100ms));
   const auto start = std::chrono::steady_clock::now();
   const std::string error = error_of([&] {
     pipe.train_step(torch::randn({2, 4}), torch::randn({2, 1}), testing::mse);

@@ -76,7 +76,7 @@ inline at::Tensor mse_of_first(const Tensors& out, const Tensors& target) { retu
 
 // Every parameter's gradient in the pipeline equals the reference's:
 // |diff| <= abs_tol + rel_tol * max|reference grad|.
-inline void expect_same_grads(const Pipeline& pipe, const torch::nn::Sequential& reference, double abs_tol,
+inline void expect_same_grads(const StageRunner& pipe, const torch::nn::Sequential& reference, double abs_tol,
                               double rel_tol, const std::string& where) {
   const auto ref = reference->named_parameters();
   const auto got = pipe.named_parameters();

@@ -33,7 +33,7 @@ void check_exact(torch::nn::Sequential model, const Batch& batch, const LossFn& 
   auto reference = testing::clone_of(model);
   const at::Tensor ref_loss = loss_fn(reference->forward(batch.input), batch.target);
   ref_loss.backward();
-  Pipeline pipe(model, PipelineOptions().workers(stages).microbatches(microbatches).schedule(schedule));
+  StageRunner pipe(model, PipelineOptions().workers(stages).microbatches(microbatches).schedule(schedule));
   const StepResult r = pipe.train_step(batch.input, batch.target, loss_fn);
   const std::string where =
       std::string(schedule) + " K=" + std::to_string(stages) + " M=" + std::to_string(microbatches);
@@ -89,7 +89,7 @@ TEST(PipelineExactness, SumReductionIsNotRescaled) {
   const Batch b = mlp_batch(12);
   const LossFn sum_loss = [](const at::Tensor& o, const at::Tensor& t) { return (o - t).pow(2).sum(); };
   sum_loss(reference->forward(b.input), b.target).backward();
-  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(5).loss_reduction(LossReduction::kSum));
+  StageRunner pipe(model, PipelineOptions().workers(2).microbatches(5).loss_reduction(LossReduction::kSum));
   pipe.train_step(b.input, b.target, sum_loss);
   testing::expect_same_grads(pipe, reference, 1e-10, 0, "sum reduction");
 }
@@ -98,7 +98,7 @@ TEST(PipelineTraining, SgdStepsMatchTheUnsplitModelAndLossFalls) {
   torch::manual_seed(9);
   auto model = testing::make_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
+  StageRunner pipe(model, PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
   torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   Batch b = mlp_batch(32);
@@ -123,7 +123,7 @@ TEST(PipelineTraining, SgdStepsMatchTheUnsplitModelAndLossFalls) {
 TEST(PipelineApi, SharesTheModelsLayersAndKeepsTheirNames) {
   auto model = testing::make_mlp();
   const auto original = model->named_parameters();
-  Pipeline pipe(model, PipelineOptions().workers(3));
+  StageRunner pipe(model, PipelineOptions().workers(3));
   const auto named = pipe.named_parameters();
   ASSERT_EQ(named.size(), original.size());
   for (const auto& [name, p] : named) {
@@ -138,7 +138,7 @@ TEST(PipelineApi, ForwardIsInferenceAndMatchesTheModel) {
   torch::manual_seed(10);
   auto model = testing::make_lstm_lm();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(4).microbatches(3));
+  StageRunner pipe(model, PipelineOptions().workers(4).microbatches(3));
   const at::Tensor x = torch::randint(testing::kVocab, {7, 6});
   const at::Tensor out = pipe.forward(x);
   EXPECT_FALSE(out.requires_grad());
@@ -151,7 +151,7 @@ TEST(PipelineStats, InflightCountsFollowTheSchedule) {
   const int k_stages = 4, m = 8;
   for (const char* schedule : {"gpipe", "1f1b", "sequential"}) {
     torch::manual_seed(11);
-    Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(k_stages).microbatches(m).schedule(schedule));
+    StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(k_stages).microbatches(m).schedule(schedule));
     const Batch b = mlp_batch(32);
     const StepResult r = pipe.train_step(b.input, b.target, testing::mse);
     ASSERT_EQ(r.peak_inflight.size(), static_cast<size_t>(k_stages));
@@ -173,7 +173,7 @@ TEST(PipelineStats, StashBytesCountBoundaryTensorsOfLiveMicrobatches) {
   // 4 micro-batches: it holds all 4 inputs (2x16 doubles) and outputs (2x4).
   torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Linear(16, 4));
   m->to(torch::kFloat64);
-  Pipeline pipe(m, PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
+  StageRunner pipe(m, PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
   const StepResult r =
       pipe.train_step(torch::randn({8, 8}, torch::kFloat64), torch::randn({8, 4}, torch::kFloat64), testing::mse);
   EXPECT_EQ(r.peak_stash_bytes[1], 4 * (2 * 16 + 2 * 4) * 8);
@@ -181,7 +181,7 @@ TEST(PipelineStats, StashBytesCountBoundaryTensorsOfLiveMicrobatches) {
 }
 
 TEST(PipelineStats, TraceHasOneEventPerActionAndWritesChromeJson) {
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
   const Batch b = mlp_batch(8);
   const StepResult r = pipe.train_step(b.input, b.target, testing::mse);
   ASSERT_EQ(r.trace.size(), 3u);
@@ -218,7 +218,7 @@ std::unique_ptr<at::ObserverContext> count_linear(const at::RecordFunction& fn) 
 }
 
 TEST(PipelineApi, StagesRunUnderTheCallersThreadLocalState) {
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(3).schedule("1f1b"));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(3).schedule("1f1b"));
   const Batch batch = mlp_batch(6);
   linear_calls = 0;
   {
@@ -243,7 +243,7 @@ TEST(PipelineApi, CustomScheduleTextRuns) {
   auto reference = testing::clone_of(model);
   const Batch b = mlp_batch(6);
   testing::mse(reference->forward(b.input), b.target).backward();
-  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(2).schedule_text(text));
+  StageRunner pipe(model, PipelineOptions().workers(2).microbatches(2).schedule_text(text));
   pipe.train_step(b.input, b.target, testing::mse);
   testing::expect_same_grads(pipe, reference, 1e-10, 0, "custom schedule");
 }

@@ -45,14 +45,14 @@ void check_exact(torch::nn::Sequential model, const Tensors& inputs, const Tenso
   auto reference = testing::clone_of(model);  // before the pipeline takes the layers
   const at::Tensor ref_loss = loss_fn(reference_forward(reference, inputs), targets);
   ref_loss.backward();
-  Pipeline pipe(model, options);
+  StageRunner pipe(model, options);
   const StepResult r = pipe.train_step(inputs, targets, loss_fn);
   testing::expect_same_grads(pipe, reference, 1e-10, 0, where);
   EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-10) << where;
 }
 
 // After a failed step the next one runs (no hang) and nothing is left over.
-void expect_recovers(Pipeline& pipe, torch::nn::Sequential reference, const Tensors& inputs, const Tensors& targets,
+void expect_recovers(StageRunner& pipe, torch::nn::Sequential reference, const Tensors& inputs, const Tensors& targets,
                      const TensorsLossFn& loss_fn) {
   for (auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
   pipe.train_step(inputs, targets, loss_fn);
@@ -129,7 +129,7 @@ TEST(TensorsApi, ForwardOfTensorsMatchesTheModel) {
   torch::manual_seed(4);
   auto model = make_masked_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(4).microbatches(3));
+  StageRunner pipe(model, PipelineOptions().workers(4).microbatches(3));
   const Tensors inputs{torch::randn({7, 8}, torch::kFloat64), torch::rand({7, 8}) > 0.5};
   const Tensors out = pipe.forward(inputs);
   ASSERT_EQ(out.size(), 1u);
@@ -313,7 +313,7 @@ TEST(TensorsErrors, PlainLayerGivenTwoTensorsAtAStageBoundary) {
   torch::nn::Sequential model(OnSlot(0, torch::nn::Linear(8, 8)), torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().boundaries({1}).microbatches(2));
+  StageRunner pipe(model, PipelineOptions().boundaries({1}).microbatches(2));
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
   try {  // stage 0 passes {x, mask} on; stage 1 begins with a plain Linear
     pipe.train_step(Tensors{x, torch::ones({4, 8}, torch::kFloat64)}, Tensors{y}, mse_of_first);
@@ -335,7 +335,7 @@ TEST(TensorsErrors, TensorsLayerGivenTheWrongNumberOfTensors) {
       torch::nn::Linear(8, 3));
   model->to(torch::kFloat64);
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().boundaries({1}).microbatches(2).schedule("gpipe"));
+  StageRunner pipe(model, PipelineOptions().boundaries({1}).microbatches(2).schedule("gpipe"));
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
   const std::string error = error_of<PipelineError>([&] {
     pipe.train_step(Tensors{x, torch::rand({4, 8}, torch::kFloat64)}, Tensors{y}, mse_of_first);
@@ -351,7 +351,7 @@ TEST(TensorsErrors, InputsOrTargetsOfDifferentBatchSizes) {
   torch::manual_seed(22);
   auto model = make_masked_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(2));
+  StageRunner pipe(model, PipelineOptions().workers(2).microbatches(2));
   const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
   const std::string inputs = error_of<std::invalid_argument>([&] {
     pipe.train_step(Tensors{x, torch::ones({5, 8}, torch::kFloat64)}, Tensors{y}, mse_of_first);
@@ -367,7 +367,7 @@ TEST(TensorsErrors, InputsOrTargetsOfDifferentBatchSizes) {
 }
 
 TEST(TensorsErrors, SharedInputIndexOutOfRange) {
-  Pipeline pipe(make_masked_mlp(), PipelineOptions().workers(2).microbatches(2).shared_inputs({2}));
+  StageRunner pipe(make_masked_mlp(), PipelineOptions().workers(2).microbatches(2).shared_inputs({2}));
   const Tensors inputs{torch::randn({4, 8}, torch::kFloat64), torch::ones({4, 8}, torch::kFloat64)};
   EXPECT_THAT(error_of<std::invalid_argument>([&] {
                 pipe.train_step(inputs, Tensors{torch::randn({4, 3}, torch::kFloat64)}, mse_of_first);
@@ -384,7 +384,7 @@ TEST(TensorsErrors, SingleTensorLossForAModelOfTwoOutputs) {
       TensorsFunction([](Tensors t) { return Tensors{t[0], t[0].tanh()}; }, "and its tanh", 1));
   model->to(torch::kFloat64);
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().boundaries({1}).microbatches(2));
+  StageRunner pipe(model, PipelineOptions().boundaries({1}).microbatches(2));
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
   EXPECT_THAT(error_of<PipelineError>([&] { pipe.train_step(x, y, testing::mse); }),
               HasSubstr("the last stage returns 2 tensors, but the loss function takes one: give train_step a loss "

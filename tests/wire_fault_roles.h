@@ -86,19 +86,19 @@ class WireFault : public FaultInjector {
   int sends_ = 0;  // one stage thread sends
 };
 
-inline std::vector<at::Tensor> state_of(DistributedPipeline& pipe) {
+inline std::vector<at::Tensor> state_of(DistributedRunner& pipe) {
   std::vector<at::Tensor> s;
   for (const auto& p : pipe.parameters()) s.push_back(p.detach().clone());
-  for (int k = 0; k < pipe.pipeline().num_stages(); ++k) {
-    if (!pipe.pipeline().is_local(k)) continue;
-    torch::optim::Optimizer& opt = *pipe.pipeline().stage(k).optimizer();
+  for (int k = 0; k < pipe.runner().num_stages(); ++k) {
+    if (!pipe.runner().is_local(k)) continue;
+    torch::optim::Optimizer& opt = *pipe.runner().stage(k).optimizer();
     for (const auto& p : opt.param_groups().at(0).params()) {
       const auto it = opt.state().find(p.unsafeGetTensorImpl());
       if (it != opt.state().end()) {
         s.push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer().clone());
       }
     }
-    s.push_back(at::full({1}, static_cast<double>(pipe.pipeline().stage(k).updates()), at::kDouble));
+    s.push_back(at::full({1}, static_cast<double>(pipe.runner().stage(k).updates()), at::kDouble));
   }
   return s;
 }
@@ -110,10 +110,9 @@ inline void wire_fault(Worker& w) {
   const std::chrono::milliseconds timeout(kWireTimeoutMs);
   auto groups = w.groups("wire", 2, timeout);
   torch::manual_seed(0);
-  DistributedPipeline pipe(
-      make_mlp(),
-      PipelineOptions().microbatches(kMicrobatches).schedule(schedule).timeout(timeout).optimizer(sgd_momentum()),
-      groups, link_options());
+  DistributedRunner pipe(
+      make_mlp(), PipelineOptions(PipelineOptions().microbatches(kMicrobatches).schedule(schedule).timeout(timeout).optimizer(sgd_momentum())).distributed(link_options()),
+      groups);
   for (int step = 0; step < 2; ++step) {
     const Data d = global_batch(step);
     pipe.train_step(d.x, d.y, mse);

@@ -126,23 +126,22 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
     std::vector<int64_t> first(static_cast<size_t>(std::max<int64_t>(1, t.batch / t.microbatches)));
     std::iota(first.begin(), first.end(), 0);
     const MlmBatch b = make_mlm_batch(train, first, data.tokenizer, t.masking, 1);
-    const ProfileOptions timing = ProfileOptions().optimizer(options.optimizer());  // AdamW's step priced too
+    const ProfileOptions timing = ProfileOptions().optimizer(optimizer_factory(options));  // AdamW's step priced too
     options.profile(std::make_shared<ModelProfile>(
         profile_model(model.layers, {b.tokens, b.padding}, {b.labels}, loss_fn, timing)))
         .optimizer_state_per_weight(2);  // AdamW
     options.boundaries({});  // the search chooses the cut
-    PlannedOptions planned = plan_pipeline(
-        model.layers, std::move(options),
-        BuildOptions().plan(PlanMode::kAuto).max_workers(stages).memory_budget(t.memory_budget << 20),
-        {.batch_size = t.batch});
-    options = std::move(planned.options);
+    options.plan(PlanMode::kAuto).max_workers(stages).memory_budget(t.memory_budget << 20);
+    PlannedOptions planned = plan_pipeline(model.layers, std::move(options), {.batch_size = t.batch});
+    // The pipeline takes the search's choices as its given plan.
+    options = std::move(planned.options.plan(PlanMode::kGiven).max_workers(0).memory_budget(0));
     std::string text = "--plan auto: " + planned.search;
     while (text.ends_with('\n')) text.pop_back();
     note(text);
   }
   Pipeline pipe(model.layers, options);
   std::string plan = "stages:";
-  for (const auto& s : pipe.plan().stages) {
+  for (const auto& s : pipe.runner().plan().stages) {
     plan += " [";
     for (int64_t i = s.begin; i < s.end; ++i) plan += (i == s.begin ? "" : ", ") + model.names[i];
     plan += "]";

@@ -3,7 +3,7 @@
 // --help or -h for the help text, and errors (UsageError) that name the flag
 // and what it expects.
 
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 
 #include <cstdint>
 #include <functional>
@@ -31,9 +31,9 @@ class Flags {
   Flags& integer(const std::string& name, int64_t* value, int64_t min, int64_t max);
   Flags& real(const std::string& name, double* value, double min, double max, bool max_included = true);
   Flags& text(const std::string& name, std::string* value);
-  // A flag for the option row `row` of `options` (PipelineOptions,
-  // BuildOptions, ...): its value read by the row's type, as Python's text
-  // would be (plugin/option_values.h).
+  // A flag for the option row `row` of `options` (PipelineOptions): its
+  // value read by the row's type, as Python's text
+  // would be (plugin/core/option_values.h).
   template <typename Options>
   Flags& option(const std::string& name, Options* options, const std::string& row) {
     return on(name, [options, row](const std::string& flag, const std::string& value) {

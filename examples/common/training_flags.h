@@ -3,7 +3,7 @@
 // step sent across its stage boundaries.
 
 #include "examples/common/flags.h"
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 
 #include <c10/core/ScalarType.h>
 

@@ -2,7 +2,7 @@
 // distributed_train's flags (--help prints them).
 
 #include "examples/distributed/distributed_models.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/distributed/distributed_runner.h"
 
 #include <string>
 
@@ -14,7 +14,7 @@ struct Args {
   int64_t timeout_ms = 60000;
   double lr = 0.05;
   bool scale_lr = false, predict = false, keep_sent = false;
-  bool shared_memory = conveyor::DistributedOptions().shared_memory();  // --no-shared-memory: false
+  bool shared_memory = conveyor::DistributedOptions().shared_memory;  // --no-shared-memory: false
   std::string optimizer = "sgd";  // sgd | adam
   bool shard_optimizer = false;   // ZeRO-1 across the replicas
   std::string run_dir;            // --save-every's checkpoints

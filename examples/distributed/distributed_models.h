@@ -7,7 +7,7 @@
 // benchmarks/bench_vs_pippy.py starts torch.distributed.pipelining from the
 // same weights and data.
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/planner.h"
 
 #include <ATen/core/Tensor.h>

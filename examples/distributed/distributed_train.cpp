@@ -9,7 +9,7 @@
 #include "examples/distributed/run_checkpoints.h"
 #include "plugin/conveyor.h"
 #include "plugin/checkpoint/model_state.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/pipeline.h"
 #include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
 
@@ -104,10 +104,12 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
   if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
   if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
-  conveyor::DistributedPipeline pipe(
-      make_model(a), options, groups,
-      conveyor::DistributedOptions().scale_learning_rate(a.scale_lr).local_rank(env.local_rank).shard_optimizer_state(
-          a.shard_optimizer).shared_memory(a.shared_memory));
+  conveyor::Pipeline pipe(make_model(a),
+                          options.scale_learning_rate(a.scale_lr)
+                              .local_rank(env.local_rank)
+                              .shard_optimizer_state(a.shard_optimizer)
+                              .shared_memory(a.shared_memory),
+                          groups);
   conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank, env.world_size);
   const int first = a.resume ? static_cast<int>(checkpoints.resume(pipe)) : 0;
   if (pipe.is_logging_rank()) {
@@ -132,13 +134,14 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   }
   // Every rank's optimizer bytes, in rank order, on every rank.
   at::Tensor state_bytes = at::zeros({env.world_size}, at::kDouble);
-  state_bytes[env.rank] = static_cast<double>(pipe.optimizer_state_bytes());
+  state_bytes[env.rank] = static_cast<double>(pipe.distributed()->optimizer_state_bytes());
   conveyor::all_reduce_everywhere(*groups, {state_bytes}, "gathering the optimizer bytes per rank");
-  pipe.gather_model();
+  conveyor::DistributedRunner& ranks = *pipe.distributed();  // this process's part, across processes
+  ranks.gather_model();
   if (pipe.is_logging_rank()) {
-    evaluate(a, pipe.model());
-    if (!a.checkpoint.empty()) save(a.checkpoint, pipe.model());
-    if (!a.state_dict.empty()) conveyor::save_model_state(a.state_dict, *pipe.model());
+    evaluate(a, ranks.model());
+    if (!a.checkpoint.empty()) save(a.checkpoint, ranks.model());
+    if (!a.state_dict.empty()) conveyor::save_model_state(a.state_dict, *ranks.model());
     std::cout << "optimizer state per rank (" << (a.shard_optimizer ? "sharded" : "not sharded") << "):";
     for (int r = 0; r < env.world_size; ++r) std::cout << " " << static_cast<int64_t>(state_bytes[r].item<double>());
     std::cout << " bytes\nmedian step " << conveyor::median(wall) * 1e3 << " ms\n";

@@ -21,7 +21,8 @@ std::string RunCheckpoints::file(int64_t step, int rank, int world) const {
          ".ckpt";
 }
 
-int64_t RunCheckpoints::resume(DistributedPipeline& pipe) {
+int64_t RunCheckpoints::resume(Pipeline& pipe) {
+  ProcessGroups& groups = pipe.distributed()->groups();
   // The newest step whose files are all there (as many as the job that wrote
   // them had ranks): a rank that died while writing left only the one
   // before (files are renamed into place whole). The ranks agree on the
@@ -43,10 +44,10 @@ int64_t RunCheckpoints::resume(DistributedPipeline& pipe) {
     if (static_cast<int>(seen.second.size()) == seen.first) newest = step;
   }
   at::Tensor step = at::full({1}, -static_cast<double>(newest), at::kDouble);  // the minimum, as a max of negatives
-  all_reduce_values(pipe.groups(), pipe.groups().world() ? *pipe.groups().world() : *pipe.groups().pipeline(), step,
-                    /*max=*/true, "agreeing on the step to resume from");
-  if (!pipe.groups().world() && pipe.groups().replicas()) {
-    all_reduce_values(pipe.groups(), *pipe.groups().replicas(), step, true, "agreeing on the step to resume from");
+  all_reduce_values(groups, groups.world() ? *groups.world() : *groups.pipeline(), step, /*max=*/true,
+                    "agreeing on the step to resume from");
+  if (!groups.world() && groups.replicas()) {
+    all_reduce_values(groups, *groups.replicas(), step, true, "agreeing on the step to resume from");
   }
   const auto start = static_cast<int64_t>(-step.item<double>());
   if (start == 0) return 0;
@@ -55,11 +56,11 @@ int64_t RunCheckpoints::resume(DistributedPipeline& pipe) {
   const int saved_world = steps.at(start).first;
   int64_t saved = 0;
   if (saved_world == world_) {
-    saved = load_checkpoint(file(start, rank_, world_), pipe.pipeline());
+    saved = load_checkpoint(file(start, rank_, world_), pipe);
   } else {
     std::vector<std::string> files;
     for (int r = 0; r < saved_world; ++r) files.push_back(file(start, r, saved_world));
-    saved = load_checkpoint_files(files, pipe.pipeline());
+    saved = load_checkpoint_files(files, pipe.runner());
   }
   if (pipe.is_logging_rank()) {
     std::cout << "resumed from step " << saved << " (" << dir_ << ", written by " << saved_world << " ranks)\n";
@@ -67,10 +68,10 @@ int64_t RunCheckpoints::resume(DistributedPipeline& pipe) {
   return saved;
 }
 
-void RunCheckpoints::after_step(DistributedPipeline& pipe, int64_t steps) {
+void RunCheckpoints::after_step(const Pipeline& pipe, int64_t steps) {
   if (every_ <= 0 || steps % every_ != 0) return;
   fs::create_directories(dir_);
-  save_checkpoint(file(steps, rank_, world_), pipe.pipeline(), {steps, {}});
+  save_checkpoint(file(steps, rank_, world_), pipe, {steps, {}});
   std::error_code ignored;
   fs::remove(file(steps - 2 * every_, rank_, world_), ignored);
 }

@@ -10,7 +10,7 @@
 // files, resharded (load_checkpoint_files); one of the same size loads its
 // own file, so it must keep the stages and replicas it had.
 
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/pipeline.h"
 
 #include <cstdint>
 #include <string>
@@ -24,11 +24,11 @@ class RunCheckpoints {
       : dir_(std::move(dir)), every_(every), rank_(rank), world_(world) {}
 
   // The step to start from: 0, or the newest step every rank has a file of,
-  // loaded into `pipe`. Collective over every rank.
-  int64_t resume(DistributedPipeline& pipe);
+  // loaded into `pipe` (built across processes). Collective over every rank.
+  int64_t resume(Pipeline& pipe);
   // After `steps` steps: checkpoints when it is a multiple of `every`, then
   // removes this rank's file before the previous one. Local.
-  void after_step(DistributedPipeline& pipe, int64_t steps);
+  void after_step(const Pipeline& pipe, int64_t steps);
 
  private:
   std::string file(int64_t step, int rank, int world) const;

@@ -118,7 +118,7 @@ struct Config {
   bool recompute = false, offload = false;
   std::string schedule = "1f1b", device = "auto", data, trace, balance = "time", timeline;
   int64_t memory_budget = 0;      // MiB
-  conveyor::BuildOptions build;  // --plan, and the search's bounds
+  conveyor::PipelineOptions planning;  // --plan, and the search's bounds
   int64_t batch = 32, bptt = 35, embed = 128, hidden = 256, vocab = 10000, eval_every = 100, seed = 1;
   double dropout = 0.2, lr = 5e-3, clip = 1.0;
 };
@@ -138,11 +138,11 @@ bool parse_args(int argc, char** argv, Config& c) {
   flags.real("--clip", &c.clip, 0.0, 1e9, false);
   flags.text("--schedule", &c.schedule).text("--device", &c.device).text("--data", &c.data).text("--trace", &c.trace);
   flags.text("--balance", &c.balance).text("--timeline", &c.timeline).integer("--chunks", &c.chunks, 1, 16);
-  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload).option("--plan", &c.build, "plan");
+  flags.toggle("--recompute", &c.recompute).toggle("--offload", &c.offload).option("--plan", &c.planning, "plan");
   flags.integer("--memory-budget", &c.memory_budget, 1, kBig);
   if (!flags.parse(argc, argv)) return false;
-  if (c.build.plan() != conveyor::PlanMode::kGiven) c.build.max_workers(static_cast<int>(c.workers));
-  c.build.memory_budget(c.memory_budget << 20);
+  if (c.planning.plan() != conveyor::PlanMode::kGiven) c.planning.max_workers(static_cast<int>(c.workers));
+  c.planning.memory_budget(c.memory_budget << 20);
   if (c.balance != "time" && c.balance != "uniform" && c.balance != "flops") {
     throw UsageError("--balance expects time, uniform or flops, got '" + c.balance + "'");
   }
@@ -264,7 +264,7 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
             << pipe.num_stages() << " stages on " << pipe.num_workers() << " workers"
             << ", " << m << " micro-batches of " << c.batch / m << (c.batch % m ? "+" : "") << " streams, "
             << c.threads << " intra-op thread(s) per worker\n";
-  for (const auto& s : pipe.plan().stages) {
+  for (const auto& s : pipe.runner().plan().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";
@@ -292,13 +292,13 @@ int run(const Config& c) {
   ex::init_decoder_bias(model.decoder, data.corpus.train, data.corpus.vocab.size());
   bool synchronous = true;
   const auto [first_input, first_target] = window_tensors(data.train, 0, c.bptt);
-  conveyor::BuiltPipeline built(model.layers, {.pipeline = pipeline_options(c, model, data, devices, synchronous),
-                                               .build = c.build,
-                                               .loss = kLoss,
-                                               .sample = conveyor::SampleBatch{{first_input}, {first_target}}});
-  if (c.build.plan() != conveyor::PlanMode::kGiven) std::cout << "--plan " << value_name(c.build.plan()) << ": " << built.plan_text();
-  conveyor::Pipeline& pipe = built.pipeline();
-  const conveyor::Plan plan = *built.prediction();
+  const conveyor::PlanMode mode = c.planning.plan();
+  const auto options = pipeline_options(c, model, data, devices, synchronous)
+                           .plan(mode).max_workers(c.planning.max_workers()).memory_budget(c.planning.memory_budget());
+  conveyor::Pipeline pipe(model.layers, {.options = options, .loss = kLoss,
+                                         .sample = conveyor::SampleBatch{{first_input}, {first_target}}});
+  if (mode != conveyor::PlanMode::kGiven) std::cout << "--plan " << value_name(mode) << ": " << pipe.plan_text();
+  const conveyor::Plan plan = *pipe.prediction();
   const int64_t windows = data.train.num_windows(c.bptt);
   print_plan(c, pipe, model, windows, synchronous, plan);
 

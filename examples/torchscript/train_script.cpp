@@ -30,31 +30,33 @@ std::pair<at::Tensor, at::Tensor> data(int64_t samples, int64_t seed) {
 int run(const std::string& path) {
   // torchrun's variables; without them, one process.
   const auto env = conveyor::LaunchEnvironment::from_environment();
-  conveyor::BuildRequest request;
-  request.pipeline =
-      conveyor::PipelineOptions().workers(2).microbatches(4).schedule("1f1b").timeout(std::chrono::seconds(60));
-  request.build =
-      conveyor::BuildOptions().split_points({"blocks.2"}).optimizer(conveyor::OptimizerName::kAdamW).lr(3e-3);
-  request.loss = [](const conveyor::Tensors& out, const conveyor::Tensors& target) {
-    return torch::mse_loss(out[0], target[0]);
-  };
-  if (env.world_size > 1) {  // one stage a process
-    request.groups = std::make_shared<conveyor::ProcessGroups>(
+  const auto options = conveyor::PipelineOptions()
+                           .split_points({"blocks.2"})
+                           .workers(2)
+                           .microbatches(4)
+                           .schedule("1f1b")
+                           .optimizer(conveyor::OptimizerName::kAdamW)
+                           .lr(3e-3)
+                           .timeout(std::chrono::seconds(60));
+  std::shared_ptr<conveyor::ProcessGroups> groups;  // none: every stage in this process
+  if (env.world_size > 1) {                         // one stage a process
+    groups = std::make_shared<conveyor::ProcessGroups>(
         conveyor::connect_store(env, std::chrono::minutes(1)), env.rank,
         conveyor::HybridLayout::for_world(env.world_size, /*workers=*/2), conveyor::ProcessGroups::Options{});
   }
-  conveyor::BuiltPipeline pipe(path, std::move(request));  // a path: loaded with torch::jit::load
+  conveyor::Pipeline pipe(path, options, groups);  // a path: loaded with torch::jit::load
+  const auto mse = [](const at::Tensor& out, const at::Tensor& target) { return torch::mse_loss(out, target); };
   const auto [x_test, y_test] = data(256, /*seed=*/1000);
   const auto held_out = [&]() -> double {  // on the last stage's process; -1 elsewhere
-    pipe.pipeline().train(false);
-    const conveyor::Tensors out = pipe.forward({x_test});
-    pipe.pipeline().train(true);
-    return out.empty() ? -1 : torch::mse_loss(out[0], y_test).item<double>();
+    pipe.eval();
+    const at::Tensor out = pipe.forward(x_test);
+    pipe.train();
+    return out.defined() ? torch::mse_loss(out, y_test).item<double>() : -1;
   };
   const double before = held_out();
   for (int step = 0; step < 200; ++step) {
     const auto [x, y] = data(64, step);
-    const double loss = pipe.train_step({x}, {y}).loss;  // the whole batch's, in every process
+    const double loss = pipe.train_step(x, y, mse).loss;  // the whole batch's, in every process
     if (env.rank == 0 && step % 50 == 0) std::printf("step %3d  loss %.4f\n", step, loss);
   }
   const double after = held_out();

@@ -9,7 +9,7 @@
 #include "examples/translator/translator_app.h"
 #include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/pipeline.h"
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -45,9 +45,13 @@ int run_translator_hybrid(const TranslatorConfig& c, const LaunchEnvironment& en
   const LoadedCorpus corpus = load_corpus(c, logging);  // every rank reads the same pairs, in the same order
   torch::manual_seed(static_cast<uint64_t>(c.seed));
   Translator model = make_translator(translator_shape(c, corpus.data));
-  DistributedPipeline pipe(
-      model.layers, pipeline_options(c, model, /*own_optimizer=*/true).timeout(timeout).trace(false), groups,
-      DistributedOptions().scale_learning_rate(c.scale_lr).local_rank(env.local_rank));
+  Pipeline pipe(model.layers,
+                pipeline_options(c, model, /*own_optimizer=*/true)
+                    .timeout(timeout)
+                    .trace(false)
+                    .scale_learning_rate(c.scale_lr)
+                    .local_rank(env.local_rank),
+                groups);
   TrainBatches batches(corpus, c.batch, c.microbatches * replicas, static_cast<uint64_t>(c.seed));
   if (logging) {
     std::cout << "hybrid: " << replicas << " replica(s) x " << stages << " stage(s), one process each; schedule "
@@ -84,12 +88,12 @@ int run_translator_hybrid(const TranslatorConfig& c, const LaunchEnvironment& en
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - first_step_done).count();
   progress.finish();
-  pipe.gather_model();
+  pipe.distributed()->gather_model();
   int status = 0;
   if (logging) {
     double end_loss = 0;
     for (const double l : recent) end_loss += l / static_cast<double>(recent.size());
-    const torch::nn::Sequential whole = pipe.model();
+    const torch::nn::Sequential whole = pipe.distributed()->model();
     std::cout << "result:\n  train loss " << fixed(start_loss, 3) << " at the first step -> " << fixed(end_loss, 3)
               << "; valid loss " << fixed(mean_loss(whole, corpus.data.encoded[1], corpus.bounds, c.batch), 3) << "\n";
     std::pair<double, double> bleu;

@@ -1,7 +1,7 @@
 #include "plugin/builder/dict_options.h"
 
 #include "plugin/builder/option_table.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/util/StringUtil.h>
 #include <torch/nn/functional/loss.h>
@@ -73,8 +73,7 @@ BuildRequest request_from_dict(const PythonOptions& options, ValueText text) {
       }
       request.sample = SampleBatch{as_tensors("sample input", v.toTupleRef().elements()[0]),
                                    as_tensors("sample target", v.toTupleRef().elements()[1])};
-    } else if (!read_option(request.pipeline, key, v, text) && !read_option(request.build, key, v, text) &&
-               !read_option(request.distributed, key, v, text)) {
+    } else if (!read_option(request.options, key, v, text)) {
       throw std::invalid_argument("conveyor.Pipeline: unknown option '" + key + "' (known: " +
                                   c10::Join(", ", dict_option_names()) + ")");
     }

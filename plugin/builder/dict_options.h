@@ -1,18 +1,17 @@
 #pragma once
-// A BuildRequest (plugin/builder/builder.h) from a dict of options, as
+// A BuildRequest (plugin/pipeline.h) from a dict of options, as
 // Python hands them over: the conveyor package's keywords
 // (python/src/module.cpp) and the TorchScript class's dict (torch_class.cpp).
 //
-// The dict's keys are the rows of PipelineOptions, BuildOptions and
-// DistributedOptions (plugin/option_list.h), each value of its
+// The dict's keys are the option rows (plugin/core/option_list.h), each value of its
 // row's type (read by option_values.h; None: the default); and two that are
 // objects: loss ("cross_entropy" over the last dimension | "mse" | a
 // scripted module called as loss(*outputs, *targets); default "mse") and
 // sample (an (input, target) batch, each a tensor or a tuple of tensors).
 
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #include "plugin/builder/front_end.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 
 #include <ATen/core/ivalue.h>
 

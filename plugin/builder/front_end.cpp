@@ -1,7 +1,7 @@
 #include "plugin/builder/front_end.h"
 
 #include "ops/swap.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/model_names.h"
 #include "plugin/planner/partition.h"
 #ifdef CONVEYOR_WITH_TORCHSCRIPT
@@ -93,36 +93,36 @@ std::string layer_parameter_name(const torch::nn::Sequential& layers, const std:
                               "the model's forward uses");
 }
 
-void check_model_kind(ModelKind kind, const BuildOptions& build) {
+void check_model_kind(ModelKind kind, const PipelineOptions& options) {
   const char* model = kind == ModelKind::layers ? "torch::nn layers" : "a torch.export program";
-  check_argument(kind != ModelKind::exported || !build.fused_ops(), "conveyor: fused_ops swaps TorchScript ",
+  check_argument(kind != ModelKind::exported || !options.fused_ops(), "conveyor: fused_ops swaps TorchScript ",
                  "submodules and torch::nn layers; a torch.export program runs the operators it was exported with ",
                  "(an nn.Module built with front_end='script' has them swapped)");
-  check_argument(kind == ModelKind::script || !build.optimize(), "conveyor: optimize lets the TorchScript ",
+  check_argument(kind == ModelKind::script || !options.optimize(), "conveyor: optimize lets the TorchScript ",
                  "executor optimize the stages; the model is ", model);
 }
 
-ModelLayers model_layers(const Model& model, const BuildOptions& build, PipelineOptions& options) {
-  if (const auto* path = std::get_if<std::string>(&model)) return model_layers(load_model(*path), build, options);
+ModelLayers model_layers(const Model& model, PipelineOptions& options) {
+  if (const auto* path = std::get_if<std::string>(&model)) return model_layers(load_model(*path), options);
   check_model_kind(std::holds_alternative<torch::nn::Sequential>(model)  ? ModelKind::layers
                    : std::holds_alternative<torch::jit::Module>(model) ? ModelKind::script
                                                                        : ModelKind::exported,
-                   build);
-  const std::vector<std::string>& split_points = build.split_points();
+                   options);
+  const std::vector<std::string> split_points = options.split_points();  // a copy: options' boundaries change
   ModelLayers out;
   if (const auto* given = std::get_if<torch::nn::Sequential>(&model)) {
     check_argument(!given->is_empty(), "conveyor: the model is an empty Sequential");
     out.layers = *given;
-    if (build.fused_ops()) out.fused_ops_report = swap_fused_ops(out.layers.ptr()).to_string();
+    if (options.fused_ops()) out.fused_ops_report = swap_fused_ops(out.layers.ptr()).to_string();
     apply_split_points(options, split_points, layer_boundaries(out.layers, split_points));
     return out;  // tied_parameters name the layers' parameters already
   }
   if (const auto* module = std::get_if<torch::jit::Module>(&model)) {
 #ifdef CONVEYOR_WITH_TORCHSCRIPT
     torch::jit::Module script = *module;  // the caller's module: the pipeline trains its tensors
-    if (build.fused_ops()) out.fused_ops_report = swap_fused_ops(script).to_string();
+    if (options.fused_ops()) out.fused_ops_report = swap_fused_ops(script).to_string();
     ScriptLayerOptions layer_options;
-    layer_options.optimize = build.optimize();
+    layer_options.optimize = options.optimize();
     out.layers = sequential_from_script(script, split_points, layer_options);
 #else
     throw std::invalid_argument("conveyor: this build reads no TorchScript (configured with CONVEYOR_TORCHSCRIPT=OFF)");

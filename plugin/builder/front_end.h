@@ -1,5 +1,5 @@
 #pragma once
-// The builder's first phase (plugin/builder/builder.h): the model as the
+// The builder's first phase (plugin/pipeline.h): the model as the
 // layers a Pipeline runs, whatever it was given as.
 //   - torch::nn layers (a Sequential): as they are. Split points name its
 //     children ("3", or a child's own name).
@@ -16,8 +16,7 @@
 // as after proj.weight = embed.weight, or fed to its segment, as when a later
 // stage reads self.embed.weight itself), and the pipeline ties the copies.
 
-#include "plugin/builder/build_options.h"
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -54,23 +53,23 @@ struct ModelLayers {
 // std::invalid_argument saying how they differ.
 void check_split_point_count(const PipelineOptions& options, const std::vector<std::string>& split_points);
 
-// A model's kind, as far as the build options care.
+// A model's kind, as far as the options care.
 enum class ModelKind { layers, script, exported };
 
-// That `build` asks of a `kind` model only what it can do: fused_ops swaps
+// That `options` ask of a `kind` model only what it can do: fused_ops swaps
 // TorchScript submodules and torch::nn layers, not a torch.export program's
 // operators; optimize is the TorchScript executor's. The one statement of
 // that rule: the conveyor package asks it of the front end it chose before
 // exporting. Throws std::invalid_argument naming the option.
-void check_model_kind(ModelKind kind, const BuildOptions& build);
+void check_model_kind(ModelKind kind, const PipelineOptions& options);
 
 // The model as layers (see above); sets `options`' boundaries from
-// build.split_points() and renames their tied_parameters. Throws
+// options.split_points() and renames their tied_parameters. Throws
 // std::invalid_argument naming what stands in the way: a path that holds no
 // model this build reads, a split point the model lacks, workers that do not
 // match the split points, fused_ops or optimize for a model that is not
 // TorchScript, the front end's own errors.
-ModelLayers model_layers(const Model& model, const BuildOptions& build, PipelineOptions& options);
+ModelLayers model_layers(const Model& model, PipelineOptions& options);
 
 // {1, 2, ..., n}: each of a front end's n + 1 segments one stage.
 std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);

@@ -8,21 +8,9 @@
 
 namespace conveyor {
 
-std::vector<OptionDescription> every_option(const PipelineOptions& options, const BuildOptions& build,
-                                            const DistributedOptions& distributed) {
+std::vector<OptionDescription> every_option(const PipelineOptions& options) {
   std::vector<OptionDescription> rows;
-  describe_options(options, rows);
-  describe_options(build, rows);
-  describe_options(distributed, rows);
-  // Grouped by section, in the order the sections first appear.
-  std::vector<std::string> sections;
-  for (const auto& row : rows) {
-    if (std::find(sections.begin(), sections.end(), row.section) == sections.end()) sections.push_back(row.section);
-  }
-  const auto rank = [&](const OptionDescription& row) {
-    return std::find(sections.begin(), sections.end(), row.section) - sections.begin();
-  };
-  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  describe_options(options, rows);  // section by section
   // The schedule's names are the schedule library's list, not the row's.
   for (auto& row : rows) {
     if (row.name != "schedule") continue;
@@ -37,7 +25,7 @@ std::vector<OptionDescription> every_option(const PipelineOptions& options, cons
   return rows;
 }
 
-std::vector<OptionDescription> every_option() { return every_option({}, {}, {}); }
+std::vector<OptionDescription> every_option() { return every_option(PipelineOptions()); }
 
 std::string options_reference() {
   const auto cell = [](std::string text) {  // a markdown table cell: '|' escaped

@@ -1,23 +1,20 @@
 #pragma once
-// The table of every option a pipeline from Python can be given: the rows of
-// PipelineOptions', BuildOptions' and DistributedOptions' lists, which the
-// Python keywords, the TorchScript class's keys and the manual's reference
-// come from.
+// The table of every option a pipeline can be given: the rows of
+// plugin/core/option_list.h, which the Python keywords, the TorchScript
+// class's keys and the manual's reference come from.
 
-#include "plugin/option_list.h"
-#include "plugin/option_values.h"
-#include "plugin/options.h"
+#include "plugin/core/option_list.h"
+#include "plugin/core/option_values.h"
+#include "plugin/core/options.h"
 
 #include <string>
 #include <vector>
 
 namespace conveyor {
 
-// Every row of PipelineOptions', BuildOptions' and DistributedOptions' lists,
-// with the values of the three given, grouped by section (the schedule's
-// documentation naming the schedule library's schedules).
-std::vector<OptionDescription> every_option(const PipelineOptions& options, const BuildOptions& build,
-                                            const DistributedOptions& distributed);
+// Every row, with the values of `options`, section by section (the
+// schedule's documentation naming the schedule library's schedules).
+std::vector<OptionDescription> every_option(const PipelineOptions& options);
 // The same with their defaults: what a pipeline from Python can be given.
 std::vector<OptionDescription> every_option();
 

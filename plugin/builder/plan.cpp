@@ -1,6 +1,6 @@
 #include "plugin/builder/plan.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/planner/search.h"
 #include "plugin/measure/profile_model.h"
 #include "plugin/measure/tune_plan.h"
@@ -33,21 +33,21 @@ RequestCounts request_counts() {
   return {request_counters[0].load(), request_counters[1].load(), request_counters[2].load()};
 }
 
-void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs) {
+void check_plan(const PipelineOptions& options, const PlanInputs& inputs) {
   count_request(RequestStage::kPlanCheck);
-  const PlanMode mode = build.plan();
+  const PlanMode mode = options.plan();
   const char* name = value_name(mode);
   if (mode == PlanMode::kGiven) {
-    check_argument(build.max_workers() == 0 && build.memory_budget() == 0,
+    check_argument(options.max_workers() == 0 && options.memory_budget() == 0,
                    "conveyor.Pipeline: max_workers and memory_budget bound the search of plan=\"auto\"");
     check_argument(!inputs.across_processes || options.balance() != Balance::kTime ||
-                       !options.boundaries().empty() || !build.split_points().empty(),
+                       !options.boundaries().empty() || !options.split_points().empty(),
                    "conveyor.Pipeline: balance \"time\" across processes would let each process measure its own ",
                    "times and perhaps cut the model elsewhere: give split_points, or balance \"uniform\" or ",
                    "\"parameters\"");
     return;
   }
-  check_argument(options.boundaries().empty() && build.split_points().empty(), "conveyor.Pipeline: plan \"", name,
+  check_argument(options.boundaries().empty() && options.split_points().empty(), "conveyor.Pipeline: plan \"", name,
                  "\" chooses where to cut: give no split_points");
   check_argument(inputs.sample != nullptr || (options.profile() && inputs.batch_size > 0), "conveyor.Pipeline: plan \"",
                  name, "\" profiles the model: give sample=(inputs, target), a batch of the size each step trains ",
@@ -62,12 +62,12 @@ void check_plan(const PipelineOptions& options, const BuildOptions& build, const
                  "conveyor.Pipeline: plan \"tuned\" trains on the sample: give a sample and a loss");
 }
 
-PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
+PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options,
                              const PlanInputs& inputs) {
-  if (!inputs.checked) check_plan(options, build, inputs);
+  if (!inputs.checked) check_plan(options, inputs);
   const SampleBatch* sample = inputs.sample;
   const TensorsLossFn& loss = inputs.loss;
-  const PlanMode mode = build.plan();
+  const PlanMode mode = options.plan();
   if (mode != PlanMode::kGiven) options.balance(Balance::kTime);
   if (options.balance() == Balance::kTime && !options.profile()) {
     check_argument(sample != nullptr, "conveyor: balance by time profiles the model on a sample batch: give one");
@@ -76,8 +76,8 @@ PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOption
   }
   if (mode == PlanMode::kGiven) return {std::move(options), ""};
   PlanSpace space;
-  space.max_workers = build.max_workers() > 0 ? build.max_workers() : options.workers() > 0 ? options.workers() : 4;
-  space.memory_budget = build.memory_budget();
+  space.max_workers = options.max_workers() > 0 ? options.max_workers() : options.workers() > 0 ? options.workers() : 4;
+  space.memory_budget = options.memory_budget();
   const int64_t batch = inputs.batch_size > 0 ? inputs.batch_size : batch_size(*sample, options);
   const PlanSearch search = search_plans(layers, options, batch, space);
   if (mode == PlanMode::kAuto) return {search.best().options(std::move(options)), search.str()};

@@ -1,6 +1,6 @@
 #pragma once
-// The builder's second phase (plugin/builder/builder.h): the plan, chosen as
-// BuildOptions::plan says, on the layers the front end made.
+// The builder's second phase (plugin/pipeline.h): the plan, chosen as
+// the option plan says, on the layers the front end made.
 //   given  the options' own plan; balance "time" profiles the first
 //          micro-batch of the sample for it, once, here.
 //   auto   the whole plan searched (plugin/planner/search.h) on that
@@ -8,9 +8,8 @@
 //   tuned  the search's finalists raced on the sample
 //          (plugin/measure/tune_plan.h) and the fastest measured taken.
 
-#include "plugin/builder/build_options.h"
-#include "plugin/options.h"
-#include "plugin/types.h"
+#include "plugin/core/options.h"
+#include "plugin/core/types.h"
 
 #include <torch/nn/modules/container/sequential.h>
 
@@ -58,7 +57,7 @@ void count_request(RequestStage stage);
 // synchronous schedule; plan "given" no search bounds. Throws
 // std::invalid_argument saying what is missing. plan_pipeline checks first,
 // unless the inputs say it was.
-void check_plan(const PipelineOptions& options, const BuildOptions& build, const PlanInputs& inputs);
+void check_plan(const PipelineOptions& options, const PlanInputs& inputs);
 
 // `options` with the plan chosen. Options that hold a profile already are
 // not profiled again (a caller may profile a micro-batch of its own). Throws
@@ -68,7 +67,7 @@ void check_plan(const PipelineOptions& options, const BuildOptions& build, const
 // choose where to cut), one process (auto and tuned: each process would
 // measure and choose its own), a synchronous schedule (auto and tuned search
 // those), or search bounds with plan given.
-PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options, const BuildOptions& build,
+PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options,
                              const PlanInputs& inputs);
 
 }  // namespace conveyor

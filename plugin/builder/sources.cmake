@@ -1,11 +1,12 @@
-# The builder: the one way from a model (torch::nn layers, TorchScript, a
-# torch.export program) to a running pipeline, in phases (builder.h), its
-# options, the table of every option (Python's keywords, the manual's
-# reference), and the TorchScript class torch.classes.conveyor.Pipeline.
-# Builds on everything else in plugin/; nothing there includes it.
+# The builder: conveyor::Pipeline (plugin/pipeline.h, implemented in
+# pipeline.cpp), the one way from a model (torch::nn layers, TorchScript, a
+# torch.export program) to a running pipeline, in phases (front_end.h,
+# plan.h, then the runner); options read from a dict, the table of every
+# option (Python's keywords, the manual's reference), and the TorchScript
+# class torch.classes.conveyor.Pipeline. Builds on everything else in
+# plugin/; only the public pipeline.h above it includes it.
 target_sources(conveyor PRIVATE
-  ${CMAKE_CURRENT_LIST_DIR}/build_options.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/builder.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/dict_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/front_end.cpp
   ${CMAKE_CURRENT_LIST_DIR}/option_table.cpp

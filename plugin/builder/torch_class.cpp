@@ -33,7 +33,7 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/model_state.h"
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #include "plugin/builder/dict_options.h"
 
 #include <c10/util/Exception.h>
@@ -66,7 +66,7 @@ class PythonPipeline : public torch::CustomClassHolder {
  public:
   PythonPipeline(const c10::IValue& model, const PythonOptions& options) {
     python_errors([&] {
-      pipe_ = std::make_unique<BuiltPipeline>(model_from_value(model), request_from_dict(options, ValueText::kOrText));
+      pipe_ = std::make_unique<Pipeline>(model_from_value(model), request_from_dict(options, ValueText::kOrText));
     });
   }
 
@@ -89,7 +89,7 @@ class PythonPipeline : public torch::CustomClassHolder {
   }
 
   double clip_grad_norm(double max_norm, double norm_type) {
-    return python_errors([&] { return pipe_->pipeline().clip_grad_norm(max_norm, norm_type); });
+    return python_errors([&] { return pipe_->clip_grad_norm(max_norm, norm_type); });
   }
 
   c10::IValue forward(const c10::IValue& input) {
@@ -115,9 +115,9 @@ class PythonPipeline : public torch::CustomClassHolder {
     python_errors([&] { pipe_->load_state_dict(named); });
   }
 
-  void train(bool on) { pipe_->pipeline().train(on); }
-  int64_t num_stages() const { return pipe_->pipeline().num_stages(); }
-  std::string schedule() const { return pipe_->pipeline().schedule().str(); }
+  void train(bool on) { pipe_->train(on); }
+  int64_t num_stages() const { return pipe_->num_stages(); }
+  std::string schedule() const { return pipe_->schedule().str(); }
   // The split, and with balance "time" the plan's predicted times and memory.
   std::string plan() const { return pipe_->plan_text(); }
   // What the fused_ops option swapped and left (swap_fused_ops' report).
@@ -126,18 +126,18 @@ class PythonPipeline : public torch::CustomClassHolder {
   // Weights, buffers, step and random generators; a torch.optim optimizer
   // keeps its own state_dict().
   void save_checkpoint(const std::string& path, int64_t step) const {
-    python_errors([&] { conveyor::save_checkpoint(path, pipe_->pipeline(), TrainingState{step, {}}); });
+    python_errors([&] { conveyor::save_checkpoint(path, *pipe_, TrainingState{step, {}}); });
   }
   int64_t load_checkpoint(const std::string& path) {
-    return python_errors([&] { return conveyor::load_checkpoint(path, pipe_->pipeline()); });
+    return python_errors([&] { return conveyor::load_checkpoint(path, *pipe_); });
   }
   // The plain state dict ({name: tensor}), which torch.load reads.
   void save_model_state(const std::string& path) const {
-    python_errors([&] { conveyor::save_model_state(path, pipe_->pipeline()); });
+    python_errors([&] { conveyor::save_model_state(path, *pipe_); });
   }
 
  private:
-  std::unique_ptr<BuiltPipeline> pipe_;
+  std::unique_ptr<Pipeline> pipe_;
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include "plugin/model/sharded_state.h"
 #include "plugin/model/stage.h"
 #include "plugin/model/model_names.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 #include "plugin/support/atomic_file.h"
 
 #include <ATen/Context.h>
@@ -37,7 +37,7 @@ using namespace checkpoint_values;
 
 // Every tensor an optimizer may hold, by its model name: the layers'
 // parameters and, where weight stashing keeps them apart, the live weights.
-std::map<const void*, std::string> names_by_tensor(const Pipeline& pipe) {
+std::map<const void*, std::string> names_by_tensor(const StageRunner& pipe) {
   std::map<const void*, std::string> names;
   for (int k = 0; k < pipe.num_stages(); ++k) {
     if (!pipe.is_local(k)) continue;
@@ -91,7 +91,7 @@ c10::IValue untyped(const c10::IValue& v) {
 // Every option Python can give, named and valued as Python gives it (the
 // timeout in seconds): a record of how the pipeline ran, which loading does
 // not read.
-Dict options_to_dict(const Pipeline& pipe) {
+Dict options_to_dict(const StageRunner& pipe) {
   Dict d = new_dict();
   for_each_option(pipe.options(), [&](const OptionSpec& spec, const auto& value) {
     using T = std::decay_t<decltype(value)>;
@@ -102,7 +102,7 @@ Dict options_to_dict(const Pipeline& pipe) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state) {
+void save_checkpoint(const std::string& path, const StageRunner& pipe, const TrainingState& state) {
   Dict d = new_dict();
   d.insert("format", kCheckpointFormat);
   d.insert("version", kCheckpointVersion);
@@ -189,7 +189,7 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
 namespace {
 
 // load_checkpoint of a checkpoint's dict; `path` names it in messages.
-int64_t load_dict(const Dict& d, const std::string& path, Pipeline& pipe,
+int64_t load_dict(const Dict& d, const std::string& path, StageRunner& pipe,
                   const std::vector<torch::optim::Optimizer*>& optimizers) {
   CheckpointTarget target;
   target.num_stages = pipe.num_stages();
@@ -230,13 +230,13 @@ int64_t load_dict(const Dict& d, const std::string& path, Pipeline& pipe,
 
 }  // namespace
 
-int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+int64_t load_checkpoint(const std::string& path, StageRunner& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers) {
   const std::vector<CheckpointFile> file = read_checkpoint_files({path});
   return load_dict(read_checkpoint(file[0].bytes, path), path, pipe, optimizers);
 }
 
-int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, StageRunner& pipe,
                               const std::vector<torch::optim::Optimizer*>& optimizers) {
   return load_dict(merge_checkpoints(read_checkpoint_files(paths)), files_label(paths), pipe, optimizers);
 }

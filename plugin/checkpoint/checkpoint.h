@@ -63,7 +63,7 @@
 //
 // Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
 
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -83,14 +83,14 @@ struct TrainingState {
 // crash while saving leaves the previous checkpoint intact. Throws
 // std::runtime_error on I/O failure, std::invalid_argument for an optimizer
 // that is not supported or holds a tensor that is not the pipeline's.
-void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state = {});
+void save_checkpoint(const std::string& path, const StageRunner& pipe, const TrainingState& state = {});
 
 // Restores weights, buffers, optimizer states (into `optimizers`, which must
 // match the saved ones in number, type and parameters, and into the stages'
 // own optimizers), step and update counts, and the random number generators. Returns the saved step. Throws
 // std::invalid_argument for a file that is not a checkpoint, a checkpoint of another model or stage count, or
 // optimizers that do not match; nothing is changed then.
-int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+int64_t load_checkpoint(const std::string& path, StageRunner& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers = {});
 
 // A checkpoint that the processes of a multi-process pipeline wrote, one
@@ -102,7 +102,7 @@ int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
 // files that are not one checkpoint (other steps or pipelines), a stage no
 // file holds, or a replica's part of a sharded optimizer state missing, each
 // named.
-int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, StageRunner& pipe,
                               const std::vector<torch::optim::Optimizer*>& optimizers = {});
 
 // Writes the checkpoint of the whole pipeline that `paths` (a multi-process

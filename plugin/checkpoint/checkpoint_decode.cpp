@@ -5,7 +5,7 @@
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_values.h"
 #include "plugin/checkpoint/checkpoint_file.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -10,7 +10,7 @@
 #include "plugin/model/sharded_state.h"
 #include "plugin/model/stage_random.h"
 
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>

@@ -3,7 +3,7 @@
 #include "plugin/checkpoint/checked_ivalue.h"
 #include "plugin/checkpoint/checkpoint_decode.h"
 #include "plugin/checkpoint/checkpoint_values.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/StringUtil.h>

@@ -42,7 +42,7 @@ Named named_state(const torch::nn::Module& model) {
 
 }  // namespace
 
-void save_model_state(const std::string& path, const Pipeline& pipe) {
+void save_model_state(const std::string& path, const StageRunner& pipe) {
   Named tensors = model_named_parameters(pipe);
   for (auto& b : model_named_buffers(pipe)) tensors.push_back(std::move(b));
   write_state(path, tensors);

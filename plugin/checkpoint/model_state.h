@@ -15,7 +15,7 @@
 // Written atomically, with the checkpoint's digest of its content (torch.load
 // ignores it); read with every size bounded by the file's.
 
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 
 #include <torch/nn/module.h>
 
@@ -26,10 +26,10 @@ namespace conveyor {
 
 // The pipeline's model (its stages' layers by their names in the original
 // model) or a module. A pipeline across processes holds some stages only:
-// gather its model first (DistributedPipeline::gather_model) and save that.
-void save_model_state(const std::string& path, const Pipeline& pipe);
+// gather its model first (DistributedRunner::gather_model) and save that.
+void save_model_state(const std::string& path, const StageRunner& pipe);
 void save_model_state(const std::string& path, const torch::nn::Module& model);
-// A state dict as given, e.g. BuiltPipeline::state_dict(): the model's own
+// A state dict as given, e.g. Pipeline::state_dict(): the model's own
 // keys (a tied weight under each of its names, no non-persistent buffers),
 // which the unsplit model's load_state_dict reads strictly.
 void save_model_state(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& state);

@@ -4,7 +4,7 @@
 // DataParallel.
 
 #include "plugin/distributed/process_groups.h"
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/sequential.h>

@@ -1,7 +1,7 @@
 #include "plugin/distributed/process_groups.h"
 
 #include "plugin/distributed/gloo_group.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>

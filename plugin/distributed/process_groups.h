@@ -17,7 +17,7 @@
 // program runs under `torchrun --nproc-per-node=N --no-python ./prog` on one
 // machine or under a multi-node torchrun unchanged.
 
-#include "plugin/option_list.h"
+#include "plugin/core/option_list.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>

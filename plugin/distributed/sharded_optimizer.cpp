@@ -1,6 +1,6 @@
 #include "plugin/distributed/sharded_optimizer.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

@@ -25,7 +25,7 @@
 
 #include "plugin/distributed/process_groups.h"
 #include "plugin/model/sharded_state.h"
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 
 #include <torch/optim/optimizer.h>
 

@@ -5,7 +5,7 @@
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/process_groups.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gloo_group.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/distributed_pipeline.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/distributed_runner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sharded_optimizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/data_parallel.cpp)
 

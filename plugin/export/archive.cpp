@@ -1,6 +1,6 @@
 #include "plugin/export/archive.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/utils/generated_serialization_types.h>

@@ -1,6 +1,6 @@
 #include "plugin/export/export_layer.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/export/interpreter.h"
 
 #include <ATen/ops/scalar_tensor.h>

@@ -1,6 +1,6 @@
 #include "plugin/export/exported.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/export/archive.h"
 #include "plugin/export/segments.h"
 

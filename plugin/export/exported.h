@@ -7,9 +7,8 @@
 // so the Pipeline, its runtime, every schedule, checkpoints and the
 // distributed pipeline run it unchanged:
 //
-//   conveyor::BuiltPipeline pipe(std::string("lm.pt2"),   // plugin/builder/builder.h
-//                                {.pipeline = PipelineOptions().microbatches(4),
-//                                 .build = BuildOptions().split_points({"rnn2", "proj"})});  // cut there
+//   conveyor::Pipeline pipe(std::string("lm.pt2"),   // plugin/pipeline.h
+//                           PipelineOptions().microbatches(4).split_points({"rnn2", "proj"}));  // cut there
 //
 // Without split points the layers are the modules the model calls (see
 // plugin/export/segments.h) and the options' partition policy (or balance by

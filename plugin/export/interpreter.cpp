@@ -1,6 +1,6 @@
 #include "plugin/export/interpreter.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/util/Exception.h>
 

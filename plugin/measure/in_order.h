@@ -6,7 +6,7 @@
 // 1 MiB layers took 15-20 % longer than the sum of its layers timed alone).
 
 #include "plugin/model/stage.h"
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <c10/core/Device.h>
 

@@ -6,7 +6,7 @@
 #include "plugin/measure/profile_model.h"
 #include "plugin/measure/update_timing.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/model_snapshot.h"
 #include "plugin/model/stage.h"
 #include "plugin/support/tensors.h"

@@ -1,8 +1,8 @@
 #include "plugin/measure/profile_model.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/microbatches.h"
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 #include "plugin/planner/planner.h"
 #include "plugin/support/timing.h"
 
@@ -56,7 +56,7 @@ ModelProfile profile_first_microbatch(const torch::nn::Sequential& model, const 
     return parts.at(0);
   };
   profiling.batch_dim(options.batch_dim());
-  if (!profiling.optimizer()) profiling.optimizer(options.optimizer());
+  if (!profiling.optimizer()) profiling.optimizer(optimizer_factory(options));
   return profile_model(model, first(inputs, "input", options.shared_inputs()),
                        first(targets, "target", options.shared_targets()), loss_fn, profiling);
 }
@@ -75,7 +75,7 @@ double measure_action_overhead(const c10::Device& device) {
   constexpr int kStages = 2, kMicrobatches = 8;
   KeepRandomStream keep_random_stream;
   torch::nn::Sequential idle(torch::nn::Linear(1, 1), torch::nn::Linear(1, 1));  // as little work as a layer does
-  Pipeline pipe(idle, PipelineOptions()
+  StageRunner pipe(idle, PipelineOptions()
                           .workers(kStages)
                           .microbatches(kMicrobatches)
                           .schedule("gpipe")
@@ -112,7 +112,7 @@ double measure_crowded_overhead(const ModelProfile& profile) {
   own->slowdown = profile.slowdown;
   own->action_overhead_seconds = profile.action_overhead_seconds;
   const Plan plan = make_plan(model, options(own), x.size(0));
-  Pipeline pipe(model, options(own));
+  StageRunner pipe(model, options(own));
   std::vector<double> walls;
   for (int step = 0; step < 7; ++step) {
     const StepResult r = pipe.train_step(x, y, loss);

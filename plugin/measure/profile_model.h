@@ -6,9 +6,9 @@
 //   auto profile = conveyor::profile_model(model, microbatch_input, microbatch_target, loss_fn);
 //   std::cout << profile.str();
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/profile.h"
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/sequential.h>

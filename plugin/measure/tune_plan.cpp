@@ -1,8 +1,8 @@
 #include "plugin/measure/tune_plan.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/model_snapshot.h"
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 #include "plugin/support/timing.h"
 
 #include <ATen/ATen.h>
@@ -22,7 +22,7 @@ namespace {
 // One round of a finalist: build, warm up for `warmup` steps, time `steps` steps.
 void run_round(const torch::nn::Sequential& model, const PipelineOptions& options, const Tensors& inputs,
                const Tensors& targets, const TensorsLossFn& loss_fn, int warmup, int steps, TunedPlan& finalist) {
-  Pipeline pipe(model, finalist.choice.options(options));
+  StageRunner pipe(model, finalist.choice.options(options));
   const auto clear = [&] {
     for (const auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
   };

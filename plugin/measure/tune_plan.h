@@ -18,9 +18,9 @@
 //   std::cout << tuning.str();
 //   conveyor::Pipeline pipe(model, tuning.best().options(options));
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/search.h"
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>

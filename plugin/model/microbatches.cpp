@@ -1,6 +1,6 @@
 #include "plugin/model/microbatches.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

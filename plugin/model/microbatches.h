@@ -3,7 +3,7 @@
 // micro-batches (torch::tensor_split: the first N % M one sample larger), and
 // the last stage's outputs of each joined back into the batch's.
 
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <cstdint>
 #include <vector>

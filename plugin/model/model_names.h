@@ -25,7 +25,7 @@ class ModelPath {
   virtual std::string model_path() const = 0;
 };
 
-// One stage's, by the model's names (a whole pipeline's: plugin/pipeline.h).
+// One stage's, by the model's names (a whole pipeline's: plugin/runner/stage_runner.h).
 std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Stage& stage);
 std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Stage& stage);
 

@@ -1,6 +1,6 @@
 #include "plugin/model/stage.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>

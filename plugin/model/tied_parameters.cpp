@@ -1,6 +1,6 @@
 #include "plugin/model/tied_parameters.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/util/StringUtil.h>
 

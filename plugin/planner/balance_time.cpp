@@ -1,6 +1,6 @@
 #include "plugin/planner/balance_time.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/util/StringUtil.h>
 

@@ -4,7 +4,7 @@
 // atomic group. Pure arithmetic over costs the caller supplies (a profile,
 // see plugin/planner/planner.h), so it is tested against brute force on small cases.
 
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 
 #include <cstdint>
 #include <functional>

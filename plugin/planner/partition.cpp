@@ -1,6 +1,6 @@
 #include "plugin/planner/partition.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "schedules/generators.h"

@@ -3,7 +3,7 @@
 // which device. Pure: decides, never moves or runs anything.
 
 #include "plugin/model/stage_plan.h"
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "schedules/schedule.h"
 
 #include <c10/core/Device.h>

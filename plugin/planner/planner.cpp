@@ -1,6 +1,6 @@
 #include "plugin/planner/planner.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/planner/units.h"
 #include "plugin/trace/timeline.h"
 #include "schedules/stash_memory.h"

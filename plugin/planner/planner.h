@@ -17,11 +17,11 @@
 //   std::cout << plan.versus(r);
 //   plan.write_timeline("step.svg", &r);
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/balance_time.h"
 #include "plugin/planner/partition.h"
 #include "plugin/planner/profile.h"
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 #include "schedules/schedule.h"
 #include "schedules/simulate.h"
 

@@ -12,8 +12,8 @@
 //   conveyor::PipelineOptions().balance(conveyor::Balance::kTime).profile(
 //       std::make_shared<conveyor::ModelProfile>(profile));
 
-#include "plugin/options.h"
-#include "plugin/types.h"
+#include "plugin/core/options.h"
+#include "plugin/core/types.h"
 
 #include <c10/core/Device.h>
 #include <torch/arg.h>

@@ -1,6 +1,6 @@
 #include "plugin/planner/search.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/planner/balance_time.h"
 #include "plugin/planner/synthesised_plan.h"
 #include "plugin/planner/units.h"

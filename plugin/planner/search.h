@@ -19,7 +19,7 @@
 // Asynchronous schedules change what is trained (stale weights), so the
 // search takes them only when PlanSpace::schedules names them.
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/planner.h"
 #include "schedules/generators.h"
 

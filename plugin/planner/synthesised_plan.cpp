@@ -1,6 +1,6 @@
 #include "plugin/planner/synthesised_plan.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "schedules/synthesise.h"
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // uneven (a slow or memory-heavy last stage) or the budget lies between what
 // two fixed families need, it finds orders no fixed family has.
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 #include "plugin/planner/planner.h"
 
 #include <torch/nn/modules/container/sequential.h>

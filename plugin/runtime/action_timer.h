@@ -5,7 +5,7 @@
 // host clock is the truth, less the time an action spent blocked in the
 // transport before and after its compute (that is waiting, not busy time).
 
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 #include "plugin/support/timing.h"
 #include "schedules/action.h"
 

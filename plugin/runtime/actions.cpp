@@ -1,7 +1,7 @@
 // The runtime's actions: a stage's forward and backward of one micro-batch,
 // and what crosses to its neighbours. runtime.cpp runs the step that calls
 // them; split_backward.cpp holds the I and W of a split backward.
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/runtime/autocast.h"
 #include "plugin/support/fault_injection.h"
 #include "plugin/runtime/runtime.h"

@@ -1,13 +1,13 @@
 #include "plugin/runtime/loss_scaler.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <cmath>
 
 namespace conveyor {
 
 LossScaler::LossScaler(LossScaling config) : config_(config) {
-  check_bounds(config_);  // the rows' bounds (plugin/option_list.h)
+  check_bounds(config_);  // the rows' bounds (plugin/core/option_list.h)
   state_.scale = static_cast<float>(config_.init_scale());
 }
 

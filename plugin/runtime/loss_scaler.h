@@ -4,8 +4,8 @@
 // held in fp32, as GradScaler holds it). The runtime owns one when loss
 // scaling is on; see PipelineOptions::loss_scaling.
 
-#include "plugin/option_list.h"
-#include "plugin/types.h"
+#include "plugin/core/option_list.h"
+#include "plugin/core/types.h"
 
 #include <cstdint>
 

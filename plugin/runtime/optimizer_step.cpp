@@ -7,7 +7,7 @@
 // across replicas, the loss scaler's verdict (a skipped update is an update
 // by zero), unscaling and clipping by the stage's own norm.
 #include "ops/nonfinite/nonfinite.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/runtime/runtime.h"
 #include "plugin/runtime/step_context.h"
 

@@ -1,7 +1,7 @@
 #include "plugin/runtime/runtime.h"
 
 #include "plugin/runtime/action_timer.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/support/fault_injection.h"
 #include "plugin/runtime/step_rollback.h"
 #include "plugin/runtime/step_context.h"

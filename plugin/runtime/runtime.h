@@ -7,12 +7,12 @@
 // version, split a backward into input and weight gradients, step the stage's
 // optimizer after a backward, meet lock-step barriers).
 
-#include "plugin/option_list.h"
+#include "plugin/core/option_list.h"
 #include "plugin/runtime/activation_stash.h"
 #include "plugin/runtime/loss_scaler.h"
 #include "plugin/model/stage.h"
-#include "plugin/step_result.h"
-#include "plugin/types.h"
+#include "plugin/core/step_result.h"
+#include "plugin/core/types.h"
 #include "plugin/transport/transport.h"
 #include "plugin/runtime/workers.h"
 #include "schedules/schedule.h"
@@ -53,7 +53,7 @@ class Runtime {
   // must place stages the same way (empty: one worker per stage). A worker's
   // stages share its device and stream. `replicas` reduces a stage's
   // gradients across data-parallel replicas before an update. The training
-  // and running sections are PipelineOptions' (plugin/option_list.h); with a
+  // and running sections are PipelineOptions' (plugin/core/option_list.h); with a
   // loss scaler, the caller multiplies each micro-batch's loss by
   // loss_scaler()->scale().
   Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Transport> transport, TrainingOptions training,

@@ -5,7 +5,7 @@
 
 #include "plugin/runtime/activation_stash.h"
 #include "plugin/runtime/runtime.h"
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 #include "plugin/runtime/weight_versions.h"
 #include "plugin/support/timing.h"
 

@@ -4,7 +4,7 @@
 // steps), an asynchronous step's verdict on its loss scale, and the global
 // norm that clipping and Pipeline::clip_grad_norm compute.
 #include "ops/nonfinite/nonfinite.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/runtime/runtime.h"
 #include "plugin/runtime/step_context.h"
 

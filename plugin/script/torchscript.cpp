@@ -1,6 +1,6 @@
 #include "plugin/script/torchscript.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/script/script_graph.h"
 
 #include <c10/util/Exception.h>

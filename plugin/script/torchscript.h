@@ -3,12 +3,11 @@
 // torch::nn::Sequential of ScriptLayers, so the Pipeline, its runtime and
 // every schedule run it unchanged:
 //
-//   conveyor::BuiltPipeline pipe(conveyor::load_script("lm.pt"),   // plugin/builder/builder.h
-//                                {.pipeline = PipelineOptions().workers(2).microbatches(4)});
+//   conveyor::Pipeline pipe(conveyor::load_script("lm.pt"),   // plugin/pipeline.h
+//                           PipelineOptions().workers(2).microbatches(4));
 //   // or, cutting where you choose:
-//   conveyor::BuiltPipeline pipe(conveyor::load_script("lm.pt"),
-//                                {.pipeline = PipelineOptions().microbatches(4),
-//                                 .build = BuildOptions().split_points({"encoder.layer2", "decoder"})});
+//   conveyor::Pipeline pipe(conveyor::load_script("lm.pt"),
+//                           PipelineOptions().microbatches(4).split_points({"encoder.layer2", "decoder"}));
 //
 // Without split points, the model's forward must be a plain chain of its
 // submodules, each called once on the previous one's output:

@@ -5,7 +5,7 @@
 // measured step shows where the two part. Written as SVG, which any browser
 // shows and any converter turns into a bitmap.
 
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 #include "schedules/simulate.h"
 
 #include <cstdint>

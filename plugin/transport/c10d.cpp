@@ -1,7 +1,7 @@
 #include "plugin/transport/c10d.h"
 #include "plugin/transport/c10d_state.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/support/fault_injection.h"
 
 #include <ATen/ATen.h>

@@ -36,7 +36,7 @@
 // included, rethrows it. A process group that saw a failure cannot be reused:
 // the job restarts (torchrun --max-restarts).
 
-#include "plugin/option_list.h"
+#include "plugin/core/option_list.h"
 #include "plugin/transport/transport.h"
 
 #include <ATen/core/Tensor.h>
@@ -85,7 +85,7 @@ struct C10dTransportOptions {
   // keep Gloo. On by default, as NCCL picks its fastest transport between
   // two ranks by itself: on one machine the rings take a fifth of the
   // processor time of Gloo's loopback a message (benchmarks/results/vs_pippy.md).
-  bool shared_memory = DistributedOptions().shared_memory();  // the option's row
+  bool shared_memory = DistributedOptions().shared_memory;  // the option's row
   // Each direction's ring (at least twice the largest message).
   int64_t shared_memory_bytes = int64_t{8} << 20;
 };

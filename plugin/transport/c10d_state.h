@@ -2,7 +2,7 @@
 // Internal to the c10d transport (c10d.cpp: messages; c10d_ties.cpp: tied
 // parameters): its wire constants and shared state.
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/support/timing.h"
 #include "plugin/transport/c10d.h"
 #include "plugin/transport/c10d_header.h"

@@ -4,7 +4,7 @@
 // `capacity` undelivered messages are held (0 = a send waits until taken),
 // which is the model schedules::validate() proves deadlock-free.
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/support/timing.h"
 
 #include <chrono>

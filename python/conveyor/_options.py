@@ -1,5 +1,5 @@
 """The keywords of conveyor.Pipeline: each option's row comes from the C++
-declaration (plugin/option_list.h), with its type,
+declaration (plugin/core/option_list.h), with its type,
 default, documentation, bound and choices; only the keywords that hold Python
 objects are declared here."""
 import difflib
@@ -9,13 +9,13 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import _C
 
-# Every option's row, declared once in C++ (plugin/option_list.h): the
+# Every option's row, declared once in C++ (plugin/core/option_list.h): the
 # keywords, their types, defaults and help all come from it.
 _TABLE = {row["name"]: row for row in _C.option_table() if row["type"] is not None}
 _CPP_ONLY = {row["name"]: row for row in _C.option_table() if row["type"] is None}
 
 # The keywords that hold Python objects, which only Python can take: their
-# rows are in the C++ list too (plugin/option_list.h); an empty documentation
+# rows are in the C++ list too (plugin/core/option_list.h); an empty documentation
 # is the C++ row's of the same name.
 _PYTHON_KEYWORDS = {row["name"]: (row["type"], row["doc"] or _CPP_ONLY[row["name"]]["doc"])
                     for row in _C.python_keywords()}

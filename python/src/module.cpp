@@ -1,5 +1,5 @@
 // conveyor._C: the extension module behind the `conveyor` Python package
-// (python/conveyor/). It wraps BuiltPipeline (plugin/builder/builder.h)
+// (python/conveyor/). It wraps conveyor::Pipeline (plugin/pipeline.h)
 // and adds what only Python has: a loss function and a learning-rate schedule
 // that are Python callables, called on the pipeline's threads with the GIL
 // taken for the call alone (train_step and forward release it while the
@@ -7,15 +7,15 @@
 
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/model_state.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/front_end.h"
 #include "plugin/builder/option_table.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 #include "plugin/trace/timeline.h"
 #include "schedules/generators.h"
 #include "schedules/simulate.h"
@@ -138,11 +138,11 @@ class PyPipeline {
     if (!lr_schedule.is_none()) request.attach_lr_schedule(python_lr_schedule(lr_schedule, raised_));
     if (!process_group.is_none()) {
       request.attach_groups(
-          process_groups(process_group, replica_group, request.request().pipeline.timeout().count() / 1000.0));
+          process_groups(process_group, replica_group, request.request().options.timeout().count() / 1000.0));
     }
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
-    released([&] { pipe_ = std::make_unique<BuiltPipeline>(built_from, std::move(request)); });
+    released([&] { pipe_ = std::make_unique<Pipeline>(built_from, std::move(request)); });
     if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
   }
 
@@ -161,8 +161,7 @@ class PyPipeline {
     return python_tensors(released([&] { return pipe_->forward(inputs); }));
   }
 
-  BuiltPipeline& built() { return *pipe_; }
-  Pipeline& pipeline() { return pipe_->pipeline(); }
+  Pipeline& built() { return *pipe_; }
 
  private:
   // Runs `fn` without the GIL; a Python callback's exception is raised as itself.
@@ -197,7 +196,7 @@ class PyPipeline {
   }
 
   std::shared_ptr<RaisedInStep> raised_;
-  std::unique_ptr<BuiltPipeline> pipe_;
+  std::unique_ptr<Pipeline> pipe_;
   std::shared_ptr<const Plan> plan_;
 };
 
@@ -351,14 +350,14 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("placement",
            [](PyPipeline& p) -> py::tuple {  // (worker, replicas, replica)
-             DistributedPipeline* d = p.built().distributed();
+             DistributedRunner* d = p.built().distributed();
              if (!d) return py::make_tuple(0, 1, 0);
              const ProcessGroups& g = d->groups();
              return py::make_tuple(g.worker(), g.layout().replicas, g.replica());
            })
       .def("shared_memory_links",
-           [](PyPipeline& p) {  // DistributedPipeline::shared_memory_links; 0 in one process
-             DistributedPipeline* d = p.built().distributed();
+           [](PyPipeline& p) {  // DistributedRunner::shared_memory_links; 0 in one process
+             DistributedRunner* d = p.built().distributed();
              return d ? d->shared_memory_links() : 0;
            })
       .def("parameters", [](PyPipeline& p) { return p.built().parameters(); })
@@ -370,26 +369,20 @@ PYBIND11_MODULE(_C, m) {
              const auto keys = p.built().load_state_dict(state, strict);
              return py::make_tuple(keys.missing, keys.unexpected);
            })
-      .def("train", [](PyPipeline& p, bool on) { p.pipeline().train(on); })
-      .def("num_stages", [](PyPipeline& p) { return p.pipeline().num_stages(); })
-      .def("num_workers", [](PyPipeline& p) { return p.pipeline().num_workers(); })
-      .def("schedule", [](PyPipeline& p) { return p.pipeline().schedule().str(); })
+      .def("train", [](PyPipeline& p, bool on) { p.built().train(on); })
+      .def("num_stages", [](PyPipeline& p) { return p.built().num_stages(); })
+      .def("num_workers", [](PyPipeline& p) { return p.built().num_workers(); })
+      .def("schedule", [](PyPipeline& p) { return p.built().schedule().str(); })
       .def("plan", [](PyPipeline& p) { return p.built().plan_text(); })
       .def("prediction",
            [](PyPipeline& p) -> py::object { return p.plan() ? py::object(plan_prediction(*p.plan())) : py::none(); })
       .def("fused_ops_report", [](PyPipeline& p) { return p.built().fused_ops_report(); })
-      .def("completed_steps", [](PyPipeline& p) { return p.pipeline().completed_steps(); })
+      .def("completed_steps", [](PyPipeline& p) { return p.built().completed_steps(); })
       .def("save_checkpoint",
            [](PyPipeline& p, const std::string& path, int64_t step) {
-             save_checkpoint(path, p.pipeline(), TrainingState{step, {}});
+             save_checkpoint(path, p.built(), TrainingState{step, {}});
            })
       .def("load_checkpoint",
-           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.pipeline()); })
-      .def("save_model_state", [](PyPipeline& p, const std::string& path) {
-        check_argument(p.built().distributed() == nullptr, "conveyor.Pipeline: save_model_state writes the whole ",
-                       "model, and each process of a multi-process pipeline holds only its stages: call ",
-                       "save_checkpoint on every rank, then `conveyor_checkpoint export OUT FILE...` (the C++ tool) ",
-                       "writes the plain state dict of all the ranks' files");
-        save_model_state(path, p.built().state_dict());  // the model's own keys, as pipe.state_dict()
-      });
+           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.built()); })
+      .def("save_model_state", [](PyPipeline& p, const std::string& path) { save_model_state(path, p.built()); });
 }

@@ -1,10 +1,10 @@
 #include "python/src/options_module.h"
 
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/front_end.h"
 #include "plugin/builder/option_table.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "python/src/values.h"
 
 #include <torch/extension.h>
@@ -48,7 +48,7 @@ void define_options(py::module_& m) {
       "check_model_kind",
       [](const CheckedRequest& checked, const std::string& kind) {
         check_argument(kind == "export" || kind == "script", "conveyor: no model kind '", kind, "'");
-        check_model_kind(kind == "export" ? ModelKind::exported : ModelKind::script, checked.request().build);
+        check_model_kind(kind == "export" ? ModelKind::exported : ModelKind::script, checked.request().options);
       },
       py::arg("checked"), py::arg("kind"),
       "Refuses (ValueError naming the option) what checked options ask of a model of the kind the front end "

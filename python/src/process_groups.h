@@ -1,6 +1,6 @@
 #pragma once
 // torch.distributed's process groups, handed over from Python, as the
-// ProcessGroups a DistributedPipeline runs over.
+// ProcessGroups a DistributedRunner runs over.
 
 #include "plugin/distributed/process_groups.h"
 

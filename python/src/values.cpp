@@ -1,7 +1,7 @@
 #include "python/src/values.h"
 
 #include "plugin/builder/option_table.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 
 #include <torch/csrc/Dtype.h>
 #include <torch/extension.h>
@@ -93,9 +93,9 @@ Tensors tensors_from(const char* what, const py::handle& value) {
   return as_tensors(what, ivalue_of(value, std::string("the ") + what));
 }
 
-py::dict options_of(const BuiltPipeline& pipe) {
+py::dict options_of(const Pipeline& pipe) {
   py::dict out;
-  for (const auto& row : every_option(pipe.pipeline().options(), pipe.build_options(), pipe.distributed_options())) {
+  for (const auto& row : every_option(pipe.options())) {
     if (!row.type.empty()) out[py::str(row.name)] = python_of(row.default_value);
   }
   return out;

@@ -4,7 +4,7 @@
 // Python describes them.
 
 #include "ops/adapters.h"
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 
 #include <ATen/core/ivalue.h>
 #include <pybind11/pybind11.h>
@@ -16,7 +16,7 @@ namespace conveyor {
 // One tensor as itself, several (None for an empty slot) as a tuple.
 pybind11::object python_tensors(const Tensors& tensors);
 
-// What BuiltPipeline reads from Python values: None, bool, int, float, str,
+// What Pipeline reads from Python values: None, bool, int, float, str,
 // torch.dtype (its name), tensors, lists, tuples, dicts of them, and
 // ScriptModules (a scripted loss). Anything else is a std::invalid_argument
 // naming `what`.
@@ -32,6 +32,6 @@ Tensors tensors_from(const char* what, const pybind11::handle& value);
 pybind11::list option_table();
 
 // Every option Python can give, by name, as `pipe` runs with it.
-pybind11::dict options_of(const BuiltPipeline& pipe);
+pybind11::dict options_of(const Pipeline& pipe);
 
 }  // namespace conveyor

@@ -1,11 +1,11 @@
-// The builder (plugin/builder/builder.h): one path from a model to a
+// The builder (plugin/pipeline.h): one path from a model to a
 // pipeline. torch::nn layers cut where split points name them train as the
 // unsplit model does; the plan phase profiles once and searches, and says what
 // each plan mode lacks; what a request gives twice or not at all is refused.
 #include "error_of.h"
 #include "test_models.h"
 
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 
 namespace conveyor {
 namespace {
@@ -23,10 +23,9 @@ TEST(Builder, TorchNnLayersAreCutWhereTheSplitPointsNameThem) {
     auto model = testing::make_mlp();
     auto reference = testing::clone_of(model);
     const std::string where = schedule;
-    BuiltPipeline built(model, {.pipeline = PipelineOptions().microbatches(3).schedule(schedule),
-                                .build = BuildOptions().split_points({"2", "6"}),
+    Pipeline built(model, {.options = PipelineOptions().microbatches(3).schedule(schedule).split_points({"2", "6"}),
                                 .loss = testing::mse_of_first});
-    const Pipeline& pipe = built.pipeline();
+    const StageRunner& pipe = built.runner();
     ASSERT_EQ(pipe.num_stages(), 3) << where;
     EXPECT_EQ(pipe.plan().stages.at(1).begin, 2) << where;
     EXPECT_EQ(pipe.plan().stages.at(2).begin, 6) << where;
@@ -42,7 +41,7 @@ TEST(Builder, TorchNnLayersAreCutWhereTheSplitPointsNameThem) {
 TEST(Builder, SplitPointsOfTorchNnLayersAreChecked) {
   const auto cut = [](std::vector<std::string> split, PipelineOptions options = PipelineOptions()) {
     return testing::invalid_argument_of([&] {
-      BuiltPipeline(testing::make_mlp(), {.pipeline = options, .build = BuildOptions().split_points(split)});
+      Pipeline(testing::make_mlp(), {.options = options.split_points(split)});
     });
   };
   EXPECT_EQ(cut({"head"}), "conveyor: split point 'head' names no layer of the model (0, 1, 2, 3, 4, 5, 6)");
@@ -52,68 +51,70 @@ TEST(Builder, SplitPointsOfTorchNnLayersAreChecked) {
               HasSubstr("2 split points make 3 stages, but the options ask for 2"));
   EXPECT_THAT(cut({"2"}, PipelineOptions().boundaries({3})), HasSubstr("give either split points or boundaries"));
   EXPECT_THAT(testing::invalid_argument_of([] {
-                BuiltPipeline(testing::make_mlp(), {.build = BuildOptions().optimize(true)});
+                Pipeline(testing::make_mlp(), {.options = PipelineOptions().optimize(true)});
               }),
               HasSubstr("optimize lets the TorchScript executor optimize the stages; the model is torch::nn layers"));
 }
 
 TEST(Builder, BalanceByTimeProfilesTheSampleAndPredictsTheStep) {
   const SampleBatch b = sample_batch();
-  BuiltPipeline built(testing::make_mlp(),
-                      {.pipeline = PipelineOptions().workers(2).microbatches(2).balance(Balance::kTime),
+  Pipeline built(testing::make_mlp(),
+                      {.options = PipelineOptions().workers(2).microbatches(2).balance(Balance::kTime),
                        .loss = testing::mse_of_first,
                        .sample = b});
   ASSERT_TRUE(built.prediction().has_value());
   EXPECT_EQ(built.prediction()->balance, "time");
-  ASSERT_NE(built.pipeline().options().profile(), nullptr);
-  EXPECT_EQ(built.pipeline().options().profile()->batch_size, 4) << "the first of 2 micro-batches of 8";
+  ASSERT_NE(built.runner().options().profile(), nullptr);
+  EXPECT_EQ(built.runner().options().profile()->batch_size, 4) << "the first of 2 micro-batches of 8";
   EXPECT_THAT(built.plan_text(), HasSubstr("predicted step"));
   EXPECT_THAT(testing::invalid_argument_of([] {
-                BuiltPipeline(testing::make_mlp(), {.pipeline = PipelineOptions().balance(Balance::kTime)});
+                Pipeline(testing::make_mlp(), {.options = PipelineOptions().balance(Balance::kTime)});
               }),
               HasSubstr("balance by time profiles the model on a sample batch: give one"));
 }
 
 TEST(Builder, PlanAutoSearchesTheWholePlanOnTheSample) {
-  BuiltPipeline built(testing::make_mlp(), {.build = BuildOptions().plan(PlanMode::kAuto).max_workers(2),
+  Pipeline built(testing::make_mlp(), {.options = PipelineOptions().plan(PlanMode::kAuto).max_workers(2),
                                             .loss = testing::mse_of_first,
                                             .sample = sample_batch()});
   EXPECT_THAT(built.plan_text(), AllOf(HasSubstr("searched"), HasSubstr("the fastest")));
   ASSERT_TRUE(built.prediction().has_value());
   EXPECT_EQ(built.prediction()->balance, "searched");
-  EXPECT_LE(built.pipeline().num_workers(), 2);
+  EXPECT_LE(built.runner().num_workers(), 2);
   const SampleBatch b = sample_batch();
   EXPECT_TRUE(std::isfinite(built.train_step(b.inputs, b.targets).loss));
 }
 
 TEST(Builder, EachPlanModeSaysWhatItLacks) {
   const auto build = [](BuildRequest request) {
-    return testing::invalid_argument_of([&] { BuiltPipeline(testing::make_mlp(), std::move(request)); });
+    return testing::invalid_argument_of([&] { Pipeline(testing::make_mlp(), std::move(request)); });
   };
-  EXPECT_THAT(build({.build = BuildOptions().plan(PlanMode::kAuto)}),
+  EXPECT_THAT(build({.options = PipelineOptions().plan(PlanMode::kAuto)}),
               HasSubstr("plan \"auto\" profiles the model: give sample=(inputs, target)"));
-  EXPECT_THAT(build({.build = BuildOptions().plan(PlanMode::kTuned).split_points({"2"}), .sample = sample_batch()}),
+  EXPECT_THAT(build({.options = PipelineOptions().plan(PlanMode::kTuned).split_points({"2"}), .sample = sample_batch()}),
               HasSubstr("plan \"tuned\" chooses where to cut: give no split_points"));
-  EXPECT_THAT(build({.pipeline = PipelineOptions().schedule("pipedream"),
-                     .build = BuildOptions().plan(PlanMode::kAuto),
+  EXPECT_THAT(build({.options = PipelineOptions().schedule("pipedream").plan(PlanMode::kAuto),
                      .sample = sample_batch()}),
               HasSubstr("plan \"auto\" searches the synchronous schedules: leave out schedule \"pipedream\""));
-  EXPECT_THAT(build({.build = BuildOptions().max_workers(2)}),
+  EXPECT_THAT(build({.options = PipelineOptions().max_workers(2)}),
               HasSubstr("max_workers and memory_budget bound the search of plan=\"auto\""));
 }
 
 TEST(Builder, WhatARequestGivesTwiceOrNotAtAllIsRefused) {
   const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
   EXPECT_THAT(testing::invalid_argument_of([&] {
-                BuiltPipeline(testing::make_mlp(), {.pipeline = PipelineOptions().optimizer(sgd),
-                                                    .build = BuildOptions().optimizer(OptimizerName::kSgd).lr(0.1)});
+                Pipeline(testing::make_mlp(), PipelineOptions().optimizer(sgd).lr(0.1));
               }),
-              HasSubstr("give the pipeline's optimizer once"));
-  BuiltPipeline no_loss(testing::make_mlp(), {});
+              HasSubstr("option 'lr' is for an optimizer given by name; the factory given as 'optimizer' makes"));
+  EXPECT_THAT(testing::invalid_argument_of([&] {
+                Pipeline(testing::make_mlp(), PipelineOptions().optimizer(OptimizerName::kAdam));
+              }),
+              HasSubstr("option 'optimizer' needs 'lr'"));
+  Pipeline no_loss(testing::make_mlp(), BuildRequest{});
   const SampleBatch b = sample_batch();
   EXPECT_EQ(testing::invalid_argument_of([&] { no_loss.train_step(b.inputs, b.targets); }),
-            "conveyor: train_step needs a loss: give BuildRequest::loss");
-  EXPECT_THAT(testing::invalid_argument_of([] { BuiltPipeline(std::string("/nonexistent/model.pt"), {}); }),
+            "conveyor: train_step needs a loss: pass one, or give BuildRequest::loss");
+  EXPECT_THAT(testing::invalid_argument_of([] { Pipeline(std::string("/nonexistent/model.pt")); }),
               HasSubstr("/nonexistent/model.pt"));
 }
 
@@ -122,13 +123,13 @@ TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
     const RequestCounts now = request_counts();
     return std::vector<int64_t>{now.checks - before.checks, now.plan_checks - before.plan_checks};
   };
-  const BuildRequest request{.pipeline = PipelineOptions().microbatches(2), .loss = testing::mse_of_first};
+  const BuildRequest request{.options = PipelineOptions().microbatches(2), .loss = testing::mse_of_first};
   RequestCounts before = request_counts();
-  BuiltPipeline(testing::make_mlp(), request);
+  Pipeline(testing::make_mlp(), request);
   EXPECT_EQ(since(before), (std::vector<int64_t>{1, 1})) << "the request, and its plan within";
   CheckedRequest checked(request, 0);
   before = request_counts();
-  BuiltPipeline(testing::make_mlp(), checked);
+  Pipeline(testing::make_mlp(), checked);
   EXPECT_EQ(since(before), (std::vector<int64_t>{0, 0})) << "checked before: not again";
   // What the check promised holds: a loss where it saw one, the processes it was checked for.
   CheckedRequest without_loss(BuildRequest{}, 0);

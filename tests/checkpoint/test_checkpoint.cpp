@@ -50,7 +50,7 @@ std::unique_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
 }
 
 // Each step draws its batch from the global generator, as a data loader would.
-void train(Pipeline& pipe, torch::optim::Optimizer& opt, int steps) {
+void train(StageRunner& pipe, torch::optim::Optimizer& opt, int steps) {
   for (int i = 0; i < steps; ++i) {
     const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
     const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
@@ -60,7 +60,7 @@ void train(Pipeline& pipe, torch::optim::Optimizer& opt, int steps) {
   }
 }
 
-void expect_bit_identical(const Pipeline& a, const Pipeline& b, const std::string& where) {
+void expect_bit_identical(const StageRunner& a, const StageRunner& b, const std::string& where) {
   const auto pa = model_named_parameters(a);
   const auto pb = model_named_parameters(b);
   ASSERT_EQ(pa.size(), pb.size()) << where;
@@ -73,7 +73,7 @@ void expect_bit_identical(const Pipeline& a, const Pipeline& b, const std::strin
 
 // 6 steps in one go against 3 steps, a checkpoint, a fresh pipeline and
 // optimizer (other initial weights, other generator state), a load and 3 steps.
-void check_resume(const std::function<std::shared_ptr<Pipeline>()>& make_pipe, const MakeOptimizer& make_opt,
+void check_resume(const std::function<std::shared_ptr<StageRunner>()>& make_pipe, const MakeOptimizer& make_opt,
                   const std::string& where) {
   const std::string path = temp_path("resume.ckpt");
   torch::manual_seed(42);
@@ -99,7 +99,7 @@ void check_resume(const std::function<std::shared_ptr<Pipeline>()>& make_pipe, c
 }
 
 TEST(Checkpoint, ResumeIsBitIdenticalWithSgdMomentumAndAdam) {
-  const auto make_pipe = [] { return std::make_shared<Pipeline>(dropout_mlp(), options().boundaries({3})); };
+  const auto make_pipe = [] { return std::make_shared<StageRunner>(dropout_mlp(), options().boundaries({3})); };
   check_resume(make_pipe, sgd, "sgd");
   check_resume(make_pipe, adam, "adam");
 }
@@ -124,7 +124,7 @@ torch::nn::Sequential two_dropout_mlp() {
 
 TEST(Checkpoint, StageRngResumesBitIdenticalWithDropoutInEveryStage) {
   const auto make_pipe = [] {
-    return std::make_unique<Pipeline>(two_dropout_mlp(), options().boundaries({3}).stage_rng(true));
+    return std::make_unique<StageRunner>(two_dropout_mlp(), options().boundaries({3}).stage_rng(true));
   };
   check_resume(make_pipe, sgd, "stage_rng sgd");
   check_resume(make_pipe, adam, "stage_rng adam");
@@ -148,7 +148,7 @@ std::vector<at::Tensor> stage1_masks(double stage0_dropout) {
                           torch::nn::Linear(16, 16), torch::nn::Dropout(0.5), seen, torch::nn::Linear(16, 3));
   m->to(torch::kFloat64);
   torch::manual_seed(11);
-  Pipeline pipe(m, options().boundaries({3}).stage_rng(true));
+  StageRunner pipe(m, options().boundaries({3}).stage_rng(true));
   const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
   const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
   pipe.train_step(x, y, testing::mse);
@@ -170,9 +170,9 @@ TEST(Checkpoint, StageRngGivesEachStageItsOwnStream) {
 
 TEST(Checkpoint, StageRngMustBeOnBothSides) {
   const std::string path = temp_path("rng.ckpt");
-  Pipeline with(testing::make_mlp(), options(2).stage_rng(true));
+  StageRunner with(testing::make_mlp(), options(2).stage_rng(true));
   save_checkpoint(path, with);
-  Pipeline without(testing::make_mlp(), options(2));
+  StageRunner without(testing::make_mlp(), options(2));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, without); }),
               AllOf(HasSubstr("holds random streams of stage 0"), HasSubstr("without PipelineOptions::stage_rng")));
   std::filesystem::remove(path);
@@ -181,7 +181,7 @@ TEST(Checkpoint, StageRngMustBeOnBothSides) {
 // Asynchronous schedules: the stages own their optimizers, update after every
 // micro-batch and read a learning rate that decays with their update count;
 // all of that must come back.
-void train_own(Pipeline& pipe, int steps) {
+void train_own(StageRunner& pipe, int steps) {
   for (int i = 0; i < steps; ++i) {
     const at::Tensor x = torch::randn({12, 8}, torch::kFloat64);
     const at::Tensor y = torch::randn({12, 3}, torch::kFloat64);
@@ -192,7 +192,7 @@ void train_own(Pipeline& pipe, int steps) {
 void check_async_resume(const std::string& schedule, const MakeOptimizer& make_opt, bool stage_rng = false) {
   const std::string path = temp_path("async.ckpt");
   const auto make_pipe = [&] {
-    return std::make_unique<Pipeline>(
+    return std::make_unique<StageRunner>(
         dropout_mlp(), PipelineOptions()
                            .workers(3)
                            .boundaries({3, 5})
@@ -234,16 +234,16 @@ TEST(Checkpoint, AsynchronousSchedulesResumeBitIdenticalWithTheStagesOwnOptimize
 TEST(Checkpoint, StageOptimizersMustBeOnBothSides) {
   torch::manual_seed(3);
   const std::string path = temp_path("own.ckpt");
-  Pipeline owning(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
+  StageRunner owning(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
   train_own(owning, 1);
   save_checkpoint(path, owning);
-  Pipeline plain(testing::make_mlp(), options(2));
+  StageRunner plain(testing::make_mlp(), options(2));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, plain); }),
               AllOf(HasSubstr("holds state of stage 0's own optimizer"), HasSubstr("this pipeline has no such")));
-  Pipeline other_type(testing::make_mlp(), options(2).schedule("pipedream").optimizer(adam));
+  StageRunner other_type(testing::make_mlp(), options(2).schedule("pipedream").optimizer(adam));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, other_type); }),
               HasSubstr("stage 0's optimizer: the saved state is of SGD, this optimizer is Adam"));
-  Pipeline same(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
+  StageRunner same(testing::make_mlp(), options(2).schedule("pipedream").optimizer(sgd));
   EXPECT_EQ(load_checkpoint(path, same), 0);
   expect_bit_identical(owning, same, "own");
   std::filesystem::remove(path);
@@ -251,7 +251,7 @@ TEST(Checkpoint, StageOptimizersMustBeOnBothSides) {
 
 TEST(Checkpoint, TheFileIsADictOfNamedTensorsAndState) {
   torch::manual_seed(1);
-  Pipeline pipe(testing::make_mlp(), options(3));
+  StageRunner pipe(testing::make_mlp(), options(3));
   auto opt = sgd(pipe.parameters());
   train(pipe, *opt, 1);
   const std::string path = temp_path("contents.ckpt");
@@ -287,7 +287,7 @@ TEST(Checkpoint, TheFileIsADictOfNamedTensorsAndState) {
 TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   torch::manual_seed(2);
   const std::string path = temp_path("refuse.ckpt");
-  Pipeline saved(testing::make_mlp(), options(2));
+  StageRunner saved(testing::make_mlp(), options(2));
   auto saved_opt = sgd(saved.parameters());
   train(saved, *saved_opt, 1);
   save_checkpoint(path, saved, {1, {saved_opt.get()}});
@@ -295,20 +295,20 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
   torch::nn::Sequential wider(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16), torch::nn::ReLU(),
                               torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   wider->to(torch::kFloat64);
-  Pipeline other(wider, options(2));
+  StageRunner other(wider, options(2));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, other); }),
               AllOf(HasSubstr(path), HasSubstr("different model"),
                     HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here")));
-  Pipeline shorter(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh()), options(2));
+  StageRunner shorter(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh()), options(2));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, shorter); }),
               AllOf(HasSubstr("different model"), HasSubstr("no '")));
 
   // At another stage count (resharding), the caller's optimizers must still match.
-  Pipeline three(testing::make_mlp(), options(3));
+  StageRunner three(testing::make_mlp(), options(3));
   const at::Tensor before = three.parameters()[0].clone();
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, three); }), HasSubstr("holds 1 optimizer states, but 0"));
 
-  Pipeline same(testing::make_mlp(), options(2));
+  StageRunner same(testing::make_mlp(), options(2));
   auto adam_opt = adam(same.parameters());
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint(path, same, {adam_opt.get()}); }),
               HasSubstr("optimizer 0: the saved state is of SGD, this optimizer is Adam"));
@@ -330,7 +330,7 @@ TEST(Checkpoint, RefusesAnotherModelOrStageCountAndChangesNothing) {
 TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
   torch::manual_seed(3);
   const std::string path = temp_path("damaged.ckpt");
-  Pipeline saved(testing::make_mlp(), options(2));
+  StageRunner saved(testing::make_mlp(), options(2));
   auto saved_opt = adam(saved.parameters());
   train(saved, *saved_opt, 1);
   save_checkpoint(path, saved, {1, {saved_opt.get()}});
@@ -345,7 +345,7 @@ TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
     std::ofstream(copy, std::ios::binary).write(out.data(), static_cast<std::streamsize>(out.size()));
     return copy;
   };
-  Pipeline pipe(testing::make_mlp(), options(2));
+  StageRunner pipe(testing::make_mlp(), options(2));
   auto opt = adam(pipe.parameters());
   const at::Tensor before = pipe.parameters()[0].clone();
   const auto refused = [&](const std::string& file) {
@@ -376,10 +376,10 @@ TEST(Checkpoint, RefusesADamagedFileAndChangesNothing) {
 TEST(Checkpoint, SavingReplacesTheFileAtomically) {
   const std::string path = temp_path("atomic.ckpt");
   std::ofstream(path) << "previous";
-  Pipeline pipe(testing::make_mlp(), options(2));
+  StageRunner pipe(testing::make_mlp(), options(2));
   save_checkpoint(path, pipe, {5, {}});
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
-  Pipeline fresh(testing::make_mlp(), options(2));
+  StageRunner fresh(testing::make_mlp(), options(2));
   EXPECT_EQ(load_checkpoint(path, fresh), 5);
   expect_bit_identical(pipe, fresh, "atomic");
   EXPECT_THROW(save_checkpoint("/nonexistent-dir/x.ckpt", pipe), std::runtime_error);

@@ -35,15 +35,15 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::unique_ptr<Pipeline> pipedream(uint64_t seed) {
+std::unique_ptr<StageRunner> pipedream(uint64_t seed) {
   torch::manual_seed(seed);
-  return std::make_unique<Pipeline>(
+  return std::make_unique<StageRunner>(
       make_mlp(), PipelineOptions().workers(2).microbatches(2).schedule("pipedream").optimizer([](auto p) {
         return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
       }));
 }
 
-void train_steps(Pipeline& pipe, int steps) {
+void train_steps(StageRunner& pipe, int steps) {
   for (int step = 0; step < steps; ++step) {
     torch::manual_seed(50 + step);
     pipe.train_step(torch::randn({4, 8}, torch::kFloat64), torch::randn({4, 3}, torch::kFloat64), mse);
@@ -53,7 +53,7 @@ void train_steps(Pipeline& pipe, int steps) {
 // What a checkpoint restores into a pipeline: its weights, and its stages'
 // optimizer state as the next step shows it (a step from the same state
 // gives the same weights).
-std::vector<at::Tensor> weights_of(const Pipeline& pipe) {
+std::vector<at::Tensor> weights_of(const StageRunner& pipe) {
   std::vector<at::Tensor> out;
   for (const auto& p : pipe.parameters()) out.push_back(p.detach().clone());
   return out;
@@ -127,7 +127,7 @@ class CheckpointDurability : public ::testing::Test {
   std::string previous_;
   std::vector<char> previous_bytes_, next_bytes_;
   std::vector<at::Tensor> previous_weights_, previous_next_;
-  std::unique_ptr<Pipeline> writer_;
+  std::unique_ptr<StageRunner> writer_;
 };
 
 TEST_F(CheckpointDurability, AWriteCutAfterAnyNumberOfBytesLeavesThePreviousCheckpoint) {
@@ -200,7 +200,7 @@ TEST_F(CheckpointDurability, AFlippedBitIsRefusedOrMissesTheContent) {
 // LibTorch then checks the tensor against.
 TEST(CheckpointDamage, ATensorThatReachesPastItsRecordIsRefused) {
   torch::nn::Sequential model = fuzzing::fixture_model();
-  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(2).boundaries({fuzzing::kSplit}));
+  StageRunner pipe(model, PipelineOptions().workers(2).microbatches(2).boundaries({fuzzing::kSplit}));
   auto adam = fuzzing::caller_adam(pipe.parameters());
   const std::vector<at::Tensor> before = weights_of(pipe);
   const std::string file =
@@ -256,7 +256,7 @@ TEST(CheckpointDamage, ARecordSizeOutsizingTheFileIsRefusedBeforeTheFileIsOpened
   put(bad, entries[0] + 10, 8, 2);
   put(bad, entries[0] + 24, 0xb0000028, 4);
   write_bytes(file, bad);
-  Pipeline pipe(make_mlp(), PipelineOptions().workers(2).microbatches(2));
+  StageRunner pipe(make_mlp(), PipelineOptions().workers(2).microbatches(2));
   EXPECT_THAT(error_of([&] { load_checkpoint(file, pipe); }), HasSubstr("is not a readable checkpoint"));
   const std::string regression =
       std::string(CONVEYOR_FUZZ_CORPUS_DIR) + "/checkpoint/regression-oom-record-size-read-while-opening.ckpt";

@@ -30,7 +30,7 @@ PipelineOptions with_adam(int stages) {
 }
 
 // Each step's batch from the global generator, which a checkpoint restores.
-void steps(Pipeline& pipe, int n) {
+void steps(StageRunner& pipe, int n) {
   for (int i = 0; i < n; ++i) {
     const at::Tensor x = torch::randn({12, 8}, torch::kFloat64), y = torch::randn({12, 3}, torch::kFloat64);
     pipe.train_step(x, y, testing::mse);
@@ -45,7 +45,7 @@ TEST(ReshardCheckpoint, ResumesAtAnotherStageCountAsIfItNeverStopped) {
   torch::manual_seed(0);
   const auto initial = testing::make_mlp();
   torch::manual_seed(1);
-  Pipeline uninterrupted(testing::clone_of(initial), with_adam(2));
+  StageRunner uninterrupted(testing::clone_of(initial), with_adam(2));
   steps(uninterrupted, 3);
   const std::string path = reshard_path("k2.ckpt");
   save_checkpoint(path, uninterrupted, {3, {}});
@@ -53,7 +53,7 @@ TEST(ReshardCheckpoint, ResumesAtAnotherStageCountAsIfItNeverStopped) {
   for (int k : {3, 1}) {
     SCOPED_TRACE("K = " + std::to_string(k));
     torch::manual_seed(7);  // other weights, another generator state: the file restores both
-    Pipeline resumed(testing::make_mlp(), with_adam(k));
+    StageRunner resumed(testing::make_mlp(), with_adam(k));
     ASSERT_EQ(load_checkpoint(path, resumed), 3);
     for (int s = 0; s < k; ++s) EXPECT_EQ(resumed.stage(s).updates(), 3) << s;
     steps(resumed, 3);
@@ -70,15 +70,15 @@ TEST(ReshardCheckpoint, ResumesAtAnotherStageCountAsIfItNeverStopped) {
 TEST(ReshardCheckpoint, RefusesWhatIsPerStageAndChangesNothing) {
   torch::manual_seed(0);
   const std::string path = reshard_path("refused.ckpt");
-  Pipeline saved(testing::make_mlp(), with_adam(2));
+  StageRunner saved(testing::make_mlp(), with_adam(2));
   steps(saved, 1);
   save_checkpoint(path, saved, {1, {}});
 
-  Pipeline plain(testing::make_mlp(), PipelineOptions().workers(3));  // no optimizer of its own
+  StageRunner plain(testing::make_mlp(), PipelineOptions().workers(3));  // no optimizer of its own
   const at::Tensor before = plain.parameters()[0].clone();
   EXPECT_THAT(testing::error_of([&] { load_checkpoint(path, plain); }),
               HasSubstr("holds state of its stages' own optimizers, but this pipeline has no such optimizers"));
-  Pipeline random(testing::make_mlp(), with_adam(3).stage_rng(true));
+  StageRunner random(testing::make_mlp(), with_adam(3).stage_rng(true));
   EXPECT_THAT(testing::error_of([&] { load_checkpoint(path, random); }),
               AllOf(HasSubstr("is of a pipeline of 2 stages, this one has 3"), HasSubstr("stage_rng")));
   EXPECT_TRUE(torch::equal(plain.parameters()[0], before));
@@ -87,7 +87,7 @@ TEST(ReshardCheckpoint, RefusesWhatIsPerStageAndChangesNothing) {
   torch::nn::Sequential wider(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 16), torch::nn::ReLU(),
                               torch::nn::Linear(16, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   wider->to(torch::kFloat64);
-  Pipeline other(wider, with_adam(3));
+  StageRunner other(wider, with_adam(3));
   EXPECT_THAT(testing::error_of([&] { load_checkpoint(path, other); }),
               HasSubstr("'0.weight' has shape [16, 8] there and [32, 8] here"));
   std::filesystem::remove(path);
@@ -97,7 +97,7 @@ TEST(ReshardCheckpoint, RefusesWhatIsPerStageAndChangesNothing) {
 // any stage count into the unsplit model, which then gives the same loss.
 TEST(ModelState, APlainStateDictLoadsIntoTheUnsplitModel) {
   torch::manual_seed(0);
-  Pipeline pipe(testing::make_mlp(), with_adam(3));
+  StageRunner pipe(testing::make_mlp(), with_adam(3));
   steps(pipe, 2);
   const std::string dict = reshard_path("model.pt"), ckpt = reshard_path("model.ckpt");
   save_model_state(dict, pipe);

@@ -3,7 +3,7 @@
 // fuzzer): refused when loaded, naming the value, and nothing changes. And
 // the record of the options a checkpoint keeps.
 #include "error_of.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/checkpoint/checkpoint_file.h"
 
@@ -34,7 +34,7 @@ TEST(CheckpointValues, AnLrOrStepTheOptimizerCannotStepWithIsRefused) {
   torch::manual_seed(0);
   const auto options = PipelineOptions().workers(2).microbatches(2);
   const auto mse = [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); };
-  Pipeline saved(float_mlp(), options);
+  StageRunner saved(float_mlp(), options);
   torch::optim::Adam saved_opt(saved.parameters(), 1e-2);
   saved.train_step(torch::randn({4, 4}), torch::randn({4, 2}), mse);
   saved_opt.step();
@@ -43,7 +43,7 @@ TEST(CheckpointValues, AnLrOrStepTheOptimizerCannotStepWithIsRefused) {
   std::ifstream in(path, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 
-  Pipeline pipe(float_mlp(), options);
+  StageRunner pipe(float_mlp(), options);
   torch::optim::Adam opt(pipe.parameters(), 1e-2);
   const at::Tensor before = pipe.parameters()[0].clone();
   // What loading says of the checkpoint with `key` of its optimizer's param group 0 (`in_state`: of the
@@ -78,7 +78,7 @@ TEST(CheckpointValues, AnLrOrStepTheOptimizerCannotStepWithIsRefused) {
 TEST(CheckpointValues, TheFileRecordsEveryOptionPythonCanGiveAsPythonSpellsIt) {
   const auto options = PipelineOptions().workers(2).microbatches(2).loss_reduction(LossReduction::kSum).timeout(
       std::chrono::seconds(30));
-  Pipeline pipe(float_mlp(), options);
+  StageRunner pipe(float_mlp(), options);
   const std::string path = values_path("options.ckpt");
   save_checkpoint(path, pipe);
   std::ifstream in(path, std::ios::binary);

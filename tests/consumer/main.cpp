@@ -3,7 +3,7 @@
 #include <conveyor/conveyor.h>
 #include <conveyor/plugin/checkpoint/checkpoint.h>
 #include <conveyor/plugin/distributed/data_parallel.h>
-#include <conveyor/plugin/distributed/distributed_pipeline.h>
+#include <conveyor/plugin/distributed/distributed_runner.h>
 #include <conveyor/plugin/measure/c10d_link.h>
 #if __has_include(<conveyor/plugin/script/torchscript.h>)  // (CONVEYOR_TORCHSCRIPT=ON)
 #include <conveyor/plugin/script/torchscript.h>
@@ -15,7 +15,7 @@
 int main() {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
-  conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
+  conveyor::StageRunner pipe(model, conveyor::PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
   torch::optim::SGD opt(pipe.parameters(), 0.1);
   const auto x = torch::randn({32, 4});
   const auto y = x.sum(1, true);

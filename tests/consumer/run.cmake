@@ -16,8 +16,8 @@ run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
 # Only the public headers are installed: the entry point and what it
 # includes, never the runtime's internals or the test hooks.
 set(_include "${WORK_DIR}/prefix/include/conveyor")
-foreach(public conveyor.h plugin/pipeline.h plugin/version.h plugin/model/stage.h plugin/planner/planner.h
-               plugin/checkpoint/checkpoint.h plugin/distributed/distributed_pipeline.h)
+foreach(public conveyor.h plugin/runner/stage_runner.h plugin/version.h plugin/model/stage.h plugin/planner/planner.h
+               plugin/checkpoint/checkpoint.h plugin/distributed/distributed_runner.h)
   if(NOT EXISTS "${_include}/${public}")
     message(FATAL_ERROR "public header ${public} was not installed")
   endif()

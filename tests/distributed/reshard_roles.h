@@ -33,7 +33,7 @@ inline std::vector<std::string> rank_files(const std::string& out, const std::st
 }
 
 // Steps [from, to) of this replica's shard of the global batches.
-inline void reshard_steps(DistributedPipeline& pipe, ProcessGroups& groups, int from, int to) {
+inline void reshard_steps(DistributedRunner& pipe, ProcessGroups& groups, int from, int to) {
   const int d = groups.replica(), replicas = groups.layout().replicas;
   for (int step = from; step < to; ++step) {
     const Data s = global_batch(step);
@@ -45,12 +45,11 @@ inline void reshard_save(Worker& w) {
   auto groups = w.groups("reshard-save", 2, std::chrono::seconds(20));
   for (const bool sharded : {true, false}) {
     const std::string variant = reshard_variant(sharded);
-    DistributedPipeline pipe(seeded_mlp(), reshard_options(), groups,
-                             DistributedOptions().shard_optimizer_state(sharded));
+    DistributedRunner pipe(seeded_mlp(), PipelineOptions(reshard_options()).shard_optimizer_state(sharded), groups);
     reshard_steps(pipe, *groups, 0, 3);
-    save_checkpoint(w.file(variant + "-step3"), pipe.pipeline(), {3, {}});
+    save_checkpoint(w.file(variant + "-step3"), pipe.runner(), {3, {}});
     reshard_steps(pipe, *groups, 3, 6);
-    save_checkpoint(w.file(variant + "-step6"), pipe.pipeline(), {6, {}});
+    save_checkpoint(w.file(variant + "-step6"), pipe.runner(), {6, {}});
   }
   groups->barrier();
 }
@@ -59,10 +58,10 @@ inline void reshard_resume(Worker& w) {
   auto groups = w.groups("reshard-resume", 3, std::chrono::seconds(20));
   for (const bool sharded : {true, false}) {
     const std::string variant = reshard_variant(sharded);
-    DistributedPipeline pipe(make_mlp(), reshard_options(), groups);
-    const int64_t step = load_checkpoint_files(rank_files(w.out, variant + "-step3", 4), pipe.pipeline());
+    DistributedRunner pipe(make_mlp(), reshard_options(), groups);
+    const int64_t step = load_checkpoint_files(rank_files(w.out, variant + "-step3", 4), pipe.runner());
     reshard_steps(pipe, *groups, static_cast<int>(step), 6);
-    save_checkpoint(w.file("k3-" + variant + "-step6"), pipe.pipeline(), {6, {}});
+    save_checkpoint(w.file("k3-" + variant + "-step6"), pipe.runner(), {6, {}});
   }
   groups->barrier();
 }

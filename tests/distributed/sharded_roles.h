@@ -23,8 +23,7 @@ constexpr int kShardedSteps = 5;
 struct ShardedCase {
   std::string name;
   std::function<torch::nn::Sequential()> model;
-  PipelineOptions options;
-  DistributedOptions distributed;
+  PipelineOptions options;  // the distributed section's options included
   bool tied_lm = false;                   // the tied LSTM LM on its token batches, else the MLP
   std::shared_ptr<double> bomb;           // the bomb model's factor: infinite at kOverflowStep on rank 0
 };
@@ -39,21 +38,21 @@ inline std::vector<ShardedCase> sharded_cases() {
   auto decaying = [](int64_t n) { return 0.01 / (1.0 + static_cast<double>(n)); };
   std::vector<ShardedCase> cases;
   cases.push_back({"adam-1f1b", seeded_mlp,
-                   PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam).lr_schedule(decaying),
-                   DistributedOptions(), false, nullptr});
-  cases.push_back({"sgd-gpipe", seeded_mlp, PipelineOptions().microbatches(2).schedule("gpipe").optimizer(
-                                                sgd_momentum()),
-                   DistributedOptions().scale_learning_rate(true), false, nullptr});
-  cases.push_back({"adamw-interleaved", seeded_mlp,
-                   PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), DistributedOptions(),
+                   PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam).lr_schedule(decaying), false,
+                   nullptr});
+  cases.push_back({"sgd-gpipe", seeded_mlp,
+                   PipelineOptions().microbatches(2).schedule("gpipe").optimizer(sgd_momentum()).scale_learning_rate(
+                       true),
                    false, nullptr});
+  cases.push_back({"adamw-interleaved", seeded_mlp,
+                   PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), false, nullptr});
   auto factor = std::make_shared<double>(1.0);
-  cases.push_back({"clip-scale", [factor] { return bomb_model(factor); }, scaled_options().clip_grad_norm(0.05),
-                   DistributedOptions(), false, factor});
+  cases.push_back(
+      {"clip-scale", [factor] { return bomb_model(factor); }, scaled_options().clip_grad_norm(0.05), false, factor});
   auto sgd = [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
   };
-  cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), DistributedOptions(), true, nullptr});
+  cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), true, nullptr});
   return cases;
 }
 
@@ -62,8 +61,7 @@ inline std::vector<ShardedCase> sharded_cases() {
 inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& groups, const ShardedCase& c,
                             bool sharded) {
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  DistributedPipeline pipe(c.model(), c.options,
-                           groups, DistributedOptions(c.distributed).shard_optimizer_state(sharded));
+  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard_optimizer_state(sharded), groups);
   std::vector<double> losses, norms, scales, skipped;
   for (int step = 0; step < kShardedSteps; ++step) {
     if (c.bomb) *c.bomb = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
@@ -96,27 +94,26 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
 inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
   const ShardedCase c = sharded_cases().front();
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  const DistributedOptions sharding = DistributedOptions().shard_optimizer_state(true);
-  auto run = [&](DistributedPipeline& pipe, int from, int to) {
+  auto run = [&](DistributedRunner& pipe, int from, int to) {
     for (int step = from; step < to; ++step) {
       const Data s = global_batch(step);
       pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
     }
   };
-  DistributedPipeline pipe(c.model(), c.options, groups, sharding);
+  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard_optimizer_state(true), groups);
   run(pipe, 0, 3);
-  save_checkpoint(w.file("sharded-ckpt"), pipe.pipeline(), {3, {}});
+  save_checkpoint(w.file("sharded-ckpt"), pipe.runner(), {3, {}});
   run(pipe, 3, kShardedSteps);
   write_tensors(w.file("resume-uninterrupted"), values_of(pipe.named_parameters()));
   for (const bool sharded : {true, false}) {
     torch::manual_seed(9);
-    DistributedPipeline fresh(make_mlp(), c.options, groups, DistributedOptions().shard_optimizer_state(sharded));
+    DistributedRunner fresh(make_mlp(), PipelineOptions(c.options).shard_optimizer_state(sharded), groups);
     std::vector<std::string> every_rank;
     for (int r = 0; r < w.env.world_size; ++r) {
       every_rank.push_back(w.out + "/sharded-ckpt-rank" + std::to_string(r) + ".pt");
     }
-    const int64_t step = sharded ? load_checkpoint(w.file("sharded-ckpt"), fresh.pipeline())
-                                 : load_checkpoint_files(every_rank, fresh.pipeline());
+    const int64_t step = sharded ? load_checkpoint(w.file("sharded-ckpt"), fresh.runner())
+                                 : load_checkpoint_files(every_rank, fresh.runner());
     run(fresh, static_cast<int>(step), kShardedSteps);
     write_tensors(w.file(sharded ? "resume-sharded" : "resume-unsharded"), values_of(fresh.named_parameters()));
   }
@@ -139,17 +136,16 @@ inline void sharded(Worker& w) {
     write_tensors(w.file(c.name + "-sharded"), train_case(w, groups, c, true));
   }
   resumed(w, groups);
-  const DistributedOptions sharding = DistributedOptions().shard_optimizer_state(true);
+  const PipelineOptions sharding = PipelineOptions().microbatches(2).shard_optimizer_state(true);
   std::string refusals;
   refusals += refusal([&] {
-    DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2).schedule("pipedream").optimizer(sgd_momentum()),
-                        groups, sharding);
+    DistributedRunner(seeded_mlp(), PipelineOptions(sharding).schedule("pipedream").optimizer(sgd_momentum()), groups);
   }) + "\n";
   refusals += refusal([&] {
     auto lbfgs = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::LBFGS>(p); };
-    DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2).optimizer(lbfgs), groups, sharding);
+    DistributedRunner(seeded_mlp(), PipelineOptions(sharding).optimizer(lbfgs), groups);
   }) + "\n";
-  refusals += refusal([&] { DistributedPipeline(seeded_mlp(), PipelineOptions().microbatches(2), groups, sharding); });
+  refusals += refusal([&] { DistributedRunner(seeded_mlp(), sharding, groups); });
   w.note("sharded-refusals", refusals);
   groups->barrier();
 }

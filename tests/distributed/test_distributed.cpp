@@ -39,7 +39,7 @@ TensorMap merged(const std::string& out, const std::string& what, int world) {
 }
 
 TensorMap in_process_grads(const std::string& schedule, int stages) {
-  Pipeline pipe(seeded_mlp(), synchronous_case(schedule).workers(stages));
+  StageRunner pipe(seeded_mlp(), synchronous_case(schedule).workers(stages));
   const Data d = global_batch(0);
   const StepResult r = pipe.train_step(d.x, d.y, mse);
   TensorMap grads = grads_of(pipe.named_parameters());
@@ -48,7 +48,7 @@ TensorMap in_process_grads(const std::string& schedule, int stages) {
 }
 
 TensorMap in_process_pipedream(int stages) {
-  Pipeline pipe(
+  StageRunner pipe(
       seeded_mlp(),
       PipelineOptions().workers(stages).microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()));
   for (int step = 0; step < kSteps; ++step) {
@@ -163,12 +163,12 @@ TEST_F(TwoRanks, AnActivationOfAnotherShapeThanDeclaredNamesBothStages) {
 TEST_F(TwoRanks, SeveralTensorsCrossProcessesAsInProcess) {
   expect_success(exits_);
   const Data d = global_batch(0);
-  Pipeline two(seeded_two_input(), PipelineOptions().workers(2).microbatches(kMicrobatches));
+  StageRunner two(seeded_two_input(), PipelineOptions().workers(2).microbatches(kMicrobatches));
   two.train_step(two_input_batch(), Tensors{d.y}, mse_of_first);
   expect_equal(merged(out_, "two-input", 2), grads_of(two.named_parameters()), "two inputs K=2");
 
   // Micro-batches of lengths 3, 7, 2, 5 in one step, no shape declared.
-  Pipeline bucketed(seeded_lstm_lm(), PipelineOptions().workers(2).microbatches(kMicrobatches));
+  StageRunner bucketed(seeded_lstm_lm(), PipelineOptions().workers(2).microbatches(kMicrobatches));
   const auto [inputs, targets] = bucketed_batches();
   bucketed.train_microbatches(inputs, targets, lm_loss_of_first);
   expect_equal(merged(out_, "bucketed", 2), grads_of(bucketed.named_parameters()), "bucketed K=2");
@@ -191,7 +191,7 @@ TEST_F(TwoRanks, EachMicrobatchCrossesABoundaryAsOneMessageUnlessItIsLarge) {
       EXPECT_EQ(messages, kMicrobatches) << what << " rank " << r;
       EXPECT_EQ(wire, per_message * kMicrobatches) << what << " rank " << r;
     }
-    Pipeline pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches));
+    StageRunner pipe(seeded_wide(width), PipelineOptions().workers(2).microbatches(kMicrobatches));
     pipe.train_step(d.x, d.y, mse);
     expect_equal(merged(out_, what, 2), grads_of(pipe.named_parameters()), what);
   }
@@ -252,7 +252,7 @@ TEST_F(TwoRanks, TiedWeightsInTwoProcessesStayBitIdenticalAndMatchInProcess) {
   auto sgd = [](std::vector<at::Tensor> p) {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
   };
-  Pipeline pipe(seeded_tied_lm(), tied_lm_options().workers(2).optimizer(sgd));
+  StageRunner pipe(seeded_tied_lm(), tied_lm_options().workers(2).optimizer(sgd));
   for (int step = 0; step < kTiedSteps; ++step) {
     const auto [x, y] = tied_lm_batch(step);
     pipe.train_step(x, y, lm_loss);
@@ -288,7 +288,7 @@ TEST_F(FourRanks, VSchedulesWithTwoChunksPerProcessEqualTheInProcessRuntime) {
   expect_success(exits_);
   const Data d = global_batch(0);
   for (const std::string& schedule : four_rank_v_cases()) {
-    Pipeline pipe(seeded_deep_mlp(), four_rank_v_case(schedule).workers(4));
+    StageRunner pipe(seeded_deep_mlp(), four_rank_v_case(schedule).workers(4));
     EXPECT_EQ(pipe.num_stages(), 8) << schedule;
     const StepResult r = pipe.train_step(d.x, d.y, mse);
     TensorMap want = grads_of(pipe.named_parameters());

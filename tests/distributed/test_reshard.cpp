@@ -45,10 +45,10 @@ class ReshardingCheckpoints : public ::testing::Test {
   static std::vector<std::string> files(const std::string& what, int world) { return rank_files(out_, what, world); }
 
   // A one-stage pipeline of this process, as the reference reads a checkpoint into.
-  static Pipeline one_stage() { return Pipeline(make_mlp(), reshard_options().workers(1)); }
+  static StageRunner one_stage() { return StageRunner(make_mlp(), reshard_options().workers(1)); }
 
   // Weights, Adam's moments and step counts, and the learning rate, by parameter name.
-  static TensorMap state_of(const Pipeline& pipe) {
+  static TensorMap state_of(const StageRunner& pipe) {
     TensorMap out;
     torch::optim::Optimizer* opt = pipe.stage(0).optimizer();
     for (const auto& [name, p] : pipe.named_parameters()) {
@@ -62,7 +62,7 @@ class ReshardingCheckpoints : public ::testing::Test {
     return out;
   }
   static TensorMap state_of_files(const std::vector<std::string>& paths) {
-    Pipeline pipe = one_stage();
+    StageRunner pipe = one_stage();
     EXPECT_EQ(load_checkpoint_files(paths, pipe), 6);
     return state_of(pipe);
   }
@@ -93,7 +93,7 @@ TEST_F(ReshardingCheckpoints, TwoByTwoResumesInOneProcessAtOneStageAsIfNeverStop
   expect_success();
   for (const bool sharded : {true, false}) {
     const std::string variant = reshard_variant(sharded);
-    Pipeline pipe = one_stage();
+    StageRunner pipe = one_stage();
     ASSERT_EQ(load_checkpoint_files(files(variant + "-step3", 4), pipe), 3);
     for (int step = 3; step < 6; ++step) {
       const Data s = global_batch(step);
@@ -106,7 +106,7 @@ TEST_F(ReshardingCheckpoints, TwoByTwoResumesInOneProcessAtOneStageAsIfNeverStop
 TEST_F(ReshardingCheckpoints, ThePlainStateDictLoadsIntoTheUnsplitModelWithThePipelinesLoss) {
   expect_success();
   const std::vector<std::string> step6 = files("sharded-step6", 4);
-  Pipeline pipe = one_stage();
+  StageRunner pipe = one_stage();
   load_checkpoint_files(step6, pipe);
   const Data probe = global_batch(99);
   const double want = mse(pipe.forward(probe.x), probe.y).item<double>();
@@ -132,7 +132,7 @@ TEST_F(ReshardingCheckpoints, ThePlainStateDictLoadsIntoTheUnsplitModelWithThePi
 
 TEST_F(ReshardingCheckpoints, AMissingShardStageOrForeignFileIsRefusedByNameChangingNothing) {
   expect_success();
-  Pipeline pipe = one_stage();
+  StageRunner pipe = one_stage();
   const TensorMap before = values_of(pipe.named_parameters());
   const std::vector<std::string> sharded = files("sharded-step3", 4), plain = files("plain-step3", 4);
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint_files({sharded[0], sharded[1], sharded[2]}, pipe); }),
@@ -146,7 +146,7 @@ TEST_F(ReshardingCheckpoints, AMissingShardStageOrForeignFileIsRefusedByNameChan
   const std::vector<std::string> step6 = files("sharded-step6", 4);
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint_files({sharded[0], step6[1], step6[2], step6[3]}, pipe); }),
               HasSubstr("at steps 3 and 6: they are not one checkpoint"));
-  Pipeline other(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 5),
+  StageRunner other(torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 5),
                                        torch::nn::ReLU(), torch::nn::Linear(5, 3)),
                  reshard_options().workers(1));
   EXPECT_THAT(invalid_argument_of([&] { load_checkpoint_files(sharded, other); }),

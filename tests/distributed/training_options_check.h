@@ -41,7 +41,7 @@ inline TensorMap single_process_clipped(std::vector<double>* norms) {
 
 inline TensorMap in_process_scaled(std::vector<double>* scales, std::vector<double>* skipped) {
   auto factor = std::make_shared<double>(1.0);
-  Pipeline pipe(bomb_model(factor), scaled_options().workers(2));
+  StageRunner pipe(bomb_model(factor), scaled_options().workers(2));
   for (int step = 0; step < kSteps + 1; ++step) {
     *factor = step == kOverflowStep ? std::numeric_limits<double>::infinity() : 1.0;
     const Data s = global_batch(step);
@@ -85,7 +85,7 @@ inline void expect_training_options(const std::string& out, int ranks) {
 // Two ranks under bf16 autocast: the same gradients, bit for bit, as the
 // in-process pipeline, whose activations cross in bf16.
 inline void expect_bf16_as_in_process(const std::string& out) {
-  Pipeline pipe(seeded_fp32_mlp(), autocast_options().workers(2));
+  StageRunner pipe(seeded_fp32_mlp(), autocast_options().workers(2));
   const Data d = global_batch(0);
   const StepResult r = pipe.train_step(d.x.to(torch::kFloat32), d.y.to(torch::kFloat32), mse);
   EXPECT_EQ(r.activation_bytes_sent[0], kBatch * 16 * 2) << "bf16 activations: 2 bytes an element";

@@ -104,7 +104,7 @@ TEST(ResNet, FourStagePipelineComputesTheUnsplitOutput) {
   net->eval();
   const at::Tensor x = torch::randn({6, 1, 8, 8});
   const at::Tensor expected = net->forward(x);
-  Pipeline pipe(net, PipelineOptions().workers(4).microbatches(3).boundaries(resnet_boundaries(c, 4)));
+  StageRunner pipe(net, PipelineOptions().workers(4).microbatches(3).boundaries(resnet_boundaries(c, 4)));
   pipe.eval();
   EXPECT_TRUE(torch::allclose(pipe.forward(x), expected, 1e-5, 1e-6));
 }

@@ -4,7 +4,7 @@
 // batch and what eager PyTorch computes on it), the models' split points for
 // K = 2, 3, 4 stages, and their losses.
 
-#include "plugin/types.h"
+#include "plugin/core/types.h"
 #include "tensor_files.h"
 #include "test_models.h"
 

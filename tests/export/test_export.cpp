@@ -9,7 +9,7 @@
 // test_export_ranks.cpp.
 #include "built_pipeline.h"
 #include "export/export_cases.h"
-#include "plugin/builder/builder.h"
+#include "plugin/pipeline.h"
 #include "plugin/export/exported.h"
 #include "plugin/model/model_names.h"
 #include "error_of.h"
@@ -120,7 +120,7 @@ TEST(ExportedProgram, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
   for (const char* schedule : {"pipedream", "ddg", "fr"}) {
     const auto options = PipelineOptions().microbatches(4).schedule(schedule).optimizer(sgd);
     const ExportedModel model = load_exported(fixture("mlp.pt2"));
-    Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).boundaries({4}));
+    StageRunner twin(nn_twin_of_mlp(model), PipelineOptions(options).boundaries({4}));
     const auto pipe = testing::built_pipeline(model, options, {"body.4"});
     for (int step = 0; step < 3; ++step) {
       pipe->train_step(x, y, export_loss(false));
@@ -147,7 +147,7 @@ TEST(ExportedProgram, WithoutSplitPointsEachCalledModuleIsALayer) {
                                              "out"}));
   // Balanced by parameters over 3 workers, the step is eager PyTorch's.
   const auto ref = reference("seq2seq");
-  auto pipe = std::make_unique<Pipeline>(layers, PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
+  auto pipe = std::make_unique<StageRunner>(layers, PipelineOptions().workers(3).microbatches(4).schedule("1f1b"));
   const StepResult r = pipe->train_step(numbered(ref, "input."), numbered(ref, "target."), export_loss(true));
   EXPECT_NEAR(r.loss, ref.at("loss").item<double>(), 1e-10);
   for (const auto& [name, p] : model_named_parameters(*pipe)) {
@@ -181,8 +181,7 @@ TEST(ExportedProgram, ATiedWeightIsOneParameterByItsFirstNameUnderEveryStateDict
   const ExportedModel model = load_exported(fixture("tied_lm.pt2"));
   EXPECT_EQ(model.aliases, (std::vector<std::pair<std::string, std::string>>{{"head.weight", "embed.weight"}}));
   EXPECT_EQ(model.tensors.count("scale"), 1u) << "the non-persistent buffer, from the archive's constants";
-  BuiltPipeline pipe(model.path, {.pipeline = PipelineOptions().microbatches(4),
-                                  .build = BuildOptions().split_points({"head"}),
+  Pipeline pipe(model.path, {.options = PipelineOptions().microbatches(4).split_points({"head"}),
                                   .loss = export_loss(true)});
   std::vector<std::string> names;
   for (const auto& [name, p] : pipe.named_parameters()) names.push_back(name);

@@ -8,7 +8,7 @@
 // parameters and buffers after three SGD steps, by the model's names.
 #include "built_pipeline.h"
 #include "export/export_cases.h"
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/distributed/distributed_runner.h"
 #include "plugin/export/exported.h"
 #include "plugin/model/model_names.h"
 #include "rank_launcher.h"
@@ -67,7 +67,7 @@ int run_rank() {
       const NamedTensors ref = export_reference(c.model);
       const Tensors inputs = numbered(ref, "input."), targets = numbered(ref, "target.");
       for (const std::string& schedule : schedules_for(env.world_size)) {
-        DistributedPipeline pipe(sequential_from_export(load_exported(export_fixture(c.model + ".pt2")),
+        DistributedRunner pipe(sequential_from_export(load_exported(export_fixture(c.model + ".pt2")),
                                                         split_for(c, schedule, env.world_size)),
                                  options_for(schedule), groups);
         torch::optim::SGD sgd(pipe.parameters(), torch::optim::SGDOptions(0.05));
@@ -77,12 +77,12 @@ int run_rank() {
           const StepResult r = pipe.train_step(inputs, targets, export_loss(c.cross_entropy));
           if (step == 0 && schedule != "pipedream") {
             result["loss"] = at::full({1}, r.loss, at::kDouble);
-            for (const auto& [name, p] : model_named_parameters(pipe.pipeline())) result["grad." + name] = p.grad();
+            for (const auto& [name, p] : model_named_parameters(pipe.runner())) result["grad." + name] = p.grad();
           }
           if (schedule != "pipedream") sgd.step();  // PipeDream steps its own
         }
-        for (const auto& [name, t] : model_named_parameters(pipe.pipeline())) result["step3." + name] = t;
-        for (const auto& [name, t] : model_named_buffers(pipe.pipeline())) result["step3." + name] = t;
+        for (const auto& [name, t] : model_named_parameters(pipe.runner())) result["step3." + name] = t;
+        for (const auto& [name, t] : model_named_buffers(pipe.runner())) result["step3." + name] = t;
         write_tensors(result_file(out, c.model, schedule, env.rank), result);
       }
     }

@@ -41,7 +41,7 @@ void save(const std::string& path, Setup setup, bool wide = false) {
   auto options = conveyor::PipelineOptions().workers(2).microbatches(2).boundaries({conveyor::fuzzing::kSplit});
   if (setup == Setup::kOwn) options.schedule("pipedream").optimizer(conveyor::fuzzing::stage_sgd).stage_rng(true);
   if (setup == Setup::kOwnSync) options.schedule("1f1b").optimizer(conveyor::fuzzing::stage_sgd);
-  conveyor::Pipeline pipe(model, options);
+  conveyor::StageRunner pipe(model, options);
   const at::Tensor x = torch::randn({8, 4});
   const at::Tensor y = torch::randn({8, wide ? 5 : 2});
   if (setup == Setup::kCaller) {

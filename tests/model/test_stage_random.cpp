@@ -18,17 +18,17 @@ struct TrainingRun {
 };
 
 // A pipeline with dropout in both stages, its own streams seeded from `seed`.
-std::unique_ptr<Pipeline> make_pipeline(uint64_t seed, const char* schedule) {
+std::unique_ptr<StageRunner> make_pipeline(uint64_t seed, const char* schedule) {
   torch::manual_seed(seed);
   torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
                               torch::nn::Linear(16, 16), torch::nn::Dropout(0.3), torch::nn::Linear(16, 1));
   model->to(torch::kFloat64);
-  return std::make_unique<Pipeline>(
+  return std::make_unique<StageRunner>(
       model, PipelineOptions().workers(2).microbatches(4).schedule(schedule).stage_rng(true).optimizer(
                  [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.05); }));
 }
 
-TrainingRun train(Pipeline& pipe, uint64_t data_seed, int steps) {
+TrainingRun train(StageRunner& pipe, uint64_t data_seed, int steps) {
   const auto g = at::detail::createCPUGenerator(data_seed);
   const at::Tensor x = at::randn({32, 8}, g, at::kDouble);
   const at::Tensor y = at::randn({32, 1}, g, at::kDouble);

@@ -55,7 +55,7 @@ struct TiedReference {
   torch::nn::Sequential layers;
 };
 
-at::Tensor param(const Pipeline& pipe, const std::string& name) {
+at::Tensor param(const StageRunner& pipe, const std::string& name) {
   for (const auto& [n, p] : pipe.named_parameters()) {
     if (n == name) return p;
   }
@@ -65,7 +65,7 @@ at::Tensor param(const Pipeline& pipe, const std::string& name) {
 
 // Both copies' gradient is the embedding's in the reference (the sum of its
 // two uses); every other parameter's is its own.
-void expect_reference_grads(const Pipeline& pipe, const TiedReference& ref, const std::string& where) {
+void expect_reference_grads(const StageRunner& pipe, const TiedReference& ref, const std::string& where) {
   for (const auto& [name, p] : pipe.named_parameters()) {
     const at::Tensor r = ref.counterpart(name);
     ASSERT_TRUE(p.grad().defined()) << where << ": no gradient for " << name;
@@ -75,7 +75,7 @@ void expect_reference_grads(const Pipeline& pipe, const TiedReference& ref, cons
 }
 
 // The copies are bit-identical, and every weight equals the reference's.
-void expect_reference_values(const Pipeline& pipe, const TiedReference& ref, const std::string& where) {
+void expect_reference_values(const StageRunner& pipe, const TiedReference& ref, const std::string& where) {
   EXPECT_TRUE(torch::equal(param(pipe, "0.weight"), param(pipe, "3.weight"))) << where << ": the copies differ";
   for (const auto& [name, p] : pipe.named_parameters()) {
     EXPECT_LE((p - ref.counterpart(name)).abs().max().item<double>(), 1e-10) << where << ": " << name;
@@ -106,7 +106,7 @@ TEST(TiedParameters, GradientsEqualTheUnsplitTiedModel) {
         const Batch b = lm_batch();
         const at::Tensor ref_loss = testing::lm_loss(ref.forward(b.input), b.target);
         ref_loss.backward();
-        Pipeline pipe(model, PipelineOptions().workers(k).microbatches(m).schedule(schedule).tied_parameters(kTie));
+        StageRunner pipe(model, PipelineOptions().workers(k).microbatches(m).schedule(schedule).tied_parameters(kTie));
         EXPECT_EQ(pipe.tied_parameters(), kTie);
         const StepResult r = pipe.train_step(b.input, b.target, testing::lm_loss);
         const std::string where = std::string(schedule) + " K=" + std::to_string(k) + " M=" + std::to_string(m);
@@ -126,7 +126,7 @@ TEST(TiedParameters, PipelinesOwnSgdKeepsTheCopiesIdentical) {
     auto model = make_tied_lm();
     TiedReference ref(model);
     auto ref_opt = momentum_sgd(ref.parameters());
-    Pipeline pipe(model, PipelineOptions()
+    StageRunner pipe(model, PipelineOptions()
                              .workers(3)
                              .microbatches(3)
                              .schedule(schedule)
@@ -151,7 +151,7 @@ TEST(TiedParameters, CallersAdamKeepsTheCopiesIdentical) {
     auto model = make_tied_lm();
     TiedReference ref(model);
     torch::optim::Adam ref_opt(ref.parameters(), torch::optim::AdamOptions(0.01));
-    Pipeline pipe(model, PipelineOptions().workers(4).microbatches(4).schedule(schedule).tied_parameters(kTie));
+    StageRunner pipe(model, PipelineOptions().workers(4).microbatches(4).schedule(schedule).tied_parameters(kTie));
     torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(0.01));
     for (int step = 0; step < 5; ++step) {
       const Batch b = lm_batch();
@@ -174,7 +174,7 @@ TEST(TiedParameters, GradientsAccumulateOverStepsLikeTheUnsplitModel) {
   torch::manual_seed(7);
   auto model = make_tied_lm();
   TiedReference ref(model);
-  Pipeline pipe(model, PipelineOptions().workers(2).microbatches(2).schedule("1f1b").tied_parameters(kTie));
+  StageRunner pipe(model, PipelineOptions().workers(2).microbatches(2).schedule("1f1b").tied_parameters(kTie));
   for (int step = 0; step < 2; ++step) {
     const Batch b = lm_batch();
     pipe.train_step(b.input, b.target, testing::lm_loss);
@@ -188,13 +188,13 @@ TEST(TiedParameters, LaterCopiesTakeTheFirstsValueWhenBuilt) {
   auto model = make_tied_lm();
   const at::Tensor first = model->named_parameters()["0.weight"].detach().clone();
   ASSERT_FALSE(torch::equal(first, model->named_parameters()["3.weight"]));  // Embedding and Linear init differ
-  Pipeline pipe(model, PipelineOptions().workers(2).tied_parameters(kTie));
+  StageRunner pipe(model, PipelineOptions().workers(2).tied_parameters(kTie));
   EXPECT_TRUE(torch::equal(param(pipe, "0.weight"), first));
   EXPECT_TRUE(torch::equal(param(pipe, "3.weight"), first));
   // The model's own layers are the pipeline's: the user's model sees it too.
   EXPECT_TRUE(torch::equal(model->named_parameters()["3.weight"], first));
   // A group declared in another order is reported in stage order.
-  Pipeline reversed(make_tied_lm(), PipelineOptions().workers(2).tied_parameters({{"3.weight", "0.weight"}}));
+  StageRunner reversed(make_tied_lm(), PipelineOptions().workers(2).tied_parameters({{"3.weight", "0.weight"}}));
   EXPECT_EQ(reversed.tied_parameters(), kTie);
 }
 
@@ -202,12 +202,12 @@ TEST(TiedParameters, BadDeclarationsAreRefused) {
   const auto model = make_tied_lm();
   // The projection has no bias: a plausible slip, named in the message.
   EXPECT_THAT(error_of<std::invalid_argument>([&] {
-                Pipeline(model, PipelineOptions().workers(2).tied_parameters({{"0.weight", "3.bias"}}));
+                StageRunner(model, PipelineOptions().workers(2).tied_parameters({{"0.weight", "3.bias"}}));
               }),
               HasSubstr("tied_parameters names '3.bias', which is no parameter of the model"));
   // [V, D] and [D, D] cannot be one parameter.
   const std::string shapes = error_of<std::invalid_argument>([&] {
-    Pipeline(model, PipelineOptions().workers(2).tied_parameters({{"0.weight", "2.weight"}}));
+    StageRunner(model, PipelineOptions().workers(2).tied_parameters({{"0.weight", "2.weight"}}));
   });
   EXPECT_THAT(shapes, HasSubstr("'2.weight'"));
   EXPECT_THAT(shapes, HasSubstr("differ in shape or dtype"));
@@ -215,7 +215,7 @@ TEST(TiedParameters, BadDeclarationsAreRefused) {
   // micro-batch: the copies would drift apart.
   for (const char* schedule : {"pipedream", "ddg", "fr"}) {
     EXPECT_THAT(error_of<std::invalid_argument>([&] {
-                  Pipeline(model, PipelineOptions()
+                  StageRunner(model, PipelineOptions()
                                       .workers(2)
                                       .microbatches(4)
                                       .schedule(schedule)
@@ -242,11 +242,11 @@ TEST(TiedParameters, OneTensorInLayersOfTwoStagesIsRefused) {
   torch::nn::Sequential model(embedding,
                               FirstOutput<torch::nn::LSTM>(torch::nn::LSTMOptions(kDim, kDim).batch_first(true)),
                               torch::nn::Linear(kDim, kDim), ProjectWith(embedding->weight));
-  const std::string error = error_of<std::invalid_argument>([&] { Pipeline(model, PipelineOptions().workers(2)); });
+  const std::string error = error_of<std::invalid_argument>([&] { StageRunner(model, PipelineOptions().workers(2)); });
   EXPECT_THAT(error, HasSubstr("'3.weight' is the same tensor as '0.weight'"));
   EXPECT_THAT(error, HasSubstr("tied_parameters({{\"0.weight\", \"3.weight\"}})"));
   // Within one stage the tensor is simply used twice.
-  EXPECT_NO_THROW(Pipeline(model, PipelineOptions().workers(1)));
+  EXPECT_NO_THROW(StageRunner(model, PipelineOptions().workers(1)));
 }
 
 TEST(TiedParameters, ClippingCountsATiedParameterOnceAsTheUnsplitModelDoes) {
@@ -263,7 +263,7 @@ TEST(TiedParameters, ClippingCountsATiedParameterOnceAsTheUnsplitModelDoes) {
         auto model = make_tied_lm();
         TiedReference ref(model);
         auto ref_opt = std::make_unique<torch::optim::SGD>(ref.parameters(), torch::optim::SGDOptions(1.0));
-        Pipeline pipe(model, PipelineOptions()
+        StageRunner pipe(model, PipelineOptions()
                                  .workers(k)
                                  .microbatches(3)
                                  .schedule(schedule)
@@ -289,7 +289,7 @@ TEST(TiedParameters, ClippingCountsATiedParameterOnceAsTheUnsplitModelDoes) {
         torch::manual_seed(k * 10 + 1);
         auto own = make_tied_lm();
         TiedReference own_ref(own);
-        Pipeline caller(own, PipelineOptions().workers(k).microbatches(3).schedule(schedule).tied_parameters(kTie));
+        StageRunner caller(own, PipelineOptions().workers(k).microbatches(3).schedule(schedule).tied_parameters(kTie));
         const Batch b = lm_batch();
         caller.train_step(b.input, b.target, testing::lm_loss);
         testing::lm_loss(own_ref.forward(b.input), b.target).backward();

@@ -291,7 +291,7 @@ TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
         options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
       }
       const Plan plan = make_plan(model, options, 10);
-      Pipeline pipe(model, options);
+      StageRunner pipe(model, options);
       const auto batch = lm_batch(10);
       const StepResult r = pipe.train_step(batch[0], batch[1], loss);
       const std::string where = schedule + " K=" + std::to_string(stages);
@@ -329,7 +329,7 @@ TEST(Predict, SeveralTensorLayersAreProfiledAndCountedToo) {
       options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
     }
     const Plan plan = make_plan(model, options, 7);
-    Pipeline pipe(model, options);
+    StageRunner pipe(model, options);
     const auto b = batch(7);
     const StepResult r = pipe.train_step(b[0], b[1], loss);
     for (int k = 0; k < 3; ++k) EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << schedule << k;

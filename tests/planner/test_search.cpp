@@ -236,7 +236,7 @@ TEST(SearchPlans, ThePipelineBuiltFromThePlanRunsItWithExactGradients) {
     auto reference = testing::clone_of(mlp);
     testing::mse(reference->forward(x), y).backward();
     auto model = testing::clone_of(mlp);
-    Pipeline pipe(model, choice->options(PipelineOptions().profile(profile)));
+    StageRunner pipe(model, choice->options(PipelineOptions().profile(profile)));
     ASSERT_EQ(pipe.num_stages(), static_cast<int>(choice->plan.stages.stages.size()));
     for (int k = 0; k < pipe.num_stages(); ++k) {
       EXPECT_EQ(pipe.plan().stages[k].begin, choice->plan.stages.stages[k].begin);
@@ -301,7 +301,7 @@ TEST(SearchPlans, ASynthesisedScheduleUsesABudgetBetween1F1BAndZbH1) {
   auto reference = testing::clone_of(mlp);
   testing::mse(reference->forward(x), y).backward();
   auto model = testing::clone_of(mlp);
-  Pipeline pipe(model, synthesised->options(PipelineOptions().profile(profile)));
+  StageRunner pipe(model, synthesised->options(PipelineOptions().profile(profile)));
   EXPECT_EQ(pipe.schedule().str(), synthesised->plan.schedule.str());
   pipe.train_step(x, y, testing::mse);
   testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, synthesised->describe());
@@ -345,7 +345,7 @@ TEST(SearchPlans, ASlowLinkMakesItRunForwardsAheadExactly) {
   auto reference = testing::clone_of(mlp);
   testing::mse(reference->forward(x), y).backward();
   auto model = testing::clone_of(mlp);
-  Pipeline pipe(model, options);
+  StageRunner pipe(model, options);
   EXPECT_EQ(pipe.schedule(), schedules::make_eager_1f1b(2, 8, best.lookahead));
   pipe.train_step(x, y, testing::mse);
   testing::expect_same_grads(pipe, reference, 1e-12, 1e-10, best.describe());

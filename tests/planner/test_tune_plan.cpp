@@ -216,7 +216,7 @@ TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
   // The chosen plan, built on the tuned model, trains as the unsplit model.
   for (const auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
   for (const auto& p : reference->parameters()) p.mutable_grad() = at::Tensor();
-  Pipeline pipe(model, tuning.best().options(profiled(model, s)));
+  StageRunner pipe(model, tuning.best().options(profiled(model, s)));
   const int m = pipe.schedule().num_microbatches;
   pipe.train_step(s.x, s.y, testing::mse);
   reference->train();

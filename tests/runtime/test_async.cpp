@@ -44,7 +44,7 @@ void check_against_reference(const MethodCase& m, int k, const OptimizerFactory&
                      .vertical_sync(m.vertical_sync)
                      .optimizer(optimizer);
   if (lr) options.lr_schedule(lr).lr_schedule_unit(UpdateUnit::kMicrobatch);
-  Pipeline pipe(model, options);
+  StageRunner pipe(model, options);
   testing::ReferenceTrainer reference(testing::split_like_pipeline(reference_model, k), m.reference, optimizer, lr);
   for (int step = 0; step < 20; ++step) {
     const at::Tensor x = torch::randn({3 * microbatches, 8}, torch::kFloat64);
@@ -90,7 +90,7 @@ TEST(AsyncStorage, WhatEachStageKeeps) {
   const int k_stages = 4, m = 10;
   for (const char* name : {"pipedream", "ddg", "fr"}) {
     torch::manual_seed(3);
-    Pipeline pipe(testing::make_mlp(),
+    StageRunner pipe(testing::make_mlp(),
                   PipelineOptions().workers(k_stages).microbatches(m).schedule(name).optimizer(sgd_momentum()));
     const at::Tensor x = torch::randn({20, 8}, torch::kFloat64);
     const StepResult r = pipe.train_step(x, torch::tanh(x.narrow(1, 0, 3)), testing::mse);
@@ -106,7 +106,7 @@ TEST(AsyncStorage, WhatEachStageKeeps) {
   // Vertical sync: stage k's in-flight micro-batches hold K-k versions and the
   // k versions it has made since, which later forwards will read, are kept
   // too: K on every stage.
-  Pipeline vs(testing::make_mlp(), PipelineOptions()
+  StageRunner vs(testing::make_mlp(), PipelineOptions()
                                        .workers(k_stages)
                                        .microbatches(m)
                                        .schedule("pipedream")
@@ -116,7 +116,7 @@ TEST(AsyncStorage, WhatEachStageKeeps) {
   const StepResult r = vs.train_step(x, torch::tanh(x.narrow(1, 0, 3)), testing::mse);
   for (int k = 0; k < k_stages; ++k) EXPECT_EQ(r.peak_weight_versions[k], k_stages) << "vertical sync stage " << k;
   // Synchronous schedules stash activations and no weights.
-  Pipeline sync(testing::make_mlp(), PipelineOptions().workers(k_stages).microbatches(m).schedule("1f1b"));
+  StageRunner sync(testing::make_mlp(), PipelineOptions().workers(k_stages).microbatches(m).schedule("1f1b"));
   const StepResult s = sync.train_step(x, torch::tanh(x.narrow(1, 0, 3)), testing::mse);
   for (int k = 0; k < k_stages; ++k) {
     EXPECT_EQ(s.peak_weight_versions[k], 0);
@@ -133,7 +133,7 @@ TEST(AsyncDivergence, EveryMethodStopsAndKeepsTheLastGoodStep) {
     auto model = testing::make_mlp();
     auto twin = testing::clone_of(model);
     const auto options = PipelineOptions().workers(k_stages).microbatches(m).schedule(name).optimizer(sgd_momentum());
-    Pipeline pipe(model, options), clean(twin, options);
+    StageRunner pipe(model, options), clean(twin, options);
     std::vector<at::Tensor> xs;
     for (int i = 0; i < 4; ++i) xs.push_back(torch::randn({8, 8}, torch::kFloat64));
     const auto target = [](const at::Tensor& x) { return torch::tanh(x.narrow(1, 0, 3)); };
@@ -169,7 +169,7 @@ TEST(AsyncDivergence, EveryMethodStopsAndKeepsTheLastGoodStep) {
 
 TEST(AsyncDivergence, ALargeLearningRateIsCaught) {
   torch::manual_seed(6);
-  Pipeline pipe(
+  StageRunner pipe(
       testing::make_mlp(),
       PipelineOptions().workers(2).microbatches(4).schedule("pipedream").optimizer([](std::vector<at::Tensor> p) {
         return std::make_unique<torch::optim::SGD>(p, 1e6);
@@ -189,7 +189,7 @@ TEST(AsyncBadInput, ClearErrors) {
   const auto mlp = testing::make_mlp();
   const auto error_of = [&](const PipelineOptions& o) -> std::string {
     try {
-      Pipeline(mlp, o);
+      StageRunner(mlp, o);
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -233,7 +233,7 @@ TEST(SyncOptimizer, ThePipelinesOwnOptimizerStepsOncePerBatch) {
   torch::manual_seed(7);
   auto model = testing::make_mlp();
   auto reference = testing::clone_of(model);
-  Pipeline pipe(model, PipelineOptions().workers(3).microbatches(4).schedule("gpipe").optimizer(adam()));
+  StageRunner pipe(model, PipelineOptions().workers(3).microbatches(4).schedule("gpipe").optimizer(adam()));
   auto ref_opt = adam()(reference->parameters());
   for (int step = 0; step < 5; ++step) {
     const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::tanh(x.narrow(1, 0, 3));

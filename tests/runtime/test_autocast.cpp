@@ -72,7 +72,7 @@ TEST(Autocast, LossAndGradientsEqualTheUnsplitModelUnderAutocastAndShowWhichOpsR
     const std::vector<c10::ScalarType> reference_dtypes = *seen;
     seen->clear();
 
-    Pipeline pipe(model, PipelineOptions().workers(2).microbatches(1).schedule("1f1b").autocast(dtype));
+    StageRunner pipe(model, PipelineOptions().workers(2).microbatches(1).schedule("1f1b").autocast(dtype));
     ASSERT_EQ(pipe.plan().stages[1].begin, 5) << "the cut the probes assume";
     c10::ScalarType loss_dtype = at::kDouble, output_dtype = at::kDouble;
     const StepResult r = pipe.train_step(x, y, [&](const at::Tensor& out, const at::Tensor& target) {
@@ -106,7 +106,7 @@ TEST(Autocast, LossAndGradientsEqualTheUnsplitModelUnderAutocastAndShowWhichOpsR
 TEST(Autocast, AnFp32PipelineSendsTwiceTheBytes) {
   torch::manual_seed(13);
   auto seen = std::make_shared<std::vector<c10::ScalarType>>();
-  Pipeline pipe(probed_mlp(seen), PipelineOptions().workers(2).microbatches(2));
+  StageRunner pipe(probed_mlp(seen), PipelineOptions().workers(2).microbatches(2));
   const StepResult r = pipe.train_step(torch::randn({8, 8}), torch::randn({8, 3}), testing::mse);
   EXPECT_EQ(r.activation_bytes_sent, std::vector<int64_t>({8 * 32 * 4, 0}));
   EXPECT_EQ(r.gradient_bytes_sent, std::vector<int64_t>({0, 8 * 32 * 4}));
@@ -120,7 +120,7 @@ TEST(Autocast, Bf16TrainingWithAndWithoutClippingLowersTheLossOnEverySchedule) {
         auto options = PipelineOptions().workers(2).microbatches(4).schedule(schedule).optimizer(sgd(0.1, 0.9));
         if (autocast) options.autocast(at::kBFloat16);
         if (clip) options.clip_grad_norm(1.0);
-        Pipeline pipe(testing::make_mlp(torch::kFloat32), options);
+        StageRunner pipe(testing::make_mlp(torch::kFloat32), options);
         const at::Tensor x = torch::randn({32, 8});
         const at::Tensor y = torch::tanh(x.narrow(1, 0, 3));
         const double first = pipe.train_step(x, y, testing::mse).loss;

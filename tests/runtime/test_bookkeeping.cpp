@@ -2,7 +2,7 @@
 // versions, the stage workers, step rollback, and the in-process mailbox.
 // The end-to-end tests (test_pipeline, test_schedules_runtime, test_faults)
 // run them inside steps; these pin down each one's contract directly.
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/stage.h"
 #include "plugin/runtime/activation_stash.h"
 #include "plugin/runtime/step_rollback.h"

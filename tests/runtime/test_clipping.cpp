@@ -28,7 +28,7 @@ TEST(Clipping, EqualsClipGradNormOfTheUnsplitModelOnEverySynchronousSchedule) {
         torch::manual_seed(k);
         auto model = deep_mlp();
         auto reference = testing::clone_of(model);
-        Pipeline pipe(model, PipelineOptions()
+        StageRunner pipe(model, PipelineOptions()
                                  .workers(k)
                                  .microbatches(2 * k)
                                  .schedule(schedule)
@@ -59,7 +59,7 @@ TEST(Clipping, ACallersOwnOptimizerClipsWithPipelineClipGradNorm) {
     torch::manual_seed(20 + k);
     auto model = deep_mlp();
     auto reference = testing::clone_of(model);
-    Pipeline pipe(model, PipelineOptions().workers(k).microbatches(k).schedule("1f1b"));
+    StageRunner pipe(model, PipelineOptions().workers(k).microbatches(k).schedule("1f1b"));
     const at::Tensor x = torch::randn({2 * k, 8}, torch::kFloat64);
     const at::Tensor y = torch::randn({2 * k, 3}, torch::kFloat64);
     const StepResult r = pipe.train_step(x, y, testing::mse);
@@ -88,7 +88,7 @@ TEST(Clipping, AsynchronousSchedulesClipEachUpdateByItsStagesNormBitForBit) {
       auto model = testing::make_mlp();
       auto reference_model = testing::clone_of(model);
       const int m = k + 2;
-      Pipeline pipe(model, PipelineOptions()
+      StageRunner pipe(model, PipelineOptions()
                                .workers(k)
                                .microbatches(m)
                                .schedule(c.schedule)
@@ -122,7 +122,7 @@ TEST(Clipping, ByValueEqualsClipGradValueOfTheUnsplitModel) {
       torch::manual_seed(7);
       auto model = deep_mlp();
       auto reference = testing::clone_of(model);
-      Pipeline pipe(model, PipelineOptions()
+      StageRunner pipe(model, PipelineOptions()
                                .workers(2)
                                .microbatches(4)
                                .schedule(schedule)
@@ -155,8 +155,8 @@ TEST(Clipping, ByValueClipsEachAsynchronousUpdateBitForBit) {
     auto model = testing::make_mlp();
     auto reference_model = testing::clone_of(model);
     const auto options = PipelineOptions().workers(2).microbatches(4).schedule(schedule).optimizer(sgd(0.5, 0.9));
-    Pipeline pipe(model, PipelineOptions(options).clip_grad_value(0.01));
-    Pipeline unclipped(testing::clone_of(model), options);
+    StageRunner pipe(model, PipelineOptions(options).clip_grad_value(0.01));
+    StageRunner unclipped(testing::clone_of(model), options);
     testing::ReferenceTrainer reference(testing::split_like_pipeline(reference_model, 2), method, sgd(0.5, 0.9),
                                         nullptr, /*max_norm=*/0, /*max_value=*/0.01);
     for (int step = 0; step < 3; ++step) {

@@ -59,9 +59,9 @@ PipelineOptions options_for(const std::string& schedule) {
       .lr_schedule_unit(asynchronous(schedule) ? UpdateUnit::kMicrobatch : UpdateUnit::kBatch);
 }
 
-std::unique_ptr<Pipeline> seeded_pipeline(const std::string& schedule) {
+std::unique_ptr<StageRunner> seeded_pipeline(const std::string& schedule) {
   torch::manual_seed(0);
-  return std::make_unique<Pipeline>(make_mlp(), options_for(schedule));
+  return std::make_unique<StageRunner>(make_mlp(), options_for(schedule));
 }
 
 // Everything a step may change: the weights, each stage's momentum buffers
@@ -72,7 +72,7 @@ struct State {
   std::vector<int64_t> updates;
 };
 
-State state_of(const Pipeline& pipe) {
+State state_of(const StageRunner& pipe) {
   State s;
   for (const auto& p : pipe.parameters()) {
     s.weights.push_back(p.detach().clone());
@@ -111,7 +111,7 @@ void expect_same_state(const State& got, const State& want, const std::string& w
   EXPECT_EQ(got.updates, want.updates) << where << ": update counts";
 }
 
-void train(Pipeline& pipe, int step) {
+void train(StageRunner& pipe, int step) {
   const Batch b = batch(step);
   pipe.train_step(b.x, b.y, mse);
 }
@@ -263,7 +263,7 @@ TEST(InProcessFaults, AFailedStepLeavesEachStagesRandomStreamsAsTheyWere) {
     model->to(torch::kFloat64);
     // No wait is meant to time out here: a timeout far above the step's time
     // even under a sanitizer (the stages' forwards take turns).
-    return std::make_unique<Pipeline>(
+    return std::make_unique<StageRunner>(
         model, options_for(schedule).boundaries({2, 5}).stage_rng(true).timeout(std::chrono::seconds(30)));
   };
   for (const std::string schedule : {"1f1b", "pipedream"}) {

@@ -68,7 +68,7 @@ StepResult check_exact(torch::nn::Sequential model, const at::Tensor& input, con
   auto reference = testing::clone_of(model);
   const at::Tensor ref_loss = loss_fn(reference->forward(input), target);
   ref_loss.backward();
-  Pipeline pipe(model, c.options());
+  StageRunner pipe(model, c.options());
   const StepResult r = pipe.train_step(input, target, loss_fn);
   testing::expect_same_grads(pipe, reference, 1e-10, 0, c.name());
   EXPECT_NEAR(r.loss, ref_loss.item<double>(), 1e-10) << c.name();
@@ -139,7 +139,7 @@ TEST(NewSchedules, MoreChunksAndSharedWeightsStayExact) {
   std::map<std::string, at::Tensor> expected;
   for (const auto& p : m->named_parameters()) expected[p.key()] = p.value().grad().clone();
   m->zero_grad();
-  Pipeline pipe(m, PipelineOptions().workers(2).microbatches(3).schedule("zb-h1").boundaries({3}));
+  StageRunner pipe(m, PipelineOptions().workers(2).microbatches(3).schedule("zb-h1").boundaries({3}));
   EXPECT_TRUE(pipe.stage(0).shares_parameters_across_layers());
   pipe.train_step(x, y, testing::mse);
   for (const auto& [name, p] : pipe.named_parameters()) {  // the shared layer's weights are listed once
@@ -153,7 +153,7 @@ TEST(NewSchedules, CountsFollowTheSchedule) {
                         Case{"interleaved", 2, 4, true}, Case{"zb-h1", 3, 6, true},
                         Case{"eager-1f1b", 3, 8, false, false, 0, 2}, Case{"eager-1f1b", 2, 12, false, false, 0, 6}}) {
     torch::manual_seed(1);
-    Pipeline pipe(make_deep_mlp(), c.options());
+    StageRunner pipe(make_deep_mlp(), c.options());
     const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);
     const StepResult r = pipe.train_step(x, y, testing::mse);
     const schedules::Schedule& s = pipe.schedule();
@@ -177,7 +177,7 @@ TEST(NewSchedules, RecomputationReplaysDropout) {
     torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::Dropout(0.5), torch::nn::Tanh(),
                             torch::nn::Linear(16, 16), torch::nn::Dropout(0.3), torch::nn::Linear(16, 3));
     m->to(torch::kFloat64);
-    Pipeline pipe(m,
+    StageRunner pipe(m,
                   PipelineOptions().workers(2).microbatches(4).schedule("zb-h1").stage_rng(true).recompute(recompute));
     const at::Tensor x = torch::randn({8, 8}, torch::kFloat64), y = torch::randn({8, 3}, torch::kFloat64);
     pipe.train_step(x, y, testing::mse);
@@ -199,7 +199,7 @@ TEST(NewSchedules, RecomputationCountsEachMicrobatchOnceInBatchNormStatistics) {
     torch::nn::Sequential m(torch::nn::Linear(8, 16), torch::nn::BatchNorm1d(16), torch::nn::Tanh(),
                             torch::nn::Linear(16, 16), torch::nn::BatchNorm1d(16), torch::nn::Linear(16, 3));
     m->to(torch::kFloat64);
-    Pipeline pipe(m, PipelineOptions().workers(2).microbatches(4).schedule("1f1b").recompute(recompute).offload(
+    StageRunner pipe(m, PipelineOptions().workers(2).microbatches(4).schedule("1f1b").recompute(recompute).offload(
                          offload));
     const at::Tensor x = torch::randn({16, 8}, torch::kFloat64), y = torch::randn({16, 3}, torch::kFloat64);
     std::vector<at::Tensor> out;
@@ -230,7 +230,7 @@ TEST(NewSchedules, ACustomVShapedCsvScheduleRuns) {
   auto reference = testing::clone_of(model);
   const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
   testing::mse(reference->forward(x), y).backward();
-  Pipeline pipe(model, PipelineOptions().microbatches(2).schedule_text(csv));
+  StageRunner pipe(model, PipelineOptions().microbatches(2).schedule_text(csv));
   EXPECT_EQ(pipe.num_workers(), 2);
   EXPECT_EQ(pipe.num_stages(), 4);
   EXPECT_EQ(pipe.schedule().placement, (std::vector<int>{0, 1, 1, 0}));
@@ -242,7 +242,7 @@ TEST(NewSchedules, ACustomVShapedCsvScheduleRuns) {
 
 TEST(NewSchedules, BadRequestsAreClear) {
   const auto error = [](const PipelineOptions& o) {
-    return testing::error_of([&] { Pipeline(make_deep_mlp(), o); });
+    return testing::error_of([&] { StageRunner(make_deep_mlp(), o); });
   };
   EXPECT_THAT(error(PipelineOptions().workers(2).microbatches(3).schedule("interleaved")),
               HasSubstr("3 micro-batches do not fill rounds of 2 (use a multiple of 2)"));

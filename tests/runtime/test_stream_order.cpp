@@ -262,7 +262,7 @@ void check_order(const OrderCase& c) {
   if (c.pipeline_optimizer) {
     options.optimizer([&](std::vector<at::Tensor> p) { return std::make_unique<NotedSgd>(p, guard, devices); });
   }
-  Pipeline pipe(model, options);
+  StageRunner pipe(model, options);
   torch::optim::SGD caller_sgd(pipe.parameters(), torch::optim::SGDOptions(0.01));
   const bool update_on_caller = c.pipeline_optimizer && schedules::make_schedule(c.schedule, c.workers, 4).synchronous();
   for (int step = 0; step < 2; ++step) {

@@ -64,7 +64,7 @@ void check_against_reference(const std::function<torch::nn::Sequential()>& make,
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
   };
   const int microbatches = k + 1;
-  Pipeline pipe(model, PipelineOptions()
+  StageRunner pipe(model, PipelineOptions()
                            .workers(k)
                            .microbatches(microbatches)
                            .schedule(m.schedule)

@@ -69,7 +69,7 @@ TEST(LossScaling, OverflowsAtChosenStepsSkipEveryStageAsGradScalerSkipsTheUnspli
     auto factor = std::make_shared<double>(1.0);
     auto model = bomb_mlp(factor);
     auto reference = testing::clone_of(model);
-    Pipeline pipe(model, PipelineOptions()
+    StageRunner pipe(model, PipelineOptions()
                              .workers(2)
                              .microbatches(4)
                              .schedule(schedule)
@@ -108,8 +108,8 @@ TEST(LossScaling, WithoutOverflowsTheScaledStepsEqualUnscaledOnesBitForBit) {
     auto a = testing::make_mlp();
     auto b = testing::clone_of(a);
     const auto options = PipelineOptions().workers(2).microbatches(4).schedule(schedule).optimizer(sgd(0.1, 0.9));
-    Pipeline plain(a, options);
-    Pipeline scaled(b, PipelineOptions(options).loss_scaling(LossScaling().init_scale(4096).growth_interval(1)));
+    StageRunner plain(a, options);
+    StageRunner scaled(b, PipelineOptions(options).loss_scaling(LossScaling().init_scale(4096).growth_interval(1)));
     for (int step = 0; step < 4; ++step) {
       const at::Tensor x = torch::randn({8, 8}, torch::kFloat64);
       const at::Tensor y = torch::randn({8, 3}, torch::kFloat64);
@@ -129,7 +129,7 @@ TEST(LossScaling, AnAsynchronousScheduleSkipsTheOverflowingStagesUpdatesAndBacks
   torch::manual_seed(9);
   auto factor = std::make_shared<double>(1.0);
   auto model = bomb_mlp(factor);
-  Pipeline pipe(model, PipelineOptions()
+  StageRunner pipe(model, PipelineOptions()
                            .workers(2)
                            .microbatches(4)
                            .schedule("pipedream")
@@ -168,13 +168,13 @@ TEST(LossScaling, CheckpointsCarryTheScalersState) {
   auto factor = std::make_shared<double>(kInf);
   const auto options = PipelineOptions().workers(2).microbatches(2).optimizer(sgd(0.1)).loss_scaling(
       LossScaling().init_scale(512).growth_interval(3));
-  Pipeline pipe(bomb_mlp(factor), options);
+  StageRunner pipe(bomb_mlp(factor), options);
   const at::Tensor x = torch::randn({4, 8}, torch::kFloat64), y = torch::randn({4, 3}, torch::kFloat64);
   pipe.train_step(x, y, testing::mse);  // overflow: 256
   *factor = 1.0;
   pipe.train_step(x, y, testing::mse);  // clean: tracker 1
   save_checkpoint(path, pipe, {1, {}});
-  Pipeline fresh(bomb_mlp(factor), options);
+  StageRunner fresh(bomb_mlp(factor), options);
   EXPECT_EQ(fresh.loss_scaler_state()->scale, 512.0);
   load_checkpoint(path, fresh);
   EXPECT_EQ(fresh.loss_scaler_state()->scale, 256.0);
@@ -191,7 +191,7 @@ TEST(Accumulation, NStepsEqualOneStepOnTheConcatenatedBatch) {
       torch::manual_seed(11 + n);
       auto model = deep_mlp();
       auto reference = testing::clone_of(model);
-      Pipeline pipe(model, PipelineOptions()
+      StageRunner pipe(model, PipelineOptions()
                                .workers(2)
                                .microbatches(4)
                                .schedule(schedule)
@@ -221,7 +221,7 @@ TEST(Accumulation, NStepsEqualOneStepOnTheConcatenatedBatch) {
 // Options that cannot work.
 
 TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
-  const auto build = [](PipelineOptions options) { Pipeline(testing::make_mlp(), options.workers(2)); };
+  const auto build = [](PipelineOptions options) { StageRunner(testing::make_mlp(), options.workers(2)); };
   EXPECT_THAT(error_of([&] { build(PipelineOptions().autocast(at::kDouble)); }),
               HasSubstr("Double is not a mixed-precision dtype"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(-1)); }),
@@ -250,13 +250,13 @@ TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
               HasSubstr("accumulate_steps accumulates for the pipeline's own optimizer"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).accumulate_steps(0)); }),
               HasSubstr("accumulate_steps must be at least 1"));
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2));
   EXPECT_THAT(error_of([&] { pipe.clip_grad_norm(0); }), HasSubstr("positive finite max_norm"));
   EXPECT_THAT(error_of([&] { pipe.restore_loss_scaler(LossScalerState{}); }), HasSubstr("has no loss scaler"));
 }
 
 TEST(TrainingOptionErrors, WithoutAScalerTheDivergenceGuardStillCatchesANonFiniteLoss) {
-  Pipeline pipe(testing::make_mlp(), PipelineOptions().workers(2).optimizer(sgd(0.1)));
+  StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2).optimizer(sgd(0.1)));
   at::Tensor x = torch::randn({4, 8}, torch::kFloat64);
   x[0][0] = std::numeric_limits<double>::quiet_NaN();
   EXPECT_THAT(error_of([&] { pipe.train_step(x, torch::randn({4, 3}, torch::kFloat64), testing::mse); }),

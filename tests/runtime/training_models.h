@@ -3,7 +3,7 @@
 // 2 chunks, and the check that a pipeline's weights equal the unsplit
 // reference model's.
 
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -31,7 +31,7 @@ inline torch::nn::Sequential deep_mlp(torch::Dtype dtype = torch::kFloat64) {
   return m;
 }
 
-inline void expect_same_values(const Pipeline& pipe, const torch::nn::Sequential& reference, double tol,
+inline void expect_same_values(const StageRunner& pipe, const torch::nn::Sequential& reference, double tol,
                                const std::string& where) {
   const auto ref = reference->named_parameters();
   for (const auto& [name, p] : pipe.named_parameters()) {

@@ -1,13 +1,13 @@
-// Every option is declared once (plugin/option_list.h): what Python passes
+// Every option is declared once (plugin/core/option_list.h): what Python passes
 // reads back as the same default, each value given reaches the pipeline that
 // runs, values are checked against their rows, and the manual's reference has
 // a row for each.
 #include "error_of.h"
-#include "plugin/options.h"
-#include "plugin/builder/builder.h"
+#include "plugin/core/options.h"
+#include "plugin/pipeline.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/option_table.h"
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 
 #include "script_fixtures.h"
 
@@ -59,8 +59,6 @@ void expect_defaults_read_back(const char* what) {
 
 TEST(Options, EveryDefaultPythonHoldsReadsBackAsTheDefault) {
   expect_defaults_read_back<PipelineOptions>("PipelineOptions");
-  expect_defaults_read_back<BuildOptions>("BuildOptions");
-  expect_defaults_read_back<DistributedOptions>("DistributedOptions");
 }
 
 TEST(Options, EveryOptionIsDescribedOnceWithItsDocumentation) {
@@ -85,11 +83,10 @@ TEST(Options, ValuesGivenAsPythonGivesThemReachThePipeline) {
       all_defaults.insert(row.name, row.default_value);
     }
   }
-  const BuiltPipeline unset(model, request_from_dict(empty_dict(), ValueText::kTyped));
-  const BuiltPipeline given(model, request_from_dict(all_defaults, ValueText::kTyped));
-  EXPECT_EQ(shown(unset.pipeline().options()), shown(given.pipeline().options()));
-  EXPECT_EQ(shown(unset.pipeline().options()), shown(PipelineOptions()));
-  EXPECT_EQ(shown(unset.build_options()), shown(BuildOptions()));
+  const Pipeline unset(model, request_from_dict(empty_dict(), ValueText::kTyped));
+  const Pipeline given(model, request_from_dict(all_defaults, ValueText::kTyped));
+  EXPECT_EQ(shown(unset.options()), shown(given.options()));
+  EXPECT_EQ(shown(unset.options()), shown(PipelineOptions()));
 
   // Values other than the defaults arrive as given, in the section the runtime takes.
   PythonOptions options = empty_dict();
@@ -104,8 +101,8 @@ TEST(Options, ValuesGivenAsPythonGivesThemReachThePipeline) {
   options.insert("stage_rng", true);
   options.insert("recompute", true);
   options.insert("autocast", std::string("bf16"));
-  const BuiltPipeline pipe(model, request_from_dict(options, ValueText::kTyped));
-  const PipelineOptions& o = pipe.pipeline().options();
+  const Pipeline pipe(model, request_from_dict(options, ValueText::kTyped));
+  const PipelineOptions& o = pipe.runner().options();
   EXPECT_EQ(o.scheduling().workers, 2);
   EXPECT_EQ(o.batching().microbatches, 2);
   EXPECT_EQ(o.scheduling().schedule, "gpipe");
@@ -140,7 +137,7 @@ TEST(Options, ValuesAreCheckedAgainstTheirRows) {
             "conveyor: microbatches must be at least 1, got 0");
   EXPECT_EQ(testing::invalid_argument_of([] { check_bounds(PipelineOptions().timeout(std::chrono::seconds(0))); }),
             "conveyor: timeout must be positive, got 0 ms");
-  EXPECT_EQ(testing::invalid_argument_of([] { check_bounds(BuildOptions().max_workers(-1)); }),
+  EXPECT_EQ(testing::invalid_argument_of([] { check_bounds(PipelineOptions().max_workers(-1)); }),
             "conveyor: max_workers must be at least 0, got -1");
 }
 

@@ -151,7 +151,7 @@ TEST(ScriptPipeline, AsynchronousSchedulesTrainAsTheyDoATorchNnModel) {
   for (const char* schedule : {"pipedream", "ddg", "fr"}) {
     const auto options = PipelineOptions().workers(2).microbatches(4).schedule(schedule).optimizer(sgd);
     const torch::jit::Module model = load_script(fixture("mlp.pt"));
-    Pipeline twin(nn_twin_of_mlp(model), PipelineOptions(options).workers(0).boundaries({4}));
+    StageRunner twin(nn_twin_of_mlp(model), PipelineOptions(options).workers(0).boundaries({4}));
     const auto pipe = testing::built_pipeline(model, options);
     torch::manual_seed(4);
     for (int step = 0; step < 3; ++step) {

@@ -37,8 +37,8 @@ PipelineOptions gpipe() { return PipelineOptions().workers(2).microbatches(kMicr
 void default_links(Worker& w) {
   auto groups = w.groups("shm-default", 2, std::chrono::seconds(20));
   std::string made;
-  for (const DistributedOptions& o : {DistributedOptions(), DistributedOptions().shared_memory(false)}) {
-    DistributedPipeline pipe(seeded_mlp(), gpipe(), groups, o);
+  for (const DistributedOptions& o : {DistributedOptions(), DistributedOptions{.shared_memory = false}}) {
+    DistributedRunner pipe(seeded_mlp(), PipelineOptions(gpipe()).distributed(o), groups);
     const Data d = global_batch(0);
     pipe.train_step(d.x, d.y, mse);
     made += (made.empty() ? "" : " ") + std::to_string(pipe.shared_memory_links());
@@ -59,7 +59,7 @@ void counted(Worker& w) {
     o.shared_memory_bytes = ring;
     auto transport = std::make_unique<C10dTransport>(groups->pipeline(), nullptr, o);
     const C10dTransport& wire = *transport;
-    Pipeline pipe(seeded_wide(width), options, o.worker, std::move(transport));
+    StageRunner pipe(seeded_wide(width), options, o.worker, std::move(transport));
     for (int step = 0; step < kSteps; ++step) {
       const Data s = global_batch(step);
       pipe.train_step(s.x, s.y, mse);
@@ -89,7 +89,7 @@ TensorMap merged(const std::string& out, const std::string& what, int world) {
 }
 
 TensorMap in_process(const torch::nn::Sequential& model, const PipelineOptions& options, int steps) {
-  Pipeline pipe(model, options);
+  StageRunner pipe(model, options);
   TensorMap grads;
   for (int step = 0; step < steps; ++step) {
     const Data d = global_batch(steps == 1 ? 0 : step);
@@ -114,7 +114,7 @@ TEST_P(SharedMemoryJob, EverySynchronousScheduleEqualsTheInProcessRuntime) {
     expect_equal(merged(out, schedule, world), in_process(seeded_mlp(), synchronous_case(schedule).workers(world), 1),
                  schedule + " K=" + std::to_string(world));
   }
-  Pipeline pipedream(
+  StageRunner pipedream(
       seeded_mlp(),
       PipelineOptions().workers(world).microbatches(kMicrobatches).schedule("pipedream").optimizer(sgd_momentum()));
   for (int step = 0; step < kSteps; ++step) {

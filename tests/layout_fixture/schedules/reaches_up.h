@@ -1,3 +1,3 @@
 #pragma once
 // A schedule header that reaches up a layer: check_layout.cmake must refuse it.
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"

@@ -1,2 +1,2 @@
 // The planner running a pipeline: check_layout.cmake must refuse it.
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"

@@ -1,14 +1,14 @@
 #pragma once
 // Options as Python hands them over: each option's value read from, and
 // written to, an IValue (what a Python keyword or the TorchScript class's
-// dict holds), by its C++ type; the option lists' rows (plugin/option_list.h)
+// dict holds), by its C++ type; the option lists' rows (plugin/core/option_list.h)
 // say which type each option has. A value of the wrong type is an
 // OptionTypeError (Python's TypeError), a value outside the allowed ones a
 // std::invalid_argument (ValueError), each naming the option.
 
 #include "ops/adapters.h"
-#include "plugin/errors.h"
-#include "plugin/option_list.h"
+#include "plugin/core/errors.h"
+#include "plugin/core/option_list.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
@@ -182,6 +182,22 @@ struct OptionValue<std::optional<LossScaling>> {
   static c10::IValue write(const std::optional<LossScaling>& scaling);
 };
 
+// The pipeline's optimizer: None, or a name; a C++ factory shows as the
+// string "<factory>", which no read accepts.
+template <>
+struct OptionValue<OptimizerSpec> {
+  static constexpr bool reachable = true;
+  static std::string type() { return "str | None"; }
+  static OptimizerSpec read(const std::string& k, const c10::IValue& v, ValueText t) {
+    if (v.isNone()) return {};
+    return OptionValue<OptimizerName>::read(k, v, t);
+  }
+  static c10::IValue write(const OptimizerSpec& spec) {
+    if (spec.name) return OptionValue<OptimizerName>::write(*spec.name);
+    return spec.factory ? c10::IValue(std::string("<factory>")) : c10::IValue();
+  }
+};
+
 // Any other optional value: None, or the value.
 template <typename T>
 struct OptionValue<std::optional<T>, std::enable_if_t<OptionValue<T>::reachable>> {
@@ -202,6 +218,8 @@ std::vector<std::string> option_choices() {
   if constexpr (NamedEnum<T>) {
     const auto names = value_names(T{});
     return std::vector<std::string>(names.begin(), names.end());
+  } else if constexpr (std::is_same_v<T, OptimizerSpec>) {
+    return option_choices<OptimizerName>();
   } else if constexpr (requires { typename T::value_type; }) {
     if constexpr (NamedEnum<typename T::value_type>) return option_choices<typename T::value_type>();
     return {};

@@ -1,6 +1,6 @@
-#include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/microbatches.h"
 #include "plugin/model/model_names.h"
 #include "plugin/model/stage.h"
@@ -82,12 +82,12 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
 
 }  // namespace
 
-Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options)
+StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options)
     : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
   build(model, -1, nullptr);
 }
 
-Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int local_worker,
+StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options, int local_worker,
                    std::unique_ptr<Transport> transport, ReplicaReduction replicas)
     : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
   replicas_ = std::move(replicas);
@@ -103,10 +103,11 @@ Pipeline::Pipeline(torch::nn::Sequential model, PipelineOptions options, int loc
   build(model, local_worker, std::move(transport));
 }
 
-void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
+void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
   const int num_stages = static_cast<int>(plan_.stages.size());
   check_optimizer_options(options_, schedule_);
   check_training_options(options_, schedule_);
+  const OptimizerFactory make_optimizer = optimizer_factory(options_);
 
   std::vector<std::pair<std::string, torch::nn::AnyModule>> named;
   const auto children = model->named_children();
@@ -136,7 +137,7 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
                                                                     named.begin() + spec.end);
     auto stage = std::make_shared<Stage>(k, std::move(slice), spec.begin, spec.device);
     if (schedule_.weight_stashing) stage->separate_live_weights();
-    if (options_.optimizer()) stage->set_optimizer(options_.optimizer()(stage->live()));
+    if (make_optimizer) stage->set_optimizer(make_optimizer(stage->live()));
     if (options_.stage_rng()) stage->enable_random(StageRandom::stage_seed(seed, k));
     stages.push_back(std::move(stage));
   }
@@ -172,16 +173,16 @@ void Pipeline::build(torch::nn::Sequential& model, int local_worker, std::unique
   runtime_->unify_tied_values();
 }
 
-Pipeline::~Pipeline() = default;
-Pipeline::Pipeline(Pipeline&&) noexcept = default;
-Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
+StageRunner::~StageRunner() = default;
+StageRunner::StageRunner(StageRunner&&) noexcept = default;
+StageRunner& StageRunner::operator=(StageRunner&&) noexcept = default;
 
-int Pipeline::num_stages() const { return runtime_->num_stages(); }
-bool Pipeline::is_local(int k) const { return runtime_->is_local(k); }
-const Stage& Pipeline::stage(int k) const { return runtime_->stage(k); }
-int64_t Pipeline::completed_steps() const { return runtime_->completed_steps(); }
+int StageRunner::num_stages() const { return runtime_->num_stages(); }
+bool StageRunner::is_local(int k) const { return runtime_->is_local(k); }
+const Stage& StageRunner::stage(int k) const { return runtime_->stage(k); }
+int64_t StageRunner::completed_steps() const { return runtime_->completed_steps(); }
 
-void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
+void StageRunner::restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates) {
   check_argument(static_cast<int>(stage_updates.size()) == num_stages(), "conveyor: restore_progress needs ",
                  num_stages(), " update counts, got ", stage_updates.size());
   runtime_->restore_completed_steps(completed_steps);
@@ -190,7 +191,7 @@ void Pipeline::restore_progress(int64_t completed_steps, const std::vector<int64
   }
 }
 
-StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
+StepResult StageRunner::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
   if (!loss_fn) throw std::invalid_argument("conveyor: train_step needs a loss function");
   if (!input.defined()) throw std::invalid_argument("conveyor: the input is undefined");
   if (!target.defined()) throw std::invalid_argument("conveyor: the target is undefined");
@@ -202,7 +203,7 @@ StepResult Pipeline::train_step(const at::Tensor& input, const at::Tensor& targe
   return train_step(Tensors{input}, Tensors{target}, on_one);
 }
 
-StepResult Pipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
+StepResult StageRunner::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
   if (!loss_fn) throw std::invalid_argument("conveyor: train_step needs a loss function");
   const int m = options_.microbatches();
   StepData data;
@@ -216,7 +217,7 @@ StepResult Pipeline::train_step(const Tensors& inputs, const Tensors& targets, c
   return train(data, samples, loss_fn);
 }
 
-StepResult Pipeline::train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
+StepResult StageRunner::train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
                                         const TensorsLossFn& loss_fn) {
   if (!loss_fn) throw std::invalid_argument("conveyor: train_microbatches needs a loss function");
   const int m = options_.microbatches();
@@ -239,7 +240,7 @@ StepResult Pipeline::train_microbatches(const std::vector<Tensors>& inputs, cons
   return train(data, samples, loss_fn);
 }
 
-StepResult Pipeline::train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn) {
+StepResult StageRunner::train(StepData& data, const std::vector<int64_t>& samples, const TensorsLossFn& loss_fn) {
   // The reported loss is the batch's; what each backward starts from is the
   // batch's loss (synchronous: the gradients are the whole batch's) or the
   // micro-batch's own (asynchronous: each micro-batch is a mini-batch).
@@ -270,23 +271,23 @@ StepResult Pipeline::train(StepData& data, const std::vector<int64_t>& samples, 
   return result;
 }
 
-double Pipeline::clip_grad_norm(double max_norm, double norm_type) {
+double StageRunner::clip_grad_norm(double max_norm, double norm_type) {
   return runtime_->clip_grad_norm(max_norm, norm_type);
 }
 
-std::optional<LossScalerState> Pipeline::loss_scaler_state() const {
+std::optional<LossScalerState> StageRunner::loss_scaler_state() const {
   const LossScaler* scaler = runtime_->loss_scaler();
   if (!scaler) return std::nullopt;
   return scaler->state();
 }
 
-void Pipeline::restore_loss_scaler(const LossScalerState& state) {
+void StageRunner::restore_loss_scaler(const LossScalerState& state) {
   LossScaler* scaler = runtime_->loss_scaler();
   if (!scaler) throw std::invalid_argument("conveyor: this pipeline has no loss scaler (PipelineOptions::loss_scaling)");
   scaler->restore(state);
 }
 
-at::Tensor Pipeline::forward(const at::Tensor& input) {
+at::Tensor StageRunner::forward(const at::Tensor& input) {
   if (!input.defined()) throw std::invalid_argument("conveyor: the input is undefined");
   const Tensors out = forward(Tensors{input});
   if (out.empty()) return at::Tensor();  // the output is in another process
@@ -295,7 +296,7 @@ at::Tensor Pipeline::forward(const at::Tensor& input) {
   return out[0];
 }
 
-Tensors Pipeline::forward(const Tensors& inputs) {
+Tensors StageRunner::forward(const Tensors& inputs) {
   int64_t n = 0;
   const auto& shared = options_.shared_inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -314,7 +315,7 @@ Tensors Pipeline::forward(const Tensors& inputs) {
   return join_microbatches(outputs, options_.batch_dim());
 }
 
-std::vector<at::Tensor> Pipeline::parameters() const {
+std::vector<at::Tensor> StageRunner::parameters() const {
   std::vector<at::Tensor> params;
   for (int k = 0; k < num_stages(); ++k) {
     if (!is_local(k)) continue;
@@ -323,7 +324,7 @@ std::vector<at::Tensor> Pipeline::parameters() const {
   return params;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() const {
+std::vector<std::pair<std::string, at::Tensor>> StageRunner::named_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (int k = 0; k < num_stages(); ++k) {
     if (!is_local(k)) continue;
@@ -332,7 +333,7 @@ std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() con
   return params;
 }
 
-void Pipeline::train(bool on) {
+void StageRunner::train(bool on) {
   for (int k = 0; k < num_stages(); ++k) {
     if (is_local(k)) stage(k).module()->train(on);
   }
@@ -341,7 +342,7 @@ void Pipeline::train(bool on) {
 namespace {
 
 template <typename OfStage>
-std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const Pipeline& pipe, OfStage of_stage) {
+std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const StageRunner& pipe, OfStage of_stage) {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (int k = 0; k < pipe.num_stages(); ++k) {
     if (!pipe.is_local(k)) continue;  // its tensors live in another process
@@ -352,11 +353,11 @@ std::vector<std::pair<std::string, at::Tensor>> pipeline_named(const Pipeline& p
 
 }  // namespace
 
-std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const Pipeline& pipe) {
+std::vector<std::pair<std::string, at::Tensor>> model_named_parameters(const StageRunner& pipe) {
   return pipeline_named(pipe, [](const Stage& s) { return model_named_parameters(s); });
 }
 
-std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const Pipeline& pipe) {
+std::vector<std::pair<std::string, at::Tensor>> model_named_buffers(const StageRunner& pipe) {
   return pipeline_named(pipe, [](const Stage& s) { return model_named_buffers(s); });
 }
 

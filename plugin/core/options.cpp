@@ -1,6 +1,6 @@
-#include "plugin/builder/build_options.h"
+#include "plugin/core/options.h"
 
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -10,21 +10,24 @@
 
 namespace conveyor {
 
-OptimizerFactory optimizer_from(const BuildOptions& options) {
-  if (!options.optimizer()) {
+OptimizerFactory optimizer_factory(const PipelineOptions& options) {
+  const OptimizerSpec& spec = options.optimizer();
+  if (!spec.name) {
     for (const auto& [name, given] : {std::pair{"lr", options.lr().has_value()},
                                       std::pair{"momentum", options.momentum().has_value()},
                                       std::pair{"weight_decay", options.weight_decay().has_value()}}) {
-      check_argument(!given, "conveyor.Pipeline: option '", name, "' sets the pipeline's own optimizer: give ",
+      check_argument(!given || spec.factory, "conveyor: option '", name, "' sets the pipeline's own optimizer: give ",
                      "'optimizer' too (or step a torch.optim optimizer over parameters() yourself)");
+      check_argument(!given, "conveyor: option '", name, "' is for an optimizer given by name; the factory given ",
+                     "as 'optimizer' makes its optimizer with its own");
     }
-    return nullptr;
+    return spec.factory;
   }
-  const OptimizerName name = *options.optimizer();
-  check_argument(options.lr().has_value(), "conveyor.Pipeline: option 'optimizer' needs 'lr'");
+  const OptimizerName name = *spec.name;
+  check_argument(options.lr().has_value(), "conveyor: option 'optimizer' needs 'lr'");
   const double lr = *options.lr(), momentum = options.momentum().value_or(0);
   const double weight_decay = options.weight_decay().value_or(name == OptimizerName::kAdamW ? 1e-2 : 0.0);
-  check_argument(name == OptimizerName::kSgd || !options.momentum(), "conveyor.Pipeline: option 'momentum' is for ",
+  check_argument(name == OptimizerName::kSgd || !options.momentum(), "conveyor: option 'momentum' is for ",
                  "optimizer 'sgd', not '", value_name(name), "'");
   switch (name) {
     case OptimizerName::kSgd:
@@ -41,7 +44,11 @@ OptimizerFactory optimizer_from(const BuildOptions& options) {
         return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
       };
   }
-  throw std::invalid_argument("conveyor.Pipeline: unknown optimizer");
+  throw std::invalid_argument("conveyor: unknown optimizer");
+}
+
+void set_optimizer_factory(PipelineOptions& options, OptimizerFactory factory) {
+  options.optimizer(std::move(factory)).lr(std::nullopt).momentum(std::nullopt).weight_decay(std::nullopt);
 }
 
 }  // namespace conveyor

@@ -1,15 +1,17 @@
 #pragma once
 // PipelineOptions: everything a Pipeline is configured with, set
 // builder-style: PipelineOptions().workers(4).microbatches(8). Each option is
-// one row of plugin/option_list.h, which documents it; here they are grouped
-// by section, and the runtime takes its sections as they are.
+// one row of plugin/core/option_list.h, which documents it; here they are grouped
+// by section (what to cut, the schedule, batching, training, running, the
+// plan, the model, across processes), and the runtime takes its sections as
+// they are.
 //
 // Words: a *stage* is a piece of the model (a run of layers); a *worker* is
 // the thread, or process, that runs one or more stages on its device
 // (torch.distributed.pipelining says rank). With one chunk per worker,
 // worker k runs stage k.
 
-#include "plugin/option_list.h"
+#include "plugin/core/option_list.h"
 
 #include <type_traits>
 #include <utility>
@@ -38,6 +40,14 @@ struct PipelineOptions {
   const BatchingOptions& batching() const { return batching_; }
   const TrainingOptions& training() const { return training_; }
   const RunningOptions& running() const { return running_; }
+  const PlanningOptions& planning() const { return planning_; }
+  const ModelOptions& model() const { return model_; }
+  const DistributedOptions& distributed() const { return distributed_; }
+  // A whole section at once.
+  PipelineOptions& distributed(DistributedOptions section) {
+    distributed_ = std::move(section);
+    return *this;
+  }
 
  private:
   CuttingOptions cutting_;
@@ -45,7 +55,19 @@ struct PipelineOptions {
   BatchingOptions batching_;
   TrainingOptions training_;
   RunningOptions running_;
+  PlanningOptions planning_;
+  ModelOptions model_;
+  DistributedOptions distributed_;
 };
+
+// The factory the option `optimizer` gives (null without one): its own, or
+// torch.optim's optimizer of that name with lr, momentum and weight_decay.
+// std::invalid_argument for lr, momentum or weight_decay without a name,
+// a name without lr, or momentum for an optimizer that has none.
+OptimizerFactory optimizer_factory(const PipelineOptions& options);
+// Sets the option `optimizer` to `factory` (a wrapper of the one it gave,
+// say), clearing lr, momentum and weight_decay, which only a name takes.
+void set_optimizer_factory(PipelineOptions& options, OptimizerFactory factory);
 
 #undef CONVEYOR_SECTION_ACCESSORS
 

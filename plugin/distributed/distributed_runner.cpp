@@ -1,7 +1,7 @@
-#include "plugin/distributed/distributed_pipeline.h"
+#include "plugin/distributed/distributed_runner.h"
 
 #include "plugin/distributed/sharded_optimizer.h"
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 #include "plugin/model/stage.h"
 #include "plugin/planner/partition.h"
 
@@ -64,26 +64,26 @@ at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim
   return batch.narrow(dim, replica * each, each);
 }
 
-DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOptions options,
-                                         std::shared_ptr<ProcessGroups> groups, DistributedOptions distributed)
-    : model_(model), groups_(std::move(groups)), distributed_(std::move(distributed)) {
-  if (!groups_) throw std::invalid_argument("conveyor: DistributedPipeline needs process groups");
+DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOptions options,
+                                     std::shared_ptr<ProcessGroups> groups)
+    : model_(model), groups_(std::move(groups)), distributed_(options.distributed()) {
+  if (!groups_) throw std::invalid_argument("conveyor: DistributedRunner needs process groups");
   const HybridLayout& layout = groups_->layout();
   if (options.workers() == 0) options.workers(layout.workers);
   check_argument(options.workers() == layout.workers, "conveyor: the options ask for ", options.workers(),
                  " workers, but the process groups hold replicas of a ", layout.workers, "-worker pipeline");
   const int k = groups_->worker();
-  const std::string device = local_device(options, k, distributed_.local_rank());
+  const std::string device = local_device(options, k, distributed_.local_rank);
   options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
-  const double lr_scale = distributed_.scale_learning_rate() ? layout.replicas : 1.0;
-  const bool sharded = distributed_.shard_optimizer_state() && layout.replicas > 1;
+  const double lr_scale = distributed_.scale_learning_rate ? layout.replicas : 1.0;
+  const bool sharded = distributed_.shard_optimizer_state && layout.replicas > 1;
   check_argument(!sharded || options.optimizer(), "conveyor: sharded optimizer state needs the pipeline's own ",
                  "optimizer (PipelineOptions::optimizer): a caller's optimizer holds the whole state");
   if (lr_scale != 1.0) {
     // The global batch's learning rate: the optimizer's own and the schedule's, scaled.
     if (options.optimizer()) {
-      options.optimizer([inner = options.optimizer(), lr_scale](std::vector<at::Tensor> weights) {
+      set_optimizer_factory(options, [inner = optimizer_factory(options), lr_scale](std::vector<at::Tensor> weights) {
         std::unique_ptr<torch::optim::Optimizer> optimizer = inner(std::move(weights));
         for (auto& group : optimizer->param_groups()) group.options().set_lr(group.options().get_lr() * lr_scale);
         return optimizer;
@@ -95,8 +95,8 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   }
   ReplicaReduction replicas;
   if (sharded) {
-    options.optimizer([inner = options.optimizer(),
-                       groups = groups_](std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
+    set_optimizer_factory(options, [inner = optimizer_factory(options), groups = groups_](
+                                       std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
       return std::make_unique<ShardedOptimizer>(std::move(weights), inner, groups);
     });
     replicas.gradients = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
@@ -119,21 +119,21 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   transport_options.device = worker_devices({device}, 1).at(0);
   transport_options.ranks = layout.pipeline_ranks(groups_->replica());
   transport_options.timeout = options.timeout();
-  transport_options.activation_shapes = distributed_.activation_shapes();
-  transport_options.shared_memory = distributed_.shared_memory();
+  transport_options.activation_shapes = distributed_.activation_shapes;
+  transport_options.shared_memory = distributed_.shared_memory;
   const c10::intrusive_ptr<c10d::Backend> device_group =
       transport_options.device.is_cuda() ? groups_->pipeline_device() : c10::intrusive_ptr<c10d::Backend>();
   auto transport = std::make_unique<C10dTransport>(groups_->pipeline(), device_group, transport_options);
   transport_ = transport.get();
-  pipeline_ = std::make_unique<Pipeline>(model, std::move(options), k, std::move(transport), std::move(replicas));
-  check_argument(!sharded || pipeline_->schedule().synchronous(), "conveyor: sharded optimizer state needs a ",
-                 "synchronous schedule; '", pipeline_->schedule().name, "' steps each stage after every micro-batch");
+  runner_ = std::make_unique<StageRunner>(model, std::move(options), k, std::move(transport), std::move(replicas));
+  check_argument(!sharded || runner_->schedule().synchronous(), "conveyor: sharded optimizer state needs a ",
+                 "synchronous schedule; '", runner_->schedule().name, "' steps each stage after every micro-batch");
 
   // Identical initial weights: replica 0's, stage by stage.
   const bool on_device = transport_options.device.is_cuda() && groups_->replicas_device();
-  for (int s = 0; s < pipeline_->num_stages(); ++s) {
-    if (!pipeline_->is_local(s)) continue;
-    const Stage& stage = pipeline_->stage(s);
+  for (int s = 0; s < runner_->num_stages(); ++s) {
+    if (!runner_->is_local(s)) continue;
+    const Stage& stage = runner_->stage(s);
     std::vector<at::Tensor> tensors = stage.live();
     for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
     broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
@@ -141,20 +141,20 @@ DistributedPipeline::DistributedPipeline(torch::nn::Sequential model, PipelineOp
   }
 }
 
-int64_t DistributedPipeline::optimizer_state_bytes() const {
+int64_t DistributedRunner::optimizer_state_bytes() const {
   int64_t bytes = 0;
-  for (int s = 0; s < pipeline_->num_stages(); ++s) {
-    if (!pipeline_->is_local(s)) continue;
-    if (const torch::optim::Optimizer* optimizer = pipeline_->stage(s).optimizer()) {
+  for (int s = 0; s < runner_->num_stages(); ++s) {
+    if (!runner_->is_local(s)) continue;
+    if (const torch::optim::Optimizer* optimizer = runner_->stage(s).optimizer()) {
       bytes += conveyor::optimizer_state_bytes(*optimizer);
     }
   }
   return bytes;
 }
 
-double DistributedPipeline::clip_grad_norm(double max_norm, double norm_type) {
+double DistributedRunner::clip_grad_norm(double max_norm, double norm_type) {
   try {
-    return pipeline_->clip_grad_norm(max_norm, norm_type);
+    return runner_->clip_grad_norm(max_norm, norm_type);
   } catch (const std::invalid_argument&) {
     throw;
   } catch (...) {
@@ -163,24 +163,24 @@ double DistributedPipeline::clip_grad_norm(double max_norm, double norm_type) {
   }
 }
 
-double DistributedPipeline::learning_rate(double base) const {
-  return distributed_.scale_learning_rate() ? base * groups_->layout().replicas : base;
+double DistributedRunner::learning_rate(double base) const {
+  return distributed_.scale_learning_rate ? base * groups_->layout().replicas : base;
 }
 
-StepResult DistributedPipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
-  return finish_step([&] { return pipeline_->train_step(input, target, loss_fn); });
+StepResult DistributedRunner::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss_fn) {
+  return finish_step([&] { return runner_->train_step(input, target, loss_fn); });
 }
 
-StepResult DistributedPipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
-  return finish_step([&] { return pipeline_->train_step(inputs, targets, loss_fn); });
+StepResult DistributedRunner::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn) {
+  return finish_step([&] { return runner_->train_step(inputs, targets, loss_fn); });
 }
 
-StepResult DistributedPipeline::train_microbatches(const std::vector<Tensors>& inputs,
+StepResult DistributedRunner::train_microbatches(const std::vector<Tensors>& inputs,
                                                   const std::vector<Tensors>& targets, const TensorsLossFn& loss_fn) {
-  return finish_step([&] { return pipeline_->train_microbatches(inputs, targets, loss_fn); });
+  return finish_step([&] { return runner_->train_microbatches(inputs, targets, loss_fn); });
 }
 
-StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& step) {
+StepResult DistributedRunner::finish_step(const std::function<StepResult()>& step) {
   StepResult result;
   try {
     result = step();
@@ -190,35 +190,35 @@ StepResult DistributedPipeline::finish_step(const std::function<StepResult()>& s
     throw;
   }
   const HybridLayout& layout = groups_->layout();
-  if (!pipeline_->options().optimizer()) reduce_gradients(*groups_, parameters(), average_);
+  if (!runner_->options().optimizer()) reduce_gradients(*groups_, parameters(), average_);
   // The global loss: each replica's comes from its last stage.
-  const bool last = pipeline_->is_local(pipeline_->num_stages() - 1);  // not the last worker in a V shape
+  const bool last = runner_->is_local(runner_->num_stages() - 1);  // not the last worker in a V shape
   at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);
-  all_reduce_everywhere(*groups_, {loss}, c10::str("reducing the loss of step ", pipeline_->completed_steps()));
+  all_reduce_everywhere(*groups_, {loss}, c10::str("reducing the loss of step ", runner_->completed_steps()));
   result.loss = loss.item<double>() / (average_ ? layout.replicas : 1);
   return result;
 }
 
-at::Tensor DistributedPipeline::forward(const at::Tensor& input) {
+at::Tensor DistributedRunner::forward(const at::Tensor& input) {
   try {
-    return pipeline_->forward(input);
+    return runner_->forward(input);
   } catch (...) {
     groups_->mark_failed();
     throw;
   }
 }
 
-Tensors DistributedPipeline::forward(const Tensors& inputs) {
+Tensors DistributedRunner::forward(const Tensors& inputs) {
   try {
-    return pipeline_->forward(inputs);
+    return runner_->forward(inputs);
   } catch (...) {
     groups_->mark_failed();
     throw;
   }
 }
 
-std::vector<at::Tensor> DistributedPipeline::stage_tensors(int stage) const {
-  const StageSpec& spec = pipeline_->plan().stages.at(stage);
+std::vector<at::Tensor> DistributedRunner::stage_tensors(int stage) const {
+  const StageSpec& spec = runner_->plan().stages.at(stage);
   std::vector<at::Tensor> tensors;
   for (int64_t i = spec.begin; i < spec.end; ++i) {
     const auto layer = weights_and_buffers(*model_->ptr(static_cast<size_t>(i)));
@@ -227,14 +227,14 @@ std::vector<at::Tensor> DistributedPipeline::stage_tensors(int stage) const {
   return tensors;
 }
 
-void DistributedPipeline::gather_model() {
+void DistributedRunner::gather_model() {
   if (groups_->replica() != 0 || groups_->layout().workers == 1) return;
   c10d::Backend& group = *groups_->pipeline();
   const int me = groups_->worker();
-  const schedules::Schedule& schedule = pipeline_->schedule();
+  const schedules::Schedule& schedule = runner_->schedule();
   c10::NoGradGuard no_grad;
   // Stage by stage, each tensor on a tag of its own.
-  for (int s = 0, tag = kGatherTag; s < pipeline_->num_stages(); ++s) {
+  for (int s = 0, tag = kGatherTag; s < runner_->num_stages(); ++s) {
     const int owner = schedule.worker_of(s);
     const std::vector<at::Tensor> tensors = stage_tensors(s);
     if (owner == 0 || (me != 0 && me != owner)) {

@@ -1,4 +1,4 @@
-#include "plugin/errors.h"
+#include "plugin/core/errors.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,17 +1,18 @@
 #pragma once
-// Distributed training: a pipeline with one worker per process (running one
-// stage, or several under an interleaved schedule), and D data-parallel
-// replicas of it (hybrid parallelism); the data-parallel baselines it is
-// measured against are in data_parallel.h. Launch with torchrun; see
-// plugin/distributed/process_groups.h for the layout (rank r = worker r % K of
-// replica r / K) and the rendezvous.
+// DistributedRunner: this process's part of a pipeline across processes, one
+// worker a process (running one stage, or several under an interleaved or V
+// schedule), with D data-parallel replicas of the pipeline (hybrid
+// parallelism); conveyor::Pipeline builds one when given process groups. The
+// data-parallel baselines it is measured against are in data_parallel.h.
+// Launch with torchrun; plugin/distributed/process_groups.h gives the layout
+// (rank r = worker r % K of replica r / K) and the rendezvous.
 //
 //   auto env = conveyor::LaunchEnvironment::from_environment();
 //   auto groups = std::make_shared<conveyor::ProcessGroups>(
 //       conveyor::connect_store(env, std::chrono::minutes(5)), env.rank,
 //       conveyor::HybridLayout::for_world(env.world_size, /*workers=*/2), conveyor::ProcessGroups::Options{});
-//   conveyor::DistributedPipeline pipe(make_model(), conveyor::PipelineOptions().workers(2).microbatches(8)
-//       .optimizer(sgd), groups);
+//   conveyor::Pipeline pipe(make_model(), conveyor::PipelineOptions().workers(2).microbatches(8)
+//       .optimizer(sgd).local_rank(env.local_rank), groups);
 //   for (...) {
 //     auto [x, y] = next_global_batch();
 //     auto r = pipe.train_step(conveyor::shard(x, groups->replica(), groups->layout().replicas),
@@ -28,7 +29,7 @@
 //    an overflow on any rank skips the step on every rank and the clipping
 //    norm is the global batch's, over the whole model;
 //  - each replica reads its own shard of the global batch: shard();
-//  - the learning rate for the global batch: DistributedOptions::scale_learning_rate;
+//  - the learning rate for the global batch: the option scale_learning_rate;
 //  - logging, checkpointing and evaluation on one rank: is_logging_rank(),
 //    the global loss on every rank in StepResult::loss, gather_model() and
 //    write_atomically() (plugin/support/atomic_file.h).
@@ -44,8 +45,8 @@
 
 #include "plugin/distributed/data_parallel.h"
 #include "plugin/distributed/process_groups.h"
-#include "plugin/options.h"
-#include "plugin/pipeline.h"
+#include "plugin/core/options.h"
+#include "plugin/runner/stage_runner.h"
 #include "plugin/transport/c10d.h"
 
 #include <torch/arg.h>
@@ -65,7 +66,7 @@ namespace conveyor {
 // so the batch must divide evenly: an error names the dimension otherwise.
 at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim = 0);
 
-class DistributedPipeline {
+class DistributedRunner {
  public:
   // Every rank passes the same model and options (the model whole: each rank
   // builds and trains only its stage; its weights are broadcast from replica 0).
@@ -73,8 +74,7 @@ class DistributedPipeline {
   // each wait for a neighbouring stage (an activation, a gradient), the
   // groups' timeout each collective (gradients, loss, weights). Throws
   // std::invalid_argument for a bad configuration.
-  DistributedPipeline(torch::nn::Sequential model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups,
-                      DistributedOptions distributed = {});
+  DistributedRunner(torch::nn::Sequential model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups);
 
   // One step on this replica's batch (see shard()). Stage 0 reads `input`,
   // the last stage `target`; every rank of the replica passes both. With the
@@ -94,8 +94,8 @@ class DistributedPipeline {
   Tensors forward(const Tensors& inputs);
 
   // This rank's stage's live weights (what an optimizer steps).
-  std::vector<at::Tensor> parameters() const { return pipeline_->parameters(); }
-  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return pipeline_->named_parameters(); }
+  std::vector<at::Tensor> parameters() const { return runner_->parameters(); }
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return runner_->named_parameters(); }
   // Bytes of the state of this rank's stages' own optimizers (with
   // shard_optimizer_state, this replica's shard of it).
   int64_t optimizer_state_bytes() const;
@@ -122,7 +122,8 @@ class DistributedPipeline {
   // the whole trained model).
   torch::nn::Sequential model() const { return model_; }
 
-  Pipeline& pipeline() { return *pipeline_; }
+  StageRunner& runner() { return *runner_; }
+  const StageRunner& runner() const { return *runner_; }
   ProcessGroups& groups() { return *groups_; }
 
  private:
@@ -134,8 +135,8 @@ class DistributedPipeline {
   std::shared_ptr<ProcessGroups> groups_;
   DistributedOptions distributed_;
   bool average_ = true;  // LossReduction::kMean: average gradients across replicas
-  std::unique_ptr<Pipeline> pipeline_;
-  const C10dTransport* transport_ = nullptr;  // owned by pipeline_
+  std::unique_ptr<StageRunner> runner_;
+  const C10dTransport* transport_ = nullptr;  // owned by runner_
 };
 
 }  // namespace conveyor

@@ -2,7 +2,7 @@
 // Every option of a pipeline, declared once: its section, type, name,
 // default, bound and documentation, in one row of the lists below. From these
 // rows come the fields of each section (the runtime takes its sections as
-// they are), PipelineOptions' builder methods (plugin/options.h), the Python
+// they are), PipelineOptions' builder methods (plugin/core/options.h), the Python
 // keywords with their types, defaults and help (python/conveyor), the
 // TorchScript class's dictionary keys, the bounds every value is checked
 // against, and the manual's option reference (docs/reference/options.md).
@@ -12,8 +12,8 @@
 // passes the enumerator (Balance::kUniform). Adding an option is one row here
 // and its use.
 
-#include "plugin/option_rows.h"
-#include "plugin/types.h"
+#include "plugin/core/option_rows.h"
+#include "plugin/core/types.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -23,6 +23,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -59,6 +60,27 @@ constexpr const char* value_name(E e) {
 //   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); }
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
+// The optimizers the pipeline can make by name (torch.optim's).
+enum class OptimizerName { kSgd, kAdam, kAdamW };
+constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd", "adam", "adamw"}; }
+
+// The pipeline's own optimizer, the value of the option `optimizer`: none,
+// one of torch.optim's by name (its learning rate and the rest are options
+// of their own), or a factory.
+struct OptimizerSpec {
+  OptimizerSpec() = default;
+  OptimizerSpec(std::nullptr_t) {}  // NOLINT: none, as for a factory
+  OptimizerSpec(OptimizerName n) : name(n) {}  // NOLINT: implicit, as the option is set
+  template <typename F>
+    requires(std::is_constructible_v<OptimizerFactory, F> && !std::is_same_v<std::decay_t<F>, OptimizerSpec> &&
+             !std::is_same_v<std::decay_t<F>, std::nullptr_t>)
+  OptimizerSpec(F&& f) : factory(std::forward<F>(f)) {}  // NOLINT
+  std::optional<OptimizerName> name;
+  OptimizerFactory factory;
+  explicit operator bool() const { return name.has_value() || static_cast<bool>(factory); }
+  bool operator==(std::nullptr_t) const { return !*this; }
+};
+
 // The learning rate of the n-th update (n counts from 0).
 using LearningRateSchedule = std::function<double(int64_t update)>;
 
@@ -83,6 +105,9 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
 
 // --- what to cut ----------------------------------------------------------------------------------------------
 #define CONVEYOR_CUTTING_OPTIONS(X)                                                                                \
+  X(cutting, std::vector<std::string>, split_points, {}, kAny,                                                     \
+    "Submodule names whose calls begin a new stage ([\"layers.2\", \"head\"]: three stages). Without them the "    \
+    "forward must be a plain chain of submodules, cut into workers stages by balance.")                            \
   X(cutting, std::vector<int64_t>, boundaries, {}, kAny,                                                           \
     "Explicit cuts of a sequence of layers: the index of the first layer of stages 1..S-1, strictly increasing, "  \
     "each in (0, number of layers). Overrides balance.")                                                           \
@@ -155,11 +180,15 @@ CONVEYOR_FOR_EACH_OPTION(LossScaling, CONVEYOR_LOSS_SCALING_FIELDS)
 
 // --- training -------------------------------------------------------------------------------------------------
 #define CONVEYOR_TRAINING_OPTIONS(X)                                                                               \
-  X(training, OptimizerFactory, optimizer, nullptr, kAny,                                                          \
-    "The pipeline's own optimizer, one per stage over that stage's weights (C++: a factory; Python: \"sgd\", "     \
-    "\"adam\" or \"adamw\" with lr, momentum and weight_decay). Asynchronous schedules need it; a synchronous "    \
-    "train_step then also steps it and clears the gradients. Without it the caller steps an optimizer over "       \
-    "parameters().")                                                                                               \
+  X(training, OptimizerSpec, optimizer, {}, kAny,                                                                  \
+    "The pipeline's own optimizer, one per stage over that stage's weights: \"sgd\", \"adam\" or \"adamw\" "      \
+    "(torch.optim's, with lr, momentum and weight_decay), or in C++ a factory. Asynchronous schedules need it; a "  \
+    "synchronous train_step then also steps it and clears the gradients. Without it the caller steps an "          \
+    "optimizer over parameters().")                                                                                \
+  X(training, std::optional<double>, lr, std::nullopt, kAny, "The learning rate of an optimizer given by name.")  \
+  X(training, std::optional<double>, momentum, std::nullopt, kAny, "Momentum (\"sgd\" only).")                     \
+  X(training, std::optional<double>, weight_decay, std::nullopt, kAny,                                             \
+    "Weight decay of an optimizer given by name (torch.optim's default: 0, and 0.01 for \"adamw\").")             \
   X(training, LearningRateSchedule, lr_schedule, nullptr, kAny,                                                    \
     "lr_schedule(update) -> the learning rate of the pipeline's optimizer before each of its steps.")              \
   X(training, std::optional<UpdateUnit>, lr_schedule_unit, std::nullopt, kAny,                                     \
@@ -210,65 +239,29 @@ inline bool divergence_guarded(bool divergence_guard, bool loss_scaling) { retur
     "Each stage draws random numbers from its own streams, seeded from the global seed and its index, so runs "    \
     "with dropout in several stages repeat bit for bit and checkpoints restore them.")
 
-#define CONVEYOR_OPTION_FIELD(section, Type, name, default_, bound, doc) Type name = default_;
-
-// Each section's values, as the code that uses them takes them.
-struct CuttingOptions {
-  CONVEYOR_CUTTING_OPTIONS(CONVEYOR_OPTION_FIELD)
-};
-struct SchedulingOptions {
-  CONVEYOR_SCHEDULING_OPTIONS(CONVEYOR_OPTION_FIELD)
-};
-struct BatchingOptions {
-  CONVEYOR_BATCHING_OPTIONS(CONVEYOR_OPTION_FIELD)
-};
-struct TrainingOptions {
-  CONVEYOR_TRAINING_OPTIONS(CONVEYOR_OPTION_FIELD)
-};
-struct RunningOptions {
-  CONVEYOR_RUNNING_OPTIONS(CONVEYOR_OPTION_FIELD)
-};
-
-#define CONVEYOR_PIPELINE_OPTIONS(X)                                                                               \
-  CONVEYOR_CUTTING_OPTIONS(X)                                                                                      \
-  CONVEYOR_SCHEDULING_OPTIONS(X)                                                                                   \
-  CONVEYOR_BATCHING_OPTIONS(X)                                                                                     \
-  CONVEYOR_TRAINING_OPTIONS(X)                                                                                     \
-  CONVEYOR_RUNNING_OPTIONS(X)
-
-// --- how a model given from Python (or TorchScript) becomes a pipeline: the builder's (plugin/builder/) ----------
+// --- the plan ---------------------------------------------------------------------------------------------------
 // Whether the plan is the options' (given), searched on the profile of a
 // sample batch (auto), or searched and then raced on it (tuned).
 enum class PlanMode { kGiven, kAuto, kTuned };
 constexpr std::array<const char*, 3> value_names(PlanMode) { return {"given", "auto", "tuned"}; }
 
-// The optimizers the pipeline can make by name (torch.optim's).
-enum class OptimizerName { kSgd, kAdam, kAdamW };
-constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd", "adam", "adamw"}; }
-
-#define CONVEYOR_BUILD_OPTIONS(X)                                                                                  \
-  X(cutting, std::vector<std::string>, split_points, {}, kAny,                                                     \
-    "Submodule names whose calls begin a new stage ([\"layers.2\", \"head\"]: three stages). Without them the "    \
-    "forward must be a plain chain of submodules, cut into workers stages by balance.")                            \
-  X(planning, PlanMode, plan, PlanMode::kGiven, kAny,                                                          \
+#define CONVEYOR_PLANNING_OPTIONS(X)                                                                               \
+  X(planning, PlanMode, plan, PlanMode::kGiven, kAny,                                                              \
     "\"given\": the plan the options describe. \"auto\": search the whole plan (workers, schedule, chunks, "       \
     "micro-batches, recomputation, split) on the profile of sample for the fastest predicted step within "         \
     "max_workers and memory_budget. \"tuned\": then race the twelve predicted fastest on sample, the slower "      \
     "half dropped each round.")                                                                                    \
   X(planning, int, max_workers, 0, at_least(0), "Plan \"auto\": the most workers to consider (0: workers, else 4).") \
   X(planning, int64_t, memory_budget, 0, at_least(0),                                                              \
-    "Plan \"auto\": bytes each worker may hold (0: no limit).")                                                    \
+    "Plan \"auto\": bytes each worker may hold (0: no limit).")
+
+// --- what the front end does to the model -----------------------------------------------------------------------
+#define CONVEYOR_MODEL_OPTIONS(X)                                                                                  \
   X(model, bool, fused_ops, false, kAny,                                                                           \
     "Swap Conveyor's fused LSTM into the model (a TorchScript module or torch::nn layers) before cutting it.")     \
-  X(model, bool, optimize, false, kAny, "Let the TorchScript executor optimize the stages.")                       \
-  X(training, std::optional<OptimizerName>, optimizer, std::nullopt, kAny,                                         \
-    "The pipeline's own optimizer by name (torch.optim's), one per stage; train_step steps it.")                  \
-  X(training, std::optional<double>, lr, std::nullopt, kAny, "The learning rate of the pipeline's optimizer.")    \
-  X(training, std::optional<double>, momentum, std::nullopt, kAny, "Momentum (\"sgd\" only).")                     \
-  X(training, std::optional<double>, weight_decay, std::nullopt, kAny,                                             \
-    "Weight decay (torch.optim's default: 0, and 0.01 for \"adamw\").")
+  X(model, bool, optimize, false, kAny, "Let the TorchScript executor optimize the stages.")
 
-// --- how a pipeline runs across processes: DistributedPipeline's (plugin/distributed/) --------------------------
+// --- how a pipeline runs across processes ----------------------------------------------------------------------
 #define CONVEYOR_DISTRIBUTED_OPTIONS(X)                                                                            \
   X(distributed, bool, scale_learning_rate, false, kAny,                                                           \
     "Multiply the pipeline's own optimizer's learning rate (lr_schedule included) by the number of replicas: the " \
@@ -328,14 +321,43 @@ constexpr std::array<const char*, 3> value_names(OptimizerName) { return {"sgd",
     "worker in every replica. Gradients are averaged across it; replica 0's initial weights are "                  \
     "broadcast. conveyor.process_groups(workers) makes both groups.")
 
-struct BuildOptions {
-  CONVEYOR_BUILD_OPTIONS(CONVEYOR_OPTION_ARG)
-};
-CONVEYOR_FOR_EACH_OPTION(BuildOptions, CONVEYOR_BUILD_OPTIONS)
+#define CONVEYOR_OPTION_FIELD(section, Type, name, default_, bound, doc) Type name = default_;
 
-struct DistributedOptions {
-  CONVEYOR_DISTRIBUTED_OPTIONS(CONVEYOR_OPTION_ARG)
+// Each section's values, as the code that uses them takes them.
+struct CuttingOptions {
+  CONVEYOR_CUTTING_OPTIONS(CONVEYOR_OPTION_FIELD)
 };
-CONVEYOR_FOR_EACH_OPTION(DistributedOptions, CONVEYOR_DISTRIBUTED_OPTIONS)
+struct SchedulingOptions {
+  CONVEYOR_SCHEDULING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct BatchingOptions {
+  CONVEYOR_BATCHING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct TrainingOptions {
+  CONVEYOR_TRAINING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct RunningOptions {
+  CONVEYOR_RUNNING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct PlanningOptions {
+  CONVEYOR_PLANNING_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct ModelOptions {
+  CONVEYOR_MODEL_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+struct DistributedOptions {
+  CONVEYOR_DISTRIBUTED_OPTIONS(CONVEYOR_OPTION_FIELD)
+};
+
+// Every option, section by section, in the order the manual lists them.
+#define CONVEYOR_PIPELINE_OPTIONS(X)                                                                               \
+  CONVEYOR_CUTTING_OPTIONS(X)                                                                                      \
+  CONVEYOR_SCHEDULING_OPTIONS(X)                                                                                   \
+  CONVEYOR_BATCHING_OPTIONS(X)                                                                                     \
+  CONVEYOR_TRAINING_OPTIONS(X)                                                                                     \
+  CONVEYOR_RUNNING_OPTIONS(X)                                                                                      \
+  CONVEYOR_PLANNING_OPTIONS(X)                                                                                     \
+  CONVEYOR_MODEL_OPTIONS(X)                                                                                        \
+  CONVEYOR_DISTRIBUTED_OPTIONS(X)
 
 }  // namespace conveyor

@@ -1,4 +1,4 @@
-#include "plugin/step_result.h"
+#include "plugin/core/step_result.h"
 
 #include "plugin/support/atomic_file.h"
 

@@ -1,6 +1,6 @@
-#include "plugin/option_values.h"
+#include "plugin/core/option_values.h"
 
-#include "plugin/options.h"
+#include "plugin/core/options.h"
 
 #include <c10/util/StringUtil.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// How the rows of plugin/option_list.h are read: each row's bound and what it
+// How the rows of plugin/core/option_list.h are read: each row's bound and what it
 // asks in words, the row as generated code sees it (OptionSpec), and the
 // macros that make a row a builder method and visit every row of a list.
 

@@ -34,7 +34,7 @@ struct LossScalerState {
 };
 
 // How a stage's gradients are shared with its data-parallel replicas before
-// an update (the distributed pipeline's; plugin/distributed/distributed_pipeline.h).
+// an update (the distributed pipeline's; plugin/distributed/distributed_runner.h).
 struct ReplicaReduction {
   // Reduces stage `stage`'s gradients (the .grad of `weights`) in place across
   // the replicas before any update looks at them.

@@ -1,0 +1,280 @@
+#include "plugin/pipeline.h"
+
+#include "plugin/checkpoint/model_state.h"
+#include "plugin/core/errors.h"
+#include "plugin/model/model_names.h"
+#include "plugin/model/stage.h"
+#include "schedules/generators.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+namespace conveyor {
+
+namespace {
+
+// `request` checked for its own groups' processes (none: one process).
+CheckedRequest checked(BuildRequest request) {
+  const int processes = request.groups ? request.groups->layout().workers : 0;
+  return CheckedRequest(std::move(request), processes);
+}
+
+}  // namespace
+
+void check_request(const BuildRequest& request, int processes) {
+  count_request(RequestStage::kCheck);
+  const bool across_processes = processes > 0;
+  PipelineOptions options = request.options;
+  check_bounds(options);
+  (void)optimizer_factory(options);  // given whole: a name with its lr, or a factory alone
+  if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
+  if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
+  check_split_point_count(options, options.split_points());
+  check_plan(options, {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
+                       .across_processes = across_processes});
+}
+
+CheckedRequest::CheckedRequest(BuildRequest request, int processes)
+    : request_(std::move(request)), processes_(processes) {
+  check_request(request_, processes_);
+}
+
+void CheckedRequest::attach_loss(TensorsLossFn loss) {
+  check_argument(static_cast<bool>(request_.loss) == static_cast<bool>(loss),
+                 "conveyor: the request was checked ", request_.loss ? "with" : "without", " a loss");
+  request_.loss = std::move(loss);
+}
+
+void CheckedRequest::attach_lr_schedule(LearningRateSchedule schedule) {
+  request_.options.lr_schedule(std::move(schedule));
+}
+
+void CheckedRequest::attach_groups(std::shared_ptr<ProcessGroups> groups) {
+  check_argument(groups != nullptr && groups->layout().workers == processes_, "conveyor: the request was checked for ",
+                 processes_, " processes, not the ", groups ? groups->layout().workers : 0, " of these groups");
+  request_.groups = std::move(groups);
+}
+
+Pipeline::Pipeline(const Model& model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups)
+    : Pipeline(model, BuildRequest{.options = std::move(options), .groups = std::move(groups)}) {}
+
+Pipeline::Pipeline(const Model& model, BuildRequest request) : Pipeline(model, checked(std::move(request))) {}
+
+Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
+  BuildRequest request = std::move(checked.request_);
+  const bool across_processes = request.groups != nullptr;
+  loss_ = std::move(request.loss);
+  PipelineOptions options = std::move(request.options);
+  // One worker per process: the pipeline group's size is the number of workers.
+  if (across_processes && options.workers() == 0) options.workers(request.groups->layout().workers);
+  const bool given_cut = !options.split_points().empty() || !options.boundaries().empty();
+  // 1. The model as layers.
+  ModelLayers layers = model_layers(model, options);
+  fused_ops_report_ = layers.fused_ops_report;
+  aliases_ = std::move(layers.aliases);
+  transient_buffers_ = std::move(layers.transient_buffers);
+  // 2. The plan.
+  const SampleBatch* sample = request.sample ? &*request.sample : nullptr;
+  const PlanMode mode = options.plan();
+  PlannedOptions planned = plan_pipeline(layers.layers, std::move(options),
+                                         {.sample = sample, .loss = loss_, .across_processes = across_processes,
+                                          .checked = true});
+  search_text_ = std::move(planned.search);
+  options_ = planned.options;
+  // 3. The runner.
+  if (across_processes) {
+    distributed_ = std::make_unique<DistributedRunner>(layers.layers, std::move(planned.options),
+                                                       std::move(request.groups));
+    runner_ = &distributed_->runner();
+  } else {
+    local_ = std::make_unique<StageRunner>(layers.layers, std::move(planned.options));
+    runner_ = local_.get();
+  }
+  if (const auto& profile = runner_->options().profile(); profile && sample) {
+    plan_ = predict(*profile, runner_->plan(), runner_->schedule(), batch_size(*sample, runner_->options()),
+                    runner_->options());
+    plan_->balance = mode != PlanMode::kGiven ? "searched" : given_cut ? "given boundaries" : "time";
+  }
+}
+
+Pipeline::~Pipeline() = default;
+Pipeline::Pipeline(Pipeline&&) noexcept = default;
+Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
+
+const StepResult& Pipeline::train_step(const Tensors& inputs, const Tensors& targets) {
+  check_argument(static_cast<bool>(loss_), "conveyor: train_step needs a loss: pass one, or give BuildRequest::loss");
+  return train_step(inputs, targets, loss_);
+}
+
+const StepResult& Pipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss) {
+  last_ = distributed_ ? distributed_->train_step(inputs, targets, loss) : runner_->train_step(inputs, targets, loss);
+  return last_;
+}
+
+const StepResult& Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  last_ = distributed_ ? distributed_->train_step(input, target, loss) : runner_->train_step(input, target, loss);
+  return last_;
+}
+
+const StepResult& Pipeline::train_microbatches(const std::vector<Tensors>& inputs,
+                                               const std::vector<Tensors>& targets, const TensorsLossFn& loss) {
+  last_ = distributed_ ? distributed_->train_microbatches(inputs, targets, loss)
+                       : runner_->train_microbatches(inputs, targets, loss);
+  return last_;
+}
+
+Tensors Pipeline::forward(const Tensors& inputs) {
+  return distributed_ ? distributed_->forward(inputs) : runner_->forward(inputs);
+}
+
+at::Tensor Pipeline::forward(const at::Tensor& input) {
+  return distributed_ ? distributed_->forward(input) : runner_->forward(input);
+}
+
+double Pipeline::clip_grad_norm(double max_norm, double norm_type) {
+  return distributed_ ? distributed_->clip_grad_norm(max_norm, norm_type)
+                      : runner_->clip_grad_norm(max_norm, norm_type);
+}
+
+void Pipeline::train(bool on) { runner_->train(on); }
+int Pipeline::num_stages() const { return runner_->num_stages(); }
+int Pipeline::num_workers() const { return runner_->num_workers(); }
+const schedules::Schedule& Pipeline::schedule() const { return runner_->schedule(); }
+const PipelineOptions& Pipeline::options() const { return options_; }
+int64_t Pipeline::completed_steps() const { return runner_->completed_steps(); }
+
+std::string Pipeline::plan_text() const {
+  return !search_text_.empty() ? search_text_ : plan_ ? plan_->str() : runner_->plan().str();
+}
+
+bool Pipeline::is_logging_rank() const { return !distributed_ || distributed_->is_logging_rank(); }
+
+double Pipeline::learning_rate(double base) const { return distributed_ ? distributed_->learning_rate(base) : base; }
+
+void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state) {
+  save_checkpoint(path, pipe.runner(), state);
+}
+
+int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
+                        const std::vector<torch::optim::Optimizer*>& optimizers) {
+  return load_checkpoint(path, pipe.runner(), optimizers);
+}
+
+void save_model_state(const std::string& path, const Pipeline& pipe) {
+  check_argument(pipe.distributed() == nullptr, "conveyor: save_model_state writes the whole model, and each ",
+                 "process of a multi-process pipeline holds only its stages: call save_checkpoint on every rank, ",
+                 "then `conveyor_checkpoint export OUT FILE...` writes the plain state dict of all the ranks' files");
+  save_model_state(path, pipe.state_dict());
+}
+
+namespace {
+
+// Each name once, at its first place: a buffer read by several stages, and
+// the later stages' copies of a tied weight in state_entries(), carry its
+// name too.
+std::vector<std::pair<std::string, at::Tensor>> first_of_each(std::vector<std::pair<std::string, at::Tensor>> named) {
+  std::set<std::string> seen;
+  std::erase_if(named, [&](const auto& item) { return !seen.insert(item.first).second; });
+  return named;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() const {
+  // The stages' own names of the parameters (the Sequential's), which the tie groups use.
+  std::vector<std::string> layer_names;
+  for (int k = 0; k < runner_->num_stages(); ++k) {
+    if (!runner_->is_local(k)) continue;
+    for (const auto& item : runner_->stage(k).module()->named_parameters()) layer_names.push_back(item.key());
+  }
+  const std::set<std::string> local(layer_names.begin(), layer_names.end());
+  // A tied weight is listed at its first holder in this process: the
+  // pipeline gives the later holders its value (across processes, each
+  // process steps its own holder with the summed gradient).
+  std::set<std::string> later;
+  for (const auto& group : runner_->tied_parameters()) {
+    bool first = true;
+    for (const std::string& name : group) {
+      if (!local.count(name)) continue;
+      if (!first) later.insert(name);
+      first = false;
+    }
+  }
+  const auto named = model_named_parameters(*runner_);  // in the stages' order, as layer_names
+  TORCH_INTERNAL_ASSERT(named.size() == layer_names.size(), "conveyor: a stage's parameters changed names");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < named.size(); ++i) {
+    if (!later.count(layer_names[i])) out.push_back(named[i]);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> Pipeline::parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_buffers() const {
+  return first_of_each(model_named_buffers(*runner_));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_dict() const {
+  return first_of_each(state_entries());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_entries() const {
+  auto state = model_named_parameters(*runner_);
+  for (auto& b : model_named_buffers(*runner_)) {
+    const bool transient =
+        std::find(transient_buffers_.begin(), transient_buffers_.end(), b.first) != transient_buffers_.end();
+    if (!transient) state.push_back(std::move(b));
+  }
+  const size_t held = state.size();
+  for (const auto& [alias, name] : aliases_) {
+    for (size_t i = 0; i < held; ++i) {
+      if (state[i].first == name) state.emplace_back(alias, state[i].second);
+    }
+  }
+  for (auto& [name, t] : state) t = t.detach();
+  return state;
+}
+
+Pipeline::IncompatibleKeys Pipeline::load_state_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, bool strict) {
+  const auto tensors = state_entries();  // every copy of a tied weight takes its value
+  const std::map<std::string, at::Tensor> given(state.begin(), state.end());
+  IncompatibleKeys keys;
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors) {
+    const bool first = names.insert(name).second;
+    const auto it = given.find(name);
+    if (it == given.end()) {
+      if (first) keys.missing.push_back(name);
+      continue;
+    }
+    check_argument(it->second.sizes().equals(t.sizes()), "conveyor.Pipeline.load_state_dict: '", name,
+                   "' has shape ", it->second.sizes(), ", the pipeline's has ", t.sizes());
+  }
+  for (const auto& [name, value] : state) {
+    if (!names.count(name)) keys.unexpected.push_back(name);
+  }
+  if (strict && (!keys.missing.empty() || !keys.unexpected.empty())) {
+    const std::string first = !keys.missing.empty() ? "missing '" + keys.missing[0] + "'"
+                                                    : "unexpected '" + keys.unexpected[0] + "'";
+    throw std::invalid_argument(c10::str("conveyor.Pipeline.load_state_dict: ", first, " (", keys.missing.size(),
+                                         " missing, ", keys.unexpected.size(),
+                                         " unexpected; strict=False loads the rest)"));
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : tensors) {
+    if (const auto it = given.find(name); it != given.end()) t.copy_(it->second);
+  }
+  return keys;
+}
+
+}  // namespace conveyor
