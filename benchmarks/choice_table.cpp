@@ -22,17 +22,17 @@ namespace conveyor::bench {
 namespace {
 
 // A plan as the grid measures it: its choices and its split.
-std::string plan_key(const PlanChoice& c) {
+std::string plan_key(const Candidate& c) {
   std::string key = c.describe() + ", split at";
-  for (size_t s = 1; s < c.plan.stages.stages.size(); ++s) {
+  for (size_t s = 1; s < c.prediction.split.stages.size(); ++s) {
     key += ' ';
-    key += std::to_string(c.plan.stages.stages[s].begin);
+    key += std::to_string(c.prediction.split.stages[s].begin);
   }
   return key;
 }
 
 struct Measured {
-  PlanChoice choice;
+  Candidate choice;
   std::unique_ptr<Pipeline> pipe;
   std::vector<double> wall;     // screening: every plan in turn
   std::vector<double> decided;  // the plans that decide a cell, alone in turn
@@ -45,11 +45,11 @@ struct Cell {
   int devices = 2;
   int64_t budget = 0;
   std::vector<std::string> fits;  // keys of the plans that fit
-  std::string chosen, chosen_cores, tuned;  // tuned: the counted search's finalists measured (tune_plan)
+  std::string chosen, chosen_cores, tuned;  // tuned: the counted search's finalists measured (race_candidates)
 };
 
-PlanSpace grid_space(int devices, int64_t budget) {
-  PlanSpace space;  // every synchronous built-in schedule
+SearchSpace grid_space(int devices, int64_t budget) {
+  SearchSpace space;  // every synchronous built-in schedule
   space.max_workers = devices;
   space.memory_budget = budget;
   space.chunks = {2};
@@ -79,11 +79,11 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
   const PipelineOptions base = PipelineOptions().profile(profile);
 
   // The budgets, from the unconstrained search on up to 2 workers.
-  const PlanSearch open = search_plans(reference, base, batch, grid_space(2, 0));
+  const SearchResult open = search_plans(reference, base, batch, grid_space(2, 0));
   int64_t one_worker = 0, leanest = open.best().peak_bytes();
-  for (const PlanChoice& c : open.ranked) {
+  for (const Candidate& c : open.ranked) {
     leanest = std::min(leanest, c.peak_bytes());
-    if (c.workers == 1 && c.plan.schedule.num_microbatches == 1 && !c.recompute) one_worker = c.peak_bytes();
+    if (c.workers == 1 && c.prediction.schedule.num_microbatches == 1 && !c.recompute) one_worker = c.peak_bytes();
   }
   // Just above the leanest: a budget splits within it, which need not find
   // the unconstrained split (an interleaved worker's stages each get half).
@@ -101,19 +101,19 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
                open.ranked.size(), mib(budgets[1]), mib(budgets[2]));
 
   std::map<std::string, Measured> plans;
-  std::map<std::string, PlanChoice> tunings;  // by the finalists' keys
+  std::map<std::string, Candidate> tunings;  // by the finalists' keys
   std::vector<Cell> cells;
   for (int64_t budget : budgets) {
     for (int devices : {2, 4}) {
       Cell cell{devices, budget, {}, {}, {}, {}};
-      const PlanSearch search = search_plans(reference, base, batch, grid_space(devices, budget));
-      for (const PlanChoice& c : search.ranked) {
+      const SearchResult search = search_plans(reference, base, batch, grid_space(devices, budget));
+      for (const Candidate& c : search.ranked) {
         const std::string key = plan_key(c);
         cell.fits.push_back(key);
         if (!plans.count(key)) plans[key].choice = c;
       }
       cell.chosen = plan_key(search.best());
-      const PlanSearch counted =
+      const SearchResult counted =
           search_plans(reference, PipelineOptions().profile(with_cores), batch, grid_space(devices, budget));
       cell.chosen_cores = plan_key(counted.best());
       if (!plans.count(cell.chosen_cores)) plans[cell.chosen_cores].choice = counted.best();
@@ -123,8 +123,8 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
       for (size_t i : tune_candidates(counted)) finalists += plan_key(counted.ranked[i]) + "; ";
       if (!tunings.count(finalists)) {
         const TensorsLossFn tensors_loss = [loss](const Tensors& out, const Tensors& t) { return loss(out[0], t[0]); };
-        const PlanTuning tuning =
-            tune_plan(reference, counted, PipelineOptions().profile(with_cores), {x}, {y}, tensors_loss);
+        const Race tuning =
+            race_candidates(reference, counted, PipelineOptions().profile(with_cores), {x}, {y}, tensors_loss);
         std::fprintf(stderr, "%s", tuning.str().c_str());
         tunings[finalists] = tuning.best();
       }
@@ -135,9 +135,9 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
   }
   std::fprintf(stderr, "%s: building %zu pipelines\n", kind.c_str(), plans.size());
   for (auto& [key, m] : plans) {
-    m.predicted = make_plan(reference, m.choice.options(base), batch).step_seconds() * 1e3;
+    m.predicted = predict_step(reference, m.choice.options(base), batch).step_seconds() * 1e3;
     m.predicted_shared =
-        make_plan(reference, m.choice.options(PipelineOptions().profile(with_cores)), batch).step_seconds() * 1e3;
+        predict_step(reference, m.choice.options(PipelineOptions().profile(with_cores)), batch).step_seconds() * 1e3;
     torch::manual_seed(0);
     m.pipe = std::make_unique<Pipeline>(make_model(kind), m.choice.options(base));
     m.pipe->train_step(x, y, loss);  // warm-up

@@ -20,7 +20,7 @@ namespace conveyor::bench {
 // measured again with the other pipelines released (median of 9 x `steps`
 // steps, taking turns). Per cell, the planner's choice (the profile as
 // measured, with the CPU's cores counted: ProfileOptions::count_cores, and
-// tuned: tune_plan) against the best of those plans that fits. `only`: that model alone (empty: all four); `sharing`:
+// tuned: race_candidates) against the best of those plans that fits. `only`: that model alone (empty: all four); `sharing`:
 // ProfileOptions::sharing_stages of the profile. Prints markdown tables;
 // returns 0.
 int choice_table(int steps, const std::string& only, int sharing);

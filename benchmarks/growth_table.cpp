@@ -24,7 +24,7 @@ constexpr int64_t kWords = 35;
 struct Row {
   int k = 1, m = 1;
   std::unique_ptr<Pipeline> pipe;
-  Plan plan;
+  Prediction plan;
   std::vector<double> wall;
   std::vector<int64_t> stash;
   double forward = 0, backward = 0;  // K = 1: mean per micro-batch, from the last step's trace
@@ -53,7 +53,7 @@ int growth_table(int steps, int64_t batch) {
       Row r;
       r.k = k;
       r.m = m;
-      r.plan = make_plan(model, options, batch);
+      r.plan = predict_step(model, options, batch);
       r.pipe = std::make_unique<Pipeline>(model, options);
       r.pipe->train_step(x, y, loss);  // warm-up
       rows.push_back(std::move(r));

@@ -116,7 +116,7 @@ int predict_table(const std::string& model, int64_t batch, int steps, int thread
   struct Config {
     PredictRow row;
     std::unique_ptr<Pipeline> pipe;
-    Plan plan;
+    Prediction plan;
     std::vector<double> wall;
     std::vector<int64_t> stash;
   };
@@ -149,7 +149,7 @@ int predict_table(const std::string& model, int64_t batch, int steps, int thread
     } else if (!w.tied.empty()) {
       o.tied_parameters({w.tied});
     }
-    Config c{row, nullptr, make_plan(layers, o, batch), {}, {}};
+    Config c{row, nullptr, predict_step(layers, o, batch), {}, {}};
     c.pipe = std::make_unique<Pipeline>(layers, o);
     c.pipe->train_step(w.x, w.y, w.loss);  // warm-up
     configs.push_back(std::move(c));
@@ -184,7 +184,7 @@ int predict_table(const std::string& model, int64_t batch, int steps, int thread
     const double error = predicted / measured - 1;
     within += std::abs(error) <= 0.1;
     std::string layers;
-    for (const auto& stage : c.plan.stages.stages) {
+    for (const auto& stage : c.plan.split.stages) {
       layers += (layers.empty() ? "" : " ") + std::to_string(stage.begin) + "-" + std::to_string(stage.end - 1);
     }
     std::string name = c.row.schedule;

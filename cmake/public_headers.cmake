@@ -11,8 +11,8 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/conveyor.h plugin/pipeline.h plugin/version.h
   plugin/core/errors.h plugin/core/option_list.h plugin/core/option_rows.h plugin/core/options.h
   plugin/core/step_result.h plugin/core/types.h
-  plugin/runner/stage_runner.h plugin/measure/profile_model.h plugin/measure/tune_plan.h
-  plugin/model/model_names.h plugin/model/stage.h plugin/model/stage_plan.h plugin/model/stage_random.h
+  plugin/runner/stage_runner.h plugin/measure/profile_model.h plugin/measure/race_candidates.h
+  plugin/model/model_names.h plugin/model/stage.h plugin/model/stage_split.h plugin/model/stage_random.h
   plugin/model/tied_parameters.h plugin/model/sharded_state.h
   plugin/planner/balance_time.h plugin/planner/partition.h plugin/planner/planner.h plugin/planner/profile.h
   plugin/planner/search.h

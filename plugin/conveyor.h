@@ -9,7 +9,7 @@
 #include "plugin/core/step_result.h"
 #include "plugin/core/types.h"
 #include "plugin/measure/profile_model.h"
-#include "plugin/measure/tune_plan.h"
+#include "plugin/measure/race_candidates.h"
 #include "plugin/model/model_names.h"
 #include "plugin/model/stage.h"
 #include "plugin/pipeline.h"

@@ -66,7 +66,7 @@ struct BuildRequest {
 
 // The checks of a request that need no model: each option's bounds, a
 // known schedule, the pipeline's optimizer given once and whole, what the
-// plan mode needs (check_plan), workers that fit the split points.
+// plan mode needs (check_plan_mode), workers that fit the split points.
 // `processes`: the pipeline's processes (its group's size), 0 in one
 // process. Throws std::invalid_argument naming the option.
 void check_request(const BuildRequest& request, int processes);
@@ -168,7 +168,7 @@ class Pipeline {
   // With plan "auto", the search: the chosen plan and the runners-up.
   std::string plan_text() const;
   // The plan's prediction, made with balance "time" (a profile).
-  const std::optional<Plan>& prediction() const { return plan_; }
+  const std::optional<Prediction>& prediction() const { return plan_; }
   const std::string& fused_ops_report() const { return fused_ops_report_; }
 
   // Across processes: global rank 0 logs, checkpoints and evaluates (in one
@@ -192,7 +192,7 @@ class Pipeline {
 
   std::vector<std::pair<std::string, std::string>> aliases_;  // see ModelLayers
   std::vector<std::string> transient_buffers_;
-  std::optional<Plan> plan_;
+  std::optional<Prediction> plan_;
   std::string search_text_;
   std::unique_ptr<StageRunner> local_;              // in one process
   std::unique_ptr<DistributedRunner> distributed_;  // across processes

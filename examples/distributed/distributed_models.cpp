@@ -61,13 +61,13 @@ void evaluate(const DistributedModel& m, torch::nn::Sequential model) {
   std::cout << "eval: loss " << cross_entropy(out, held_out.y).item<double>() << ", accuracy " << accuracy << "\n";
 }
 
-Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory) {
+Prediction predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory) {
   const Batch b = global_batch(m, 0);
   ModelProfile profile =
       profile_first_microbatch(make_model(m), b.x, b.y, cross_entropy, options, ProfileOptions().count_cores(true));
   profile.link = measure_c10d_link(4 << 20, 9, std::chrono::seconds(30), shared_memory);
   const auto plan_of = [&](const ModelProfile& p) {
-    return make_plan(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(p)), m.batch);
+    return predict_step(make_model(m), PipelineOptions(options).profile(std::make_shared<ModelProfile>(p)), m.batch);
   };
   ModelProfile without = profile;
   without.link.cpu_seconds_per_transfer = 0;

@@ -49,6 +49,6 @@ void evaluate(const DistributedModel& m, torch::nn::Sequential model);
 // the pipeline passes its messages by default, else over Gloo on loopback),
 // the split the options give. Prints the link's measurements and the step
 // predicted without its processor time.
-Plan predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory);
+Prediction predict_c10d_step(const DistributedModel& m, const PipelineOptions& options, bool shared_memory);
 
 }  // namespace conveyor::examples

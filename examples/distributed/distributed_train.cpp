@@ -101,9 +101,9 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                        if (adam) return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(lr));
                        return std::make_unique<torch::optim::SGD>(p, lr);
                      });
-  std::optional<conveyor::Plan> plan;  // --predict: on rank 0, before the others connect (they wait)
-  if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
-  if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
+  std::optional<conveyor::Prediction> plan;  // --predict: on rank 0, before the others connect (they wait)
+  if (a.predict_step && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
+  if (a.predict_step && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
   conveyor::Pipeline pipe(make_model(a),
                           options.scale_learning_rate(a.scale_lr)
                               .local_rank(env.local_rank)

@@ -256,7 +256,7 @@ conveyor::PipelineOptions pipeline_options(const Config& c, const ex::LanguageMo
 }
 
 void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::LanguageModel& model, int64_t windows,
-                bool synchronous, const conveyor::Plan& plan) {
+                bool synchronous, const conveyor::Prediction& plan) {
   const int64_t m = pipe.schedule().num_microbatches;
   int64_t num_params = 0;
   for (const auto& p : pipe.parameters()) num_params += p.numel();
@@ -264,7 +264,7 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
             << pipe.num_stages() << " stages on " << pipe.num_workers() << " workers"
             << ", " << m << " micro-batches of " << c.batch / m << (c.batch % m ? "+" : "") << " streams, "
             << c.threads << " intra-op thread(s) per worker\n";
-  for (const auto& s : pipe.runner().plan().stages) {
+  for (const auto& s : pipe.runner().split().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";
@@ -298,7 +298,7 @@ int run(const Config& c) {
   conveyor::Pipeline pipe(model.layers, {.options = options, .loss = kLoss,
                                          .sample = conveyor::SampleBatch{{first_input}, {first_target}}});
   if (mode != conveyor::PlanMode::kGiven) std::cout << "--plan " << value_name(mode) << ": " << pipe.plan_text();
-  const conveyor::Plan plan = *pipe.prediction();
+  const conveyor::Prediction plan = *pipe.prediction();
   const int64_t windows = data.train.num_windows(c.bptt);
   print_plan(c, pipe, model, windows, synchronous, plan);
 

@@ -27,7 +27,7 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
             << (c.tie ? "tied to the target embedding" : "untied") << "), " << pipe.num_stages() << " stages, "
             << pipe.schedule().num_microbatches << " micro-batches per batch, " << c.threads
             << " intra-op thread(s) per stage\n";
-  for (const auto& s : pipe.runner().plan().stages) {
+  for (const auto& s : pipe.runner().split().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";
@@ -55,7 +55,7 @@ PipelineOptions planned_options(const TranslatorConfig& c, const LoadedCorpus& c
       .optimizer_state_per_weight(2);  // Adam
   options.plan(PlanMode::kAuto).max_workers(static_cast<int>(c.stages)).memory_budget(c.memory_budget << 20);
   options.boundaries({});  // the search chooses the cut
-  PlannedOptions planned = plan_pipeline(model.layers, std::move(options), {.batch_size = c.batch});
+  Plan planned = decide_plan(model.layers, std::move(options), {.batch_size = c.batch});
   std::cout << "--plan auto: " << planned.search;
   // The pipeline takes the search's choices as its given plan.
   return std::move(planned.options.plan(PlanMode::kGiven).max_workers(0).memory_budget(0));

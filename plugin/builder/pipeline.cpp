@@ -34,7 +34,7 @@ void check_request(const BuildRequest& request, int processes) {
   if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
   if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
   check_split_point_count(options, options.split_points());
-  check_plan(options, {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
+  check_plan_mode(options, {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
                        .across_processes = across_processes});
 }
 
@@ -80,7 +80,7 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
   // 2. The plan.
   const SampleBatch* sample = request.sample ? &*request.sample : nullptr;
   const PlanMode mode = options.plan();
-  PlannedOptions planned = plan_pipeline(layers.layers, std::move(options),
+  Plan planned = decide_plan(layers.layers, std::move(options),
                                          {.sample = sample, .loss = loss_, .across_processes = across_processes,
                                           .checked = true});
   search_text_ = std::move(planned.search);
@@ -95,7 +95,7 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
     runner_ = local_.get();
   }
   if (const auto& profile = runner_->options().profile(); profile && sample) {
-    plan_ = predict(*profile, runner_->plan(), runner_->schedule(), batch_size(*sample, runner_->options()),
+    plan_ = predict_step(*profile, runner_->split(), runner_->schedule(), batch_size(*sample, runner_->options()),
                     runner_->options());
     plan_->balance = mode != PlanMode::kGiven ? "searched" : given_cut ? "given boundaries" : "time";
   }
@@ -148,7 +148,7 @@ const PipelineOptions& Pipeline::options() const { return options_; }
 int64_t Pipeline::completed_steps() const { return runner_->completed_steps(); }
 
 std::string Pipeline::plan_text() const {
-  return !search_text_.empty() ? search_text_ : plan_ ? plan_->str() : runner_->plan().str();
+  return !search_text_.empty() ? search_text_ : plan_ ? plan_->str() : runner_->split().str();
 }
 
 bool Pipeline::is_logging_rank() const { return !distributed_ || distributed_->is_logging_rank(); }

@@ -3,7 +3,7 @@
 #include "plugin/core/errors.h"
 #include "plugin/planner/search.h"
 #include "plugin/measure/profile_model.h"
-#include "plugin/measure/tune_plan.h"
+#include "plugin/measure/race_candidates.h"
 #include "schedules/generators.h"
 
 #include <algorithm>
@@ -33,7 +33,7 @@ RequestCounts request_counts() {
   return {request_counters[0].load(), request_counters[1].load(), request_counters[2].load()};
 }
 
-void check_plan(const PipelineOptions& options, const PlanInputs& inputs) {
+void check_plan_mode(const PipelineOptions& options, const PlanInputs& inputs) {
   count_request(RequestStage::kPlanCheck);
   const PlanMode mode = options.plan();
   const char* name = value_name(mode);
@@ -62,9 +62,9 @@ void check_plan(const PipelineOptions& options, const PlanInputs& inputs) {
                  "conveyor.Pipeline: plan \"tuned\" trains on the sample: give a sample and a loss");
 }
 
-PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options,
+Plan decide_plan(const torch::nn::Sequential& layers, PipelineOptions options,
                              const PlanInputs& inputs) {
-  if (!inputs.checked) check_plan(options, inputs);
+  if (!inputs.checked) check_plan_mode(options, inputs);
   const SampleBatch* sample = inputs.sample;
   const TensorsLossFn& loss = inputs.loss;
   const PlanMode mode = options.plan();
@@ -75,13 +75,13 @@ PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOption
         profile_first_microbatch(layers, sample->inputs, sample->targets, loss, options)));
   }
   if (mode == PlanMode::kGiven) return {std::move(options), ""};
-  PlanSpace space;
+  SearchSpace space;
   space.max_workers = options.max_workers() > 0 ? options.max_workers() : options.workers() > 0 ? options.workers() : 4;
   space.memory_budget = options.memory_budget();
   const int64_t batch = inputs.batch_size > 0 ? inputs.batch_size : batch_size(*sample, options);
-  const PlanSearch search = search_plans(layers, options, batch, space);
+  const SearchResult search = search_plans(layers, options, batch, space);
   if (mode == PlanMode::kAuto) return {search.best().options(std::move(options)), search.str()};
-  const PlanTuning tuning = tune_plan(layers, search, options, sample->inputs, sample->targets, loss);
+  const Race tuning = race_candidates(layers, search, options, sample->inputs, sample->targets, loss);
   return {tuning.best().options(std::move(options)), search.str() + "tuned: " + tuning.str()};
 }
 

@@ -6,7 +6,7 @@
 //   auto   the whole plan searched (plugin/planner/search.h) on that
 //          profile, within max_workers and memory_budget.
 //   tuned  the search's finalists raced on the sample
-//          (plugin/measure/tune_plan.h) and the fastest measured taken.
+//          (plugin/measure/race_candidates.h) and the fastest measured taken.
 
 #include "plugin/core/options.h"
 #include "plugin/core/types.h"
@@ -28,8 +28,9 @@ struct SampleBatch {
 // micro-batches; 0 without one).
 int64_t batch_size(const SampleBatch& sample, const PipelineOptions& options);
 
-struct PlannedOptions {
-  PipelineOptions options;  // with the chosen plan's choices, and the profile if one was taken
+// A decided plan: what a pipeline is built from.
+struct Plan {
+  PipelineOptions options;  // with the plan's choices, and the profile if one was taken
   std::string search;       // plan auto's search (and "tuned: " and its race), as text; empty for given
 };
 
@@ -39,11 +40,11 @@ struct PlanInputs {
   TensorsLossFn loss;                   // what the profile and the race run
   int64_t batch_size = 0;               // the step's batch (auto's search); 0: the sample's
   bool across_processes = false;        // the options are one process's of several
-  bool checked = false;                 // check_plan has passed them (check_request): plan_pipeline does not again
+  bool checked = false;                 // check_plan_mode has passed them (check_request): decide_plan does not again
 };
 
 // How often requests were parsed (request_from_dict), checked
-// (check_request) and their plans checked (check_plan) in this process: a
+// (check_request) and their plans checked (check_plan_mode) in this process: a
 // pipeline's construction does each once.
 struct RequestCounts {
   int64_t parses = 0, checks = 0, plan_checks = 0;
@@ -55,11 +56,12 @@ void count_request(RequestStage stage);
 // What a plan mode needs, checked before the model is read: plan "auto" and
 // "tuned" a sample (tuned a loss too), no split points, one process, a
 // synchronous schedule; plan "given" no search bounds. Throws
-// std::invalid_argument saying what is missing. plan_pipeline checks first,
+// std::invalid_argument saying what is missing. decide_plan checks first,
 // unless the inputs say it was.
-void check_plan(const PipelineOptions& options, const PlanInputs& inputs);
+void check_plan_mode(const PipelineOptions& options, const PlanInputs& inputs);
 
-// `options` with the plan chosen. Options that hold a profile already are
+// The plan, decided as the option plan says: given, searched (auto) or
+// searched and raced (tuned). Options that hold a profile already are
 // not profiled again (a caller may profile a micro-batch of its own). Throws
 // std::invalid_argument for what the mode needs and lacks: a profile or a
 // sample to take it from (balance "time", auto), a batch size (auto), a
@@ -67,7 +69,6 @@ void check_plan(const PipelineOptions& options, const PlanInputs& inputs);
 // choose where to cut), one process (auto and tuned: each process would
 // measure and choose its own), a synchronous schedule (auto and tuned search
 // those), or search bounds with plan given.
-PlannedOptions plan_pipeline(const torch::nn::Sequential& layers, PipelineOptions options,
-                             const PlanInputs& inputs);
+Plan decide_plan(const torch::nn::Sequential& layers, PipelineOptions options, const PlanInputs& inputs);
 
 }  // namespace conveyor

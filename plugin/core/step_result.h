@@ -77,7 +77,7 @@ struct StepResult {
   std::string chrome_trace_json() const;
   void write_chrome_trace(const std::string& path) const;  // throws std::runtime_error on I/O failure
   // The step as a timeline, a row per stage (plugin/trace/timeline.h), in SVG.
-  // Plan::write_timeline draws the prediction above it. Throws
+  // Prediction::write_timeline draws the prediction above it. Throws
   // std::invalid_argument without a trace.
   void write_timeline(const std::string& path) const;
 };

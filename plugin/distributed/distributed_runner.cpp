@@ -218,7 +218,7 @@ Tensors DistributedRunner::forward(const Tensors& inputs) {
 }
 
 std::vector<at::Tensor> DistributedRunner::stage_tensors(int stage) const {
-  const StageSpec& spec = runner_->plan().stages.at(stage);
+  const StageSpec& spec = runner_->split().stages.at(stage);
   std::vector<at::Tensor> tensors;
   for (int64_t i = spec.begin; i < spec.end; ++i) {
     const auto layer = weights_and_buffers(*model_->ptr(static_cast<size_t>(i)));

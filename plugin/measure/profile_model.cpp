@@ -111,7 +111,7 @@ double measure_crowded_overhead(const ModelProfile& profile) {
   own->cores = profile.cores;
   own->slowdown = profile.slowdown;
   own->action_overhead_seconds = profile.action_overhead_seconds;
-  const Plan plan = make_plan(model, options(own), x.size(0));
+  const Prediction plan = predict_step(model, options(own), x.size(0));
   StageRunner pipe(model, options(own));
   std::vector<double> walls;
   for (int step = 0; step < 7; ++step) {
@@ -121,7 +121,7 @@ double measure_crowded_overhead(const ModelProfile& profile) {
   // The prediction grows with the overhead: find the overhead that meets the step.
   const double base = plan.step_seconds(), more = 1e-3;
   own->action_overhead_seconds += more;
-  const double slope = (make_plan(model, options(own), x.size(0)).step_seconds() - base) / more;
+  const double slope = (predict_step(model, options(own), x.size(0)).step_seconds() - base) / more;
   const double extra = slope > 0 ? (median(walls) - base) / slope : 0.0;
   return profile.action_overhead_seconds + std::max(0.0, extra);
 }

@@ -3,7 +3,7 @@
 // buffers (batch norm's statistics), the random generators (dropout draws)
 // and, when asked, its weights with the devices they were on. Profiling
 // (plugin/planner/profile.cpp) runs layers forward and backward and keeps
-// all but the weights, which it does not change; tuning (plugin/measure/tune_plan.h)
+// all but the weights, which it does not change; tuning (plugin/measure/race_candidates.h)
 // trains pipelines built on the model, which move its layers to their
 // stages' devices and step them, and keeps everything.
 

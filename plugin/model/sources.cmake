@@ -8,6 +8,6 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_snapshot.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_split.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_random.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tied_parameters.cpp)

@@ -21,7 +21,7 @@ struct Holder {
   at::Tensor tensor;
 };
 
-int stage_of_layer(const StagePlan& plan, size_t layer) {
+int stage_of_layer(const StageSplit& plan, size_t layer) {
   for (size_t k = 0; k < plan.stages.size(); ++k) {
     if (static_cast<int64_t>(layer) >= plan.stages[k].begin && static_cast<int64_t>(layer) < plan.stages[k].end) {
       return static_cast<int>(k);
@@ -35,7 +35,7 @@ std::string describe(const at::Tensor& t) { return c10::str(t.sizes(), " ", t.sc
 }  // namespace
 
 std::vector<TiedNames> find_tied_parameters(const std::vector<std::pair<std::string, torch::nn::AnyModule>>& layers,
-                                            const StagePlan& plan,
+                                            const StageSplit& plan,
                                             const std::vector<std::vector<std::string>>& declared, bool untie) {
   std::map<std::string, Holder> by_name;
   // Names per tensor in layer order, tensors in order of first appearance:

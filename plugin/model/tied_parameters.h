@@ -7,7 +7,7 @@
 // layer that can give a parameter a tensor of its own (RebindsParameters,
 // which ScriptLayer implements); any other layer is refused.
 
-#include "plugin/model/stage_plan.h"
+#include "plugin/model/stage_split.h"
 
 #include <torch/nn/modules/container/any.h>
 
@@ -34,7 +34,7 @@ using TiedNames = std::vector<std::pair<int, std::string>>;
 // no parameter, copies of different shapes or dtypes, a name in two groups,
 // or a shared tensor whose layer cannot be given a copy.
 std::vector<TiedNames> find_tied_parameters(const std::vector<std::pair<std::string, torch::nn::AnyModule>>& layers,
-                                            const StagePlan& plan,
+                                            const StageSplit& plan,
                                             const std::vector<std::vector<std::string>>& declared, bool untie);
 
 }  // namespace conveyor

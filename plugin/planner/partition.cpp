@@ -221,7 +221,7 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
   return schedule;
 }
 
-StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options,
+StageSplit split_stages(const torch::nn::Sequential& model, const PipelineOptions& options,
                       schedules::Schedule* schedule_out) {
   const int64_t num_layers = static_cast<int64_t>(model->size());
   if (num_layers == 0) throw std::invalid_argument("conveyor: the model is empty: a Sequential with no layers");
@@ -257,7 +257,7 @@ StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions&
   for (int k = 0; k < num_stages; ++k) devices.push_back(on_worker[schedule.worker_of(k)]);
   if (schedule_out) *schedule_out = std::move(schedule);
 
-  StagePlan plan;
+  StageSplit plan;
   plan.num_layers = num_layers;
   int64_t begin = 0;
   for (int k = 0; k < num_stages; ++k) {

@@ -2,7 +2,7 @@
 // Partitioning: which layers of a torch::nn::Sequential each stage runs and on
 // which device. Pure: decides, never moves or runs anything.
 
-#include "plugin/model/stage_plan.h"
+#include "plugin/model/stage_split.h"
 #include "plugin/core/options.h"
 #include "schedules/schedule.h"
 
@@ -38,7 +38,7 @@ std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, i
 // Balance::kTime needs options.profile() of this model (plugin/planner/planner.h).
 // The schedule it places the stages by is build_schedule's; `schedule`, if
 // given, receives it (so a pipeline builds and validates it once).
-StagePlan plan_stages(const torch::nn::Sequential& model, const PipelineOptions& options,
+StageSplit split_stages(const torch::nn::Sequential& model, const PipelineOptions& options,
                       schedules::Schedule* schedule = nullptr);
 
 // The capacity the stage-to-stage channels get: PipelineOptions::

@@ -138,7 +138,7 @@ std::vector<int64_t> worker_bytes(const Schedule& s, const std::vector<StagePred
   return out;
 }
 
-Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, int64_t batch,
+Prediction predict_step(const ModelProfile& p, const StageSplit& stages, const Schedule& s, int64_t batch,
              const PipelineOptions& o) {
   const int num = static_cast<int>(stages.stages.size());
   check_argument(s.num_stages == num, "conveyor: the schedule has ", s.num_stages, " stages, the plan ", num);
@@ -146,8 +146,8 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
                  p.layers.size(), " layers, the plan ", stages.num_layers);
   check_argument(batch >= s.num_microbatches, "conveyor: a batch of ", batch, " samples cannot make ",
                  s.num_microbatches, " micro-batches");
-  Plan plan;
-  plan.stages = stages;
+  Prediction plan;
+  plan.split = stages;
   plan.schedule = s;
   plan.batch_size = batch;
   const std::vector<int64_t> sizes = schedules::microbatch_sizes(batch, s.num_microbatches);
@@ -259,19 +259,19 @@ Plan predict(const ModelProfile& p, const StagePlan& stages, const Schedule& s, 
   return plan;
 }
 
-Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& o, int64_t batch) {
+Prediction predict_step(const torch::nn::Sequential& model, const PipelineOptions& o, int64_t batch) {
   if (!o.profile()) {
-    throw std::invalid_argument("conveyor: make_plan needs the model's profile (PipelineOptions::profile)");
+    throw std::invalid_argument("conveyor: predict_step needs the model's profile (PipelineOptions::profile)");
   }
-  const StagePlan stages = plan_stages(model, o);
+  const StageSplit stages = split_stages(model, o);
   const Schedule schedule = build_schedule(o, static_cast<int>(stages.stages.size()));
-  Plan plan = predict(*o.profile(), stages, schedule, batch, o);
+  Prediction plan = predict_step(*o.profile(), stages, schedule, batch, o);
   const char* names[] = {"uniform", "parameters", "time"};
   plan.balance = o.boundaries().empty() ? names[static_cast<int>(o.balance())] : "given boundaries";
   return plan;
 }
 
-std::string Plan::str() const {
+std::string Prediction::str() const {
   std::ostringstream os;
   const int64_t n = batch_size / std::max(1, schedule.num_microbatches);
   os << "plan (balance: " << balance << "): " << predicted.size() << " stages, schedule " << schedule.name << ", "
@@ -279,7 +279,7 @@ std::string Plan::str() const {
      << " samples\n";
   for (size_t k = 0; k < predicted.size(); ++k) {
     const StagePrediction& s = predicted[k];
-    os << "  stage " << k << " on " << stages.stages[k].device << ": layers [" << s.begin << ", " << s.end
+    os << "  stage " << k << " on " << split.stages[k].device << ": layers [" << s.begin << ", " << s.end
        << "): per micro-batch forward " << ms(s.forward_seconds) << ", backward " << ms(s.backward_seconds);
     if (k + 1 < predicted.size()) os << ", send " << ms(s.transfer_seconds);
     if (s.update_seconds > 0) {
@@ -306,7 +306,7 @@ std::string Plan::str() const {
   return os.str();
 }
 
-std::string Plan::versus(const StepResult& r) const {
+std::string Prediction::versus(const StepResult& r) const {
   std::ostringstream os;
   const auto diff = [](double predicted, double measured) {
     std::ostringstream d;
@@ -326,7 +326,7 @@ std::string Plan::versus(const StepResult& r) const {
   return os.str();
 }
 
-void Plan::write_timeline(const std::string& path, const StepResult* measured) const {
+void Prediction::write_timeline(const std::string& path, const StepResult* measured) const {
   std::vector<TimelineBlock> blocks = {
       timeline_block(simulation, "predicted: " + ms(step_seconds()) + ", bubble " + percent(bubble_fraction()))};
   if (measured) {

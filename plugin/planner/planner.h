@@ -1,21 +1,27 @@
 #pragma once
-// The planner: from a profile (plugin/planner/profile.h) to a plan: which layers each
-// stage runs, and what a step will cost under a schedule and a number of
+// The planner, in three words. A *split* (StageSplit) says which layers
+// each stage runs and on which device; split_stages decides it from the
+// options (a policy, or balance "time" on a profile). A *prediction*
+// (Prediction) prices a split under a schedule and a number of
 // micro-batches: per-stage time, the step's makespan and bubble (the
 // simulator, schedules/simulate.h), and per-stage peak memory (weights,
 // gradients, optimizer state, stashed weight versions, and the micro-batches
-// the schedule keeps in flight). A StepResult can be held against it and
-// drawn below it.
+// the schedule keeps in flight); predict_step makes one. A *plan* (Plan,
+// plugin/builder/plan.h) is the decided configuration a pipeline is built
+// from, and decide_plan decides it: given by the options, searched
+// (search_plans, plugin/planner/search.h) or raced (race_candidates,
+// plugin/measure/race_candidates.h). A StepResult can be held against a
+// prediction and drawn below it.
 //
 //   auto profile = std::make_shared<conveyor::ModelProfile>(conveyor::profile_model(model, x_mb, y_mb, loss));
 //   auto options = conveyor::PipelineOptions().workers(2).microbatches(4).balance(conveyor::Balance::kTime)
 //                      .profile(profile);
-//   conveyor::Plan plan = conveyor::make_plan(model, options, batch_size);
-//   std::cout << plan.str();
+//   conveyor::Prediction predicted = conveyor::predict_step(model, options, batch_size);
+//   std::cout << predicted.str();
 //   conveyor::Pipeline pipe(model, options);
 //   auto r = pipe.train_step(x, y, loss);
-//   std::cout << plan.versus(r);
-//   plan.write_timeline("step.svg", &r);
+//   std::cout << predicted.versus(r);
+//   predicted.write_timeline("step.svg", &r);
 
 #include "plugin/core/options.h"
 #include "plugin/planner/balance_time.h"
@@ -78,8 +84,8 @@ struct SpeedBound {
   double best_speedup() const { return seconds > 0 ? model_seconds / seconds : 0.0; }
 };
 
-struct Plan {
-  StagePlan stages;
+struct Prediction {
+  StageSplit split;
   schedules::Schedule schedule;
   int64_t batch_size = 0;  // samples per step
   std::string balance;     // how the split was chosen ("time", "uniform", ...)
@@ -108,13 +114,13 @@ struct Plan {
 };
 
 // The predictions for a given split (any policy) under `schedule` with a batch of `batch_size` samples.
-Plan predict(const ModelProfile& profile, const StagePlan& stages, const schedules::Schedule& schedule,
+Prediction predict_step(const ModelProfile& profile, const StageSplit& stages, const schedules::Schedule& schedule,
              int64_t batch_size, const PipelineOptions& options);
 
-// Splits the model as `options` say (plan_stages; Balance::kTime uses
+// Splits the model as `options` say (split_stages; Balance::kTime uses
 // options.profile()) and predicts. Throws std::invalid_argument without a
 // profile, or when the profile does not describe the model.
-Plan make_plan(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size);
+Prediction predict_step(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size);
 
 // The costs Balance::kTime splits by: a stage's forward, backward and
 // transfers per micro-batch of the profile's size, its memory under the

@@ -2,7 +2,7 @@
 
 #include "plugin/core/errors.h"
 #include "plugin/planner/balance_time.h"
-#include "plugin/planner/synthesised_plan.h"
+#include "plugin/planner/predict_synthesised.h"
 #include "plugin/planner/units.h"
 #include "schedules/generators.h"
 
@@ -47,7 +47,7 @@ bool saturated(const std::vector<int>& lookaheads, int lookahead, int workers, i
                      [&](int a) { return a >= 1 && a < lookahead && (1 + a) * (workers - 1) >= m; });
 }
 
-std::vector<int> microbatch_counts(const PlanSpace& space, int64_t batch) {
+std::vector<int> microbatch_counts(const SearchSpace& space, int64_t batch) {
   if (!space.microbatches.empty()) return space.microbatches;
   std::vector<int> counts;
   for (int m = 1; m <= std::min<int64_t>(batch, 64); m *= 2) counts.push_back(m);
@@ -75,54 +75,54 @@ PipelineOptions with_choices(PipelineOptions base, const std::string& schedule, 
 
 }  // namespace
 
-int64_t PlanChoice::peak_bytes() const {
-  const auto& bytes = plan.worker_bytes;
+int64_t Candidate::peak_bytes() const {
+  const auto& bytes = prediction.worker_bytes;
   return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
 }
 
-std::string PlanChoice::describe() const {
+std::string Candidate::describe() const {
   std::ostringstream os;
-  os << plan.schedule.name;
+  os << prediction.schedule.name;
   if (lookahead > 0) os << " +" << lookahead;
   os << ", " << workers << (workers == 1 ? " worker" : " workers");
   if (chunks > 1) os << " x " << chunks << " chunks";
-  const int m = plan.schedule.num_microbatches;
+  const int m = prediction.schedule.num_microbatches;
   os << ", " << m << (m == 1 ? " micro-batch" : " micro-batches");
   if (recompute) os << ", recompute";
   if (offload) os << ", offload";
   return os.str();
 }
 
-PipelineOptions PlanChoice::options(PipelineOptions base) const {
+PipelineOptions Candidate::options(PipelineOptions base) const {
   std::vector<int64_t> boundaries;
-  for (size_t k = 1; k < plan.stages.stages.size(); ++k) boundaries.push_back(plan.stages.stages[k].begin);
-  if (plan.schedule.name == kSynthesisedSchedule) {  // not a generator's: the schedule itself travels
-    return with_choices(std::move(base), "1f1b", workers, 0, 0, plan.schedule.num_microbatches, false, false)
-        .schedule_text(plan.schedule.str())
+  for (size_t k = 1; k < prediction.split.stages.size(); ++k) boundaries.push_back(prediction.split.stages[k].begin);
+  if (prediction.schedule.name == kSynthesisedSchedule) {  // not a generator's: the schedule itself travels
+    return with_choices(std::move(base), "1f1b", workers, 0, 0, prediction.schedule.num_microbatches, false, false)
+        .schedule_text(prediction.schedule.str())
         .boundaries(std::move(boundaries));
   }
-  return with_choices(std::move(base), plan.schedule.name, workers, chunks, lookahead, plan.schedule.num_microbatches,
+  return with_choices(std::move(base), prediction.schedule.name, workers, chunks, lookahead, prediction.schedule.num_microbatches,
                       recompute, offload)
       .boundaries(std::move(boundaries));
 }
 
-std::string PlanSearch::str(size_t rows) const {
+std::string SearchResult::str(size_t rows) const {
   std::ostringstream os;
   os << "searched " << considered << " plans, " << over_budget << " over the memory budget; the fastest:\n";
   if (ranked.empty()) return os.str();
-  os << best().describe() << "\n" << best().plan.str();
+  os << best().describe() << "\n" << best().prediction.str();
   os << "  rank  step        bubble  peak/worker  plan\n";
   for (size_t i = 0; i < ranked.size() && i < rows; ++i) {
-    const PlanChoice& c = ranked[i];
-    os << "  " << std::setw(4) << i + 1 << "  " << std::left << std::setw(10) << ms(c.plan.step_seconds()) << "  "
-       << std::setw(6) << percent(c.plan.bubble_fraction()) << "  " << std::setw(11) << mib(c.peak_bytes()) << "  "
+    const Candidate& c = ranked[i];
+    os << "  " << std::setw(4) << i + 1 << "  " << std::left << std::setw(10) << ms(c.prediction.step_seconds()) << "  "
+       << std::setw(6) << percent(c.prediction.bubble_fraction()) << "  " << std::setw(11) << mib(c.peak_bytes()) << "  "
        << std::right << c.describe() << "\n";
   }
   return os.str();
 }
 
-PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch,
-                        const PlanSpace& space) {
+SearchResult search_plans(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch,
+                        const SearchSpace& space) {
   if (!options.profile()) {
     throw std::invalid_argument("conveyor: search_plans needs the model's profile (PipelineOptions::profile)");
   }
@@ -139,16 +139,16 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   const bool offloads = !options.profile()->host_link.kind.empty() &&
                         std::find(space.offload.begin(), space.offload.end(), true) != space.offload.end();
   if (offloads) stashes.emplace_back(false, true);
-  PlanSearch out;
+  SearchResult out;
   std::string first_error, closest;
   int64_t closest_excess = std::numeric_limits<int64_t>::max();
   // Ranks a priced plan, or counts it over the budget and keeps the closest miss.
-  const auto admit = [&](PlanChoice choice) {
+  const auto admit = [&](Candidate choice) {
     const int64_t excess = space.memory_budget > 0 ? choice.peak_bytes() - space.memory_budget : 0;
     if (excess > 0) {
       ++out.over_budget;
       if (excess < closest_excess) {
-        const auto& bytes = choice.plan.worker_bytes;
+        const auto& bytes = choice.prediction.worker_bytes;
         const auto worst = std::max_element(bytes.begin(), bytes.end());
         closest_excess = excess;
         closest = c10::str(choice.describe(), ": worker ", worst - bytes.begin(), " needs ",
@@ -161,7 +161,7 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   // The plans whose split and costs a synthesised schedule takes: zb-h1 and
   // zb-v without recomputation, per micro-batch count, priced whether or not
   // they fit the budget (the synthesised one may fit where they do not).
-  std::vector<PlanChoice> synthesis_bases;
+  std::vector<Candidate> synthesis_bases;
   for (int workers = 1; workers <= max_workers; ++workers) {
     for (const std::string& name : space.schedules) {
       const bool exact = synchronous(name);
@@ -179,14 +179,14 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
           for (const auto& [recompute, offload] : stashes) {
             if ((recompute || offload) && !exact) continue;
             ++out.considered;
-            PlanChoice choice;
+            Candidate choice;
             choice.workers = workers;
             choice.chunks = chunks;
             choice.lookahead = lookahead;
             choice.recompute = recompute;
             choice.offload = offload;
-            choice.plan.schedule.name = name;  // for describe() until the plan is made
-            choice.plan.schedule.num_microbatches = m;
+            choice.prediction.schedule.name = name;  // for describe() until the plan is made
+            choice.prediction.schedule.num_microbatches = m;
             const PipelineOptions split_by_time = with_choices(options, name, workers, chunks, lookahead, m,
                                                                recompute, offload)
                                                       .boundaries({})
@@ -195,8 +195,8 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
                 space.synthesise && (name == "zb-h1" || name == "zb-v") && !recompute && !offload;
             if (synthesis_base && space.memory_budget > 0) {
               try {  // the split by time alone: a synthesised order may fit where this one does not
-                PlanChoice base = choice;
-                base.plan = make_plan(model, PipelineOptions(split_by_time).memory_budgets({}), batch);
+                Candidate base = choice;
+                base.prediction = predict_step(model, PipelineOptions(split_by_time).memory_budgets({}), batch);
                 synthesis_bases.push_back(std::move(base));
               } catch (const std::invalid_argument&) {
                 // the candidate below names the problem
@@ -208,7 +208,7 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
                                                     .memory_budgets(space.memory_budget > 0
                                                                         ? std::vector<int64_t>{space.memory_budget / chunks}
                                                                         : std::vector<int64_t>{});
-              choice.plan = make_plan(model, candidate, batch);
+              choice.prediction = predict_step(model, candidate, batch);
               if (synthesis_base && space.memory_budget == 0) synthesis_bases.push_back(choice);  // the same split
             } catch (const std::invalid_argument& e) {
               const std::string message = e.what();
@@ -228,13 +228,13 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
     // A schedule synthesised for each split the fixed families' search priced
     // with zb-h1 (1 chunk per worker) or zb-v (2 in a V), under the budget.
     if (!space.synthesise || workers < 2) continue;
-    for (const PlanChoice& base : synthesis_bases) {
-      PlanChoice choice = base;
+    for (const Candidate& base : synthesis_bases) {
+      Candidate choice = base;
       ++out.considered;
       try {
-        choice.plan = synthesised_plan(model, with_choices(options, base.plan.schedule.name, workers, 0, 0,
-                                                           base.plan.schedule.num_microbatches, false, false),
-                                       base.plan, batch, space.memory_budget);
+        choice.prediction = predict_synthesised(model, with_choices(options, base.prediction.schedule.name, workers, 0, 0,
+                                                           base.prediction.schedule.num_microbatches, false, false),
+                                       base.prediction, batch, space.memory_budget);
       } catch (const std::invalid_argument& e) {
         if (std::string(e.what()).find("memory cap") != std::string::npos ||
             std::string(e.what()).find("budget") != std::string::npos) {
@@ -250,11 +250,11 @@ PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOption
   }
   // Fastest first; among equals (to rounding), fewer workers, then less
   // memory on the fullest worker, then on all of them.
-  const auto total = [](const PlanChoice& c) {
-    return std::accumulate(c.plan.worker_bytes.begin(), c.plan.worker_bytes.end(), int64_t{0});
+  const auto total = [](const Candidate& c) {
+    return std::accumulate(c.prediction.worker_bytes.begin(), c.prediction.worker_bytes.end(), int64_t{0});
   };
-  std::stable_sort(out.ranked.begin(), out.ranked.end(), [&](const PlanChoice& a, const PlanChoice& b) {
-    const double ta = a.plan.step_seconds(), tb = b.plan.step_seconds();
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [&](const Candidate& a, const Candidate& b) {
+    const double ta = a.prediction.step_seconds(), tb = b.prediction.step_seconds();
     if (std::abs(ta - tb) > 1e-9 * std::max(ta, tb)) return ta < tb;
     if (a.workers != b.workers) return a.workers < b.workers;
     if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();

@@ -6,10 +6,10 @@
 // whose every worker fits a memory budget, with the runners-up.
 //
 //   auto profile = std::make_shared<conveyor::ModelProfile>(conveyor::profile_model(model, x_mb, y_mb, loss));
-//   conveyor::PlanSpace space;
+//   conveyor::SearchSpace space;
 //   space.max_workers = 4;
 //   space.memory_budget = 2LL << 30;  // per worker's device
-//   const conveyor::PlanSearch search =
+//   const conveyor::SearchResult search =
 //       conveyor::search_plans(model, conveyor::PipelineOptions().profile(profile), batch_size, space);
 //   std::cout << search.str();  // the best plan, then a table of the runners-up
 //   conveyor::Pipeline pipe(model, search.best().options(conveyor::PipelineOptions().profile(profile)));
@@ -17,7 +17,7 @@
 // Memory: a worker's predicted peak is the sum of its stages' (an upper
 // bound: under an interleaved schedule their peaks need not coincide).
 // Asynchronous schedules change what is trained (stale weights), so the
-// search takes them only when PlanSpace::schedules names them.
+// search takes them only when SearchSpace::schedules names them.
 
 #include "plugin/core/options.h"
 #include "plugin/planner/planner.h"
@@ -31,7 +31,7 @@
 
 namespace conveyor {
 
-struct PlanSpace {
+struct SearchSpace {
   // Workers available (devices, or processes): plans use 1 to this many. 0:
   // as many as PipelineOptions::devices names when it names several, else 1.
   int max_workers = 0;
@@ -59,8 +59,8 @@ struct PlanSpace {
   bool synthesise = true;
 };
 
-struct PlanChoice {
-  Plan plan;  // split, schedule and prediction
+struct Candidate {
+  Prediction prediction;  // split, schedule and predicted step
   int workers = 1;
   int chunks = 1;     // stages per worker
   int lookahead = 0;  // eager-1f1b's forwards ahead; 0 for the other schedules
@@ -77,11 +77,11 @@ struct PlanChoice {
   PipelineOptions options(PipelineOptions base) const;
 };
 
-struct PlanSearch {
-  std::vector<PlanChoice> ranked;  // every plan that fits, fastest first
+struct SearchResult {
+  std::vector<Candidate> ranked;  // every plan that fits, fastest first
   int considered = 0;              // candidates priced
   int over_budget = 0;             // of them, those that did not fit
-  const PlanChoice& best() const { return ranked.front(); }
+  const Candidate& best() const { return ranked.front(); }
   // The best plan in full, then a table of the first `rows` plans.
   std::string str(size_t rows = 8) const;
 };
@@ -91,7 +91,7 @@ struct PlanSearch {
 // everything the search does not choose. Throws std::invalid_argument without
 // a profile, and, when no candidate fits, naming the closest one, its worker
 // and the bytes it lacks.
-PlanSearch search_plans(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size,
-                        const PlanSpace& space = {});
+SearchResult search_plans(const torch::nn::Sequential& model, const PipelineOptions& options, int64_t batch_size,
+                        const SearchSpace& space = {});
 
 }  // namespace conveyor

@@ -9,4 +9,4 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/planner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/profile.cpp
   ${CMAKE_CURRENT_LIST_DIR}/search.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/synthesised_plan.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/predict_synthesised.cpp)

@@ -83,13 +83,13 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
 }  // namespace
 
 StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options)
-    : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
+    : options_(std::move(options)), split_(split_stages(model, options_, &schedule_)) {
   build(model, -1, nullptr);
 }
 
 StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options, int local_worker,
                    std::unique_ptr<Transport> transport, ReplicaReduction replicas)
-    : options_(std::move(options)), plan_(plan_stages(model, options_, &schedule_)) {
+    : options_(std::move(options)), split_(split_stages(model, options_, &schedule_)) {
   replicas_ = std::move(replicas);
   const schedules::Schedule& schedule = schedule_;
   check_argument(local_worker >= 0 && local_worker < schedule.num_workers(), "conveyor: local worker ", local_worker,
@@ -104,7 +104,7 @@ StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options, i
 }
 
 void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::unique_ptr<Transport> transport) {
-  const int num_stages = static_cast<int>(plan_.stages.size());
+  const int num_stages = static_cast<int>(split_.stages.size());
   check_optimizer_options(options_, schedule_);
   check_training_options(options_, schedule_);
   const OptimizerFactory make_optimizer = optimizer_factory(options_);
@@ -114,7 +114,7 @@ void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::uni
   int64_t i = 0;
   for (const auto& layer : *model) named.emplace_back(children[i++].key(), layer);
   const std::vector<TiedNames> tied =
-      find_tied_parameters(named, plan_, options_.tied_parameters(), /*untie=*/local_worker < 0);
+      find_tied_parameters(named, split_, options_.tied_parameters(), /*untie=*/local_worker < 0);
   if (!tied.empty() && !schedule_.synchronous()) {
     throw std::invalid_argument("conveyor: schedule '" + schedule_.name + "' updates each stage's weights on its own " +
                                 "after every micro-batch, so the copies of tied parameter '" + tied[0][0].second +
@@ -127,7 +127,7 @@ void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::uni
   std::vector<c10::Device> devices;
   const uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
   for (int k = 0; k < num_stages; ++k) {
-    const StageSpec& spec = plan_.stages[k];
+    const StageSpec& spec = split_.stages[k];
     devices.push_back(spec.device);
     if (local_worker >= 0 && schedule_.worker_of(k) != local_worker) {
       stages.push_back(nullptr);  // runs in another process

@@ -21,7 +21,7 @@
 // they are the runner's own tensors; the model's parameters hold the same
 // values between steps).
 
-#include "plugin/model/stage_plan.h"
+#include "plugin/model/stage_split.h"
 #include "plugin/core/options.h"
 #include "plugin/core/step_result.h"
 #include "plugin/core/types.h"
@@ -122,7 +122,7 @@ class StageRunner {
   // Sets completed_steps() and each local stage's update count (which the
   // learning-rate schedule reads) when a checkpoint is loaded.
   void restore_progress(int64_t completed_steps, const std::vector<int64_t>& stage_updates);
-  const StagePlan& plan() const { return plan_; }
+  const StageSplit& split() const { return split_; }
   const schedules::Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }
   // The tied parameters, by name, each group in stage order (see
@@ -137,8 +137,8 @@ class StageRunner {
 
   PipelineOptions options_;
   std::vector<std::vector<std::string>> tied_names_;
-  schedules::Schedule schedule_;  // built and validated once, by plan_stages (before plan_ is set)
-  StagePlan plan_;
+  schedules::Schedule schedule_;  // built and validated once, by split_stages (before split_ is set)
+  StageSplit split_;
   ReplicaReduction replicas_;
   int accumulated_ = 0;  // train_steps accumulated since the last update (accumulate_steps)
   std::unique_ptr<Runtime> runtime_;

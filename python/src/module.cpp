@@ -105,7 +105,7 @@ LearningRateSchedule python_lr_schedule(py::object fn, std::shared_ptr<RaisedInS
 // A step's result with the plan's prediction (when the plan made one), for
 // pictures of predicted against measured.
 struct StepReport : StepResult {
-  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const Prediction> plan;
 
   std::vector<TimelineBlock> timeline() const {
     std::vector<TimelineBlock> blocks;
@@ -143,7 +143,7 @@ class PyPipeline {
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
     released([&] { pipe_ = std::make_unique<Pipeline>(built_from, std::move(request)); });
-    if (pipe_->prediction()) plan_ = std::make_shared<const Plan>(*pipe_->prediction());
+    if (pipe_->prediction()) plan_ = std::make_shared<const Prediction>(*pipe_->prediction());
   }
 
   StepReport train_step(const py::object& input, const py::object& target) {
@@ -154,7 +154,7 @@ class PyPipeline {
     return report;
   }
 
-  const std::shared_ptr<const Plan>& plan() const { return plan_; }
+  const std::shared_ptr<const Prediction>& plan() const { return plan_; }
 
   py::object forward(const py::object& input) {
     const Tensors inputs = tensors_from("input", input);
@@ -197,10 +197,10 @@ class PyPipeline {
 
   std::shared_ptr<RaisedInStep> raised_;
   std::unique_ptr<Pipeline> pipe_;
-  std::shared_ptr<const Plan> plan_;
+  std::shared_ptr<const Prediction> plan_;
 };
 
-py::dict plan_prediction(const Plan& plan) {
+py::dict plan_prediction(const Prediction& plan) {
   py::dict out;
   out["step_seconds"] = plan.step_seconds();
   out["bubble"] = plan.bubble_fraction();

@@ -27,8 +27,8 @@ TEST(Builder, TorchNnLayersAreCutWhereTheSplitPointsNameThem) {
                                 .loss = testing::mse_of_first});
     const StageRunner& pipe = built.runner();
     ASSERT_EQ(pipe.num_stages(), 3) << where;
-    EXPECT_EQ(pipe.plan().stages.at(1).begin, 2) << where;
-    EXPECT_EQ(pipe.plan().stages.at(2).begin, 6) << where;
+    EXPECT_EQ(pipe.split().stages.at(1).begin, 2) << where;
+    EXPECT_EQ(pipe.split().stages.at(2).begin, 6) << where;
     const SampleBatch b = sample_batch(9);
     const double loss = built.train_step(b.inputs, b.targets).loss;
     const at::Tensor ref_loss = torch::mse_loss(reference->forward(b.inputs[0]), b.targets[0]);

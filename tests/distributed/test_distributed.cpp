@@ -236,8 +236,8 @@ TEST_F(TwoRanks, SentOutputsAreReleasedAndTheGradientsStayTheSame) {
       ProfileOptions().warmup(0).repeats(1).two_sizes(false).action_overhead(false)));
   profile->link = LinkProfile{"c10d (as measured)", 50e-6, 1e9};
   const auto options = synchronous_case("1f1b").workers(2).profile(profile);
-  const Plan releasing = make_plan(seeded_mlp(), options, kBatch);
-  const Plan keeping = make_plan(seeded_mlp(), PipelineOptions(options).free_sent_activations(false), kBatch);
+  const Prediction releasing = predict_step(seeded_mlp(), options, kBatch);
+  const Prediction keeping = predict_step(seeded_mlp(), PipelineOptions(options).free_sent_activations(false), kBatch);
   EXPECT_EQ(releasing.predicted[0].stash_bytes, 0);
   EXPECT_EQ(keeping.predicted[0].stash_bytes, kept);
   EXPECT_EQ(keeping.predicted[1].stash_bytes, releasing.predicted[1].stash_bytes);

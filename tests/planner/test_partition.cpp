@@ -26,7 +26,7 @@ TEST(Partition, BalancedMinimisesTheLargestStage) {
 TEST(Partition, BalanceByParametersIsolatesTheLargeLayer) {
   torch::nn::Sequential m(torch::nn::Linear(4, 4), torch::nn::ReLU(), torch::nn::Linear(4, 512),
                           torch::nn::Linear(512, 4));
-  const StagePlan plan = plan_stages(m, PipelineOptions().workers(2).balance(Balance::kParameters));
+  const StageSplit plan = split_stages(m, PipelineOptions().workers(2).balance(Balance::kParameters));
   ASSERT_EQ(plan.stages.size(), 2u);
   // Layer 2 has 2,560 parameters, layer 3 has 2,052: each goes to its own stage.
   EXPECT_EQ(plan.stages[0].end, 3);
@@ -34,7 +34,7 @@ TEST(Partition, BalanceByParametersIsolatesTheLargeLayer) {
 }
 
 TEST(Partition, ExplicitBoundariesDefineTheStages) {
-  const StagePlan plan = plan_stages(testing::make_mlp(), PipelineOptions().boundaries({2, 5}));
+  const StageSplit plan = split_stages(testing::make_mlp(), PipelineOptions().boundaries({2, 5}));
   ASSERT_EQ(plan.stages.size(), 3u);
   EXPECT_EQ(plan.stages[1].begin, 2);
   EXPECT_EQ(plan.stages[1].end, 5);
@@ -44,23 +44,23 @@ TEST(Partition, ExplicitBoundariesDefineTheStages) {
 TEST(Partition, RejectsBadBoundaries) {
   const auto mlp = testing::make_mlp();
   EXPECT_THAT(error_of([&] {
-                plan_stages(mlp, PipelineOptions().boundaries({4, 2}));
+                split_stages(mlp, PipelineOptions().boundaries({4, 2}));
               }),
               HasSubstr("strictly increasing, but boundary 1 (2) follows 4"));
   EXPECT_THAT(error_of([&] {
-                plan_stages(mlp, PipelineOptions().boundaries({3, 7}));
+                split_stages(mlp, PipelineOptions().boundaries({3, 7}));
               }),
               HasSubstr("boundary 1 is 7, out of range"));
-  EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().boundaries({0})); }),
+  EXPECT_THAT(error_of([&] { split_stages(mlp, PipelineOptions().boundaries({0})); }),
               HasSubstr("boundary 0 is 0, out of range"));
-  EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().workers(4).boundaries({3})); }),
+  EXPECT_THAT(error_of([&] { split_stages(mlp, PipelineOptions().workers(4).boundaries({3})); }),
               HasSubstr("1 boundaries define 2 stages, but workers(4) was asked for"));
 }
 
 TEST(Partition, RejectsMoreStagesThanLayersAndEmptyModels) {
-  EXPECT_THAT(error_of([&] { plan_stages(testing::make_mlp(), PipelineOptions().workers(8)); }),
+  EXPECT_THAT(error_of([&] { split_stages(testing::make_mlp(), PipelineOptions().workers(8)); }),
               HasSubstr("8 stages asked for a model of only 7 layers"));
-  EXPECT_THAT(error_of([&] { plan_stages(torch::nn::Sequential(), PipelineOptions().workers(1)); }),
+  EXPECT_THAT(error_of([&] { split_stages(torch::nn::Sequential(), PipelineOptions().workers(1)); }),
               HasSubstr("the model is empty"));
 }
 

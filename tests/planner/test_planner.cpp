@@ -160,12 +160,12 @@ TEST(BalanceTime, BudgetsShapeTheSplitAndImpossibleOnesAreNamed) {
 
 TEST(BalanceTime, PlanStagesNeedsAProfileOfThisModel) {
   const auto mlp = testing::make_mlp();
-  EXPECT_THAT(error_of([&] { plan_stages(mlp, PipelineOptions().workers(2).balance(Balance::kTime)); }),
+  EXPECT_THAT(error_of([&] { split_stages(mlp, PipelineOptions().workers(2).balance(Balance::kTime)); }),
               HasSubstr("Balance::kTime needs the model's profile"));
   auto profile = std::make_shared<ModelProfile>();
   profile->layers.resize(3);
   EXPECT_THAT(error_of([&] {
-                plan_stages(mlp, PipelineOptions().workers(2).balance(Balance::kTime).profile(profile));
+                split_stages(mlp, PipelineOptions().workers(2).balance(Balance::kTime).profile(profile));
               }),
               HasSubstr("the profile describes 3 layers, the model has 7"));
 }
@@ -182,10 +182,10 @@ TEST(BalanceTime, PlanStagesSplitsAProfileByTime) {
     profile->layers.push_back(l);
   }
   const auto options = PipelineOptions().workers(2).balance(Balance::kTime).profile(profile);
-  const StagePlan plan = plan_stages(testing::make_mlp(), options);
+  const StageSplit plan = split_stages(testing::make_mlp(), options);
   EXPECT_EQ(plan.str(), "stage 0: layers [0, 5) on cpu; stage 1: layers [5, 7) on cpu");
   // Layer 5 is 9 of the slowest stage's 10: it alone bounds the speed, 15 / 9 at best.
-  const Plan predicted = make_plan(testing::make_mlp(), options, 4);
+  const Prediction predicted = predict_step(testing::make_mlp(), options, 4);
   ASSERT_TRUE(predicted.bound.has_value());
   EXPECT_EQ(predicted.bound->layer, 5);
   EXPECT_NEAR(predicted.bound->best_speedup(), 15.0 / 9.0, 1e-9);
@@ -215,9 +215,9 @@ TEST(BalanceTime, ATransfersProcessorTimeIsPaidByBothStagesWhenTheCoresAreBusy) 
   const auto plan = [&](int workers, int cores, double cpu) {
     const auto options = PipelineOptions().workers(workers).microbatches(4).schedule("1f1b").profile(
         profile(cores, cpu));
-    return make_plan(testing::make_mlp(), options, 8);
+    return predict_step(testing::make_mlp(), options, 8);
   };
-  const Plan free = plan(3, 2, 0), paid = plan(3, 2, 4e-4);
+  const Prediction free = plan(3, 2, 0), paid = plan(3, 2, 4e-4);
   ASSERT_EQ(paid.predicted.size(), 3u);
   for (size_t k = 0; k < 3; ++k) {
     const double neighbours = k == 1 ? 2 : 1;
@@ -225,7 +225,7 @@ TEST(BalanceTime, ATransfersProcessorTimeIsPaidByBothStagesWhenTheCoresAreBusy) 
     EXPECT_NEAR(paid.predicted[k].backward_seconds - free.predicted[k].backward_seconds, 2e-4 * neighbours, 1e-12);
   }
   EXPECT_GT(paid.step_seconds(), free.step_seconds());
-  for (const Plan& spare : {plan(3, 4, 4e-4), plan(3, 0, 4e-4)}) {  // a core to spare; cores not counted
+  for (const Prediction& spare : {plan(3, 4, 4e-4), plan(3, 0, 4e-4)}) {  // a core to spare; cores not counted
     for (size_t k = 0; k < 3; ++k) EXPECT_EQ(spare.predicted[k].forward_seconds, free.predicted[k].forward_seconds);
   }
 }

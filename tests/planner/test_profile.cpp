@@ -90,9 +90,9 @@ TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
   }
   const auto profile = std::make_shared<ModelProfile>(p);
   const auto base = PipelineOptions().workers(2).microbatches(4).boundaries({4}).profile(profile);
-  const Plan unguarded = make_plan(mlp, PipelineOptions(base).schedule("1f1b").divergence_guard(false), 8);
-  const Plan plain = make_plan(mlp, PipelineOptions(base).schedule("1f1b"), 8);
-  const Plan stepped = make_plan(mlp, PipelineOptions(base).schedule("1f1b").optimizer(adam), 8);
+  const Prediction unguarded = predict_step(mlp, PipelineOptions(base).schedule("1f1b").divergence_guard(false), 8);
+  const Prediction plain = predict_step(mlp, PipelineOptions(base).schedule("1f1b"), 8);
+  const Prediction stepped = predict_step(mlp, PipelineOptions(base).schedule("1f1b").optimizer(adam), 8);
   EXPECT_DOUBLE_EQ(unguarded.update_seconds, 0.0);
   EXPECT_DOUBLE_EQ(plain.update_seconds, 0.001);  // the guard's check of two layers' gradients after the flush
   EXPECT_DOUBLE_EQ(plain.step_seconds(), unguarded.step_seconds() + 0.001);
@@ -104,7 +104,7 @@ TEST(Profile, TimesTheOptimizerStepAndThePlanPaysItWhereTheScheduleDoes) {
   // PipeDream: each of a stage's 4 backwards carries its update (step,
   // check, and the copy of the version it makes); the step first keeps every
   // stage's weights to roll back to (4 layers' copies).
-  const Plan async = make_plan(mlp, PipelineOptions(base).schedule("pipedream").optimizer(adam), 8);
+  const Prediction async = predict_step(mlp, PipelineOptions(base).schedule("pipedream").optimizer(adam), 8);
   EXPECT_DOUBLE_EQ(async.update_seconds, 0.001);
   EXPECT_DOUBLE_EQ(async.predicted[1].update_seconds, 0.0035);
   EXPECT_DOUBLE_EQ(async.predicted[1].backward_seconds, plain.predicted[1].backward_seconds + 0.0035);
@@ -181,33 +181,33 @@ TEST(Profile, WorkersSharingTheProfiledCoresTakeTurns) {
     return PipelineOptions().workers(2).microbatches(4).schedule("1f1b").boundaries({4}).profile(
         std::make_shared<ModelProfile>(p));
   };
-  const Plan own = make_plan(mlp, options(0), 8), shared = make_plan(mlp, options(1), 8);
+  const Prediction own = predict_step(mlp, options(0), 8), shared = predict_step(mlp, options(1), 8);
   double work = 0;
   for (double b : own.simulation.busy) work += b;
   EXPECT_LT(own.step_seconds(), work);  // the stages overlap
   // One core: every action in turn (and a transfer's wait where nothing else is ready).
   EXPECT_GE(shared.step_seconds(), work * (1 - 1e-12));
   EXPECT_LE(shared.step_seconds(), work + 2 * 4 * own.predicted[0].transfer_seconds + 1e-12);
-  EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());  // a core each
+  EXPECT_DOUBLE_EQ(predict_step(mlp, options(2), 8).step_seconds(), own.step_seconds());  // a core each
   // Crowded (2 workers, 1 core), each of the 16 actions pays the crowded
   // overhead in place of the plain one (less the transfers' waits the
   // longer actions now cover); with a core each, none does.
   p.crowded_action_overhead_seconds = p.action_overhead_seconds + 1e-3;
-  EXPECT_GE(make_plan(mlp, options(1), 8).step_seconds(),
+  EXPECT_GE(predict_step(mlp, options(1), 8).step_seconds(),
             shared.step_seconds() + 16e-3 - 2 * 4 * own.predicted[0].transfer_seconds - 1e-9);
-  EXPECT_DOUBLE_EQ(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds());
+  EXPECT_DOUBLE_EQ(predict_step(mlp, options(2), 8).step_seconds(), own.step_seconds());
   p.crowded_action_overhead_seconds = crowded;
 
   // With the slowdown the workers share the CPU: two at once each at half
   // speed is one core's work, end to end; at full speed, the plan's own.
   p.slowdown = {1.0, 2.0};
-  const Plan halved = make_plan(mlp, options(2), 8);
+  const Prediction halved = predict_step(mlp, options(2), 8);
   EXPECT_GE(halved.step_seconds(), work * (1 - 1e-12));
   EXPECT_LE(halved.step_seconds(), work + 2 * 4 * own.predicted[0].transfer_seconds + 1e-12);
   p.slowdown = {1.0, 1.0};
-  EXPECT_NEAR(make_plan(mlp, options(2), 8).step_seconds(), own.step_seconds(), 1e-12);
+  EXPECT_NEAR(predict_step(mlp, options(2), 8).step_seconds(), own.step_seconds(), 1e-12);
   p.slowdown = slowdown;  // as measured, a core each: between the two
-  const double measured = make_plan(mlp, options(2), 8).step_seconds();
+  const double measured = predict_step(mlp, options(2), 8).step_seconds();
   EXPECT_GE(measured, own.step_seconds() * (1 - 1e-12));
   EXPECT_LE(measured, own.step_seconds() * slowdown[1] * (1 + 1e-12));
 }
@@ -240,10 +240,10 @@ TEST(Profile, MeasuresTheSplitBackwardAndZeroBubblePlansPayIt) {
     return PipelineOptions().workers(1).microbatches(1).schedule(schedule).profile(std::make_shared<ModelProfile>(p));
   };
   const double layers = static_cast<double>(p.layers.size());
-  EXPECT_DOUBLE_EQ(make_plan(lm, options("zb-h1"), 4).step_seconds(), 4 * layers);     // F + I + W per layer
-  EXPECT_DOUBLE_EQ(make_plan(lm, options("1f1b"), 4).step_seconds(), 3 * layers);      // F + B
+  EXPECT_DOUBLE_EQ(predict_step(lm, options("zb-h1"), 4).step_seconds(), 4 * layers);     // F + I + W per layer
+  EXPECT_DOUBLE_EQ(predict_step(lm, options("1f1b"), 4).step_seconds(), 3 * layers);      // F + B
   p.layers[2].input_backward_seconds = p.layers[2].weight_backward_seconds = 0;      // not measured: B halved
-  EXPECT_DOUBLE_EQ(make_plan(lm, options("zb-h1"), 4).step_seconds(), 3 * layers);
+  EXPECT_DOUBLE_EQ(predict_step(lm, options("zb-h1"), 4).step_seconds(), 3 * layers);
 }
 
 TEST(Profile, RejectsWhatItCannotMeasure) {
@@ -290,12 +290,12 @@ TEST(Predict, StashedBytesEqualTheRuntimesForEverySchedule) {
       if (!schedules::make_schedule(schedule, stages, 4).synchronous()) {
         options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
       }
-      const Plan plan = make_plan(model, options, 10);
+      const Prediction plan = predict_step(model, options, 10);
       StageRunner pipe(model, options);
       const auto batch = lm_batch(10);
       const StepResult r = pipe.train_step(batch[0], batch[1], loss);
       const std::string where = schedule + " K=" + std::to_string(stages);
-      ASSERT_EQ(plan.stages.str(), pipe.plan().str()) << where;
+      ASSERT_EQ(plan.split.str(), pipe.split().str()) << where;
       for (int k = 0; k < pipe.num_stages(); ++k) {  // every piece, with chunks
         EXPECT_EQ(plan.predicted[k].stash_bytes, r.peak_stash_bytes[k]) << where << " stage " << k;
         EXPECT_GT(plan.predicted[k].stash_bytes, 0) << where << " stage " << k;
@@ -328,7 +328,7 @@ TEST(Predict, SeveralTensorLayersAreProfiledAndCountedToo) {
     if (std::string(schedule) == "fr") {
       options.optimizer([](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.01); });
     }
-    const Plan plan = make_plan(model, options, 7);
+    const Prediction plan = predict_step(model, options, 7);
     StageRunner pipe(model, options);
     const auto b = batch(7);
     const StepResult r = pipe.train_step(b[0], b[1], loss);
@@ -337,7 +337,7 @@ TEST(Predict, SeveralTensorLayersAreProfiledAndCountedToo) {
 }
 
 TEST(Predict, AMadePlanNeedsTheModelsProfile) {
-  EXPECT_THAT(error_of([&] { make_plan(testing::make_mlp(), PipelineOptions().workers(2), 32); }),
+  EXPECT_THAT(error_of([&] { predict_step(testing::make_mlp(), PipelineOptions().workers(2), 32); }),
               HasSubstr("needs the model's profile"));
 }
 

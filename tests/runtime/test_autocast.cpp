@@ -73,7 +73,7 @@ TEST(Autocast, LossAndGradientsEqualTheUnsplitModelUnderAutocastAndShowWhichOpsR
     seen->clear();
 
     StageRunner pipe(model, PipelineOptions().workers(2).microbatches(1).schedule("1f1b").autocast(dtype));
-    ASSERT_EQ(pipe.plan().stages[1].begin, 5) << "the cut the probes assume";
+    ASSERT_EQ(pipe.split().stages[1].begin, 5) << "the cut the probes assume";
     c10::ScalarType loss_dtype = at::kDouble, output_dtype = at::kDouble;
     const StepResult r = pipe.train_step(x, y, [&](const at::Tensor& out, const at::Tensor& target) {
       output_dtype = out.scalar_type();

@@ -1,4 +1,4 @@
-#include "plugin/measure/tune_plan.h"
+#include "plugin/measure/race_candidates.h"
 
 #include "plugin/core/errors.h"
 #include "plugin/model/model_snapshot.h"
@@ -21,7 +21,7 @@ namespace {
 
 // One round of a finalist: build, warm up for `warmup` steps, time `steps` steps.
 void run_round(const torch::nn::Sequential& model, const PipelineOptions& options, const Tensors& inputs,
-               const Tensors& targets, const TensorsLossFn& loss_fn, int warmup, int steps, TunedPlan& finalist) {
+               const Tensors& targets, const TensorsLossFn& loss_fn, int warmup, int steps, RaceEntry& finalist) {
   StageRunner pipe(model, finalist.choice.options(options));
   const auto clear = [&] {
     for (const auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
@@ -38,23 +38,23 @@ void run_round(const torch::nn::Sequential& model, const PipelineOptions& option
 
 }  // namespace
 
-std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions& tune) {
+std::vector<size_t> tune_candidates(const SearchResult& search, const TuneOptions& tune) {
   if (search.ranked.empty()) return {};
-  const double limit = search.best().plan.step_seconds() * tune.within();
+  const double limit = search.best().prediction.step_seconds() * tune.within();
   size_t eligible = 0;
-  while (eligible < search.ranked.size() && search.ranked[eligible].plan.step_seconds() <= limit) ++eligible;
+  while (eligible < search.ranked.size() && search.ranked[eligible].prediction.step_seconds() <= limit) ++eligible;
   eligible = std::max<size_t>(eligible, 1);
   const size_t wanted = std::min(eligible, static_cast<size_t>(tune.finalists()));
   // What a plan is, by what the profile misprices most: the number of
   // workers (beyond the cores), of micro-batches (their size), the schedule;
   // then the two sizes together.
   const auto key = [&](size_t i, int which) {
-    const PlanChoice& c = search.ranked[i];
-    const int m = c.plan.schedule.num_microbatches;
+    const Candidate& c = search.ranked[i];
+    const int m = c.prediction.schedule.num_microbatches;
     switch (which) {
       case 0: return std::to_string(c.workers);
       case 1: return std::to_string(m);
-      case 2: return c.plan.schedule.name;
+      case 2: return c.prediction.schedule.name;
       default: return std::to_string(c.workers) + " x " + std::to_string(m);
     }
   };
@@ -94,14 +94,14 @@ std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions&
   return out;
 }
 
-double TunedPlan::measured_seconds() const { return error.empty() ? median(step_seconds) : 0.0; }
+double RaceEntry::measured_seconds() const { return error.empty() ? median(step_seconds) : 0.0; }
 
-std::string PlanTuning::str() const {
+std::string Race::str() const {
   std::ostringstream os;
   os << std::fixed << std::setprecision(2) << "raced " << finalists.size() << " plans over " << rounds
      << (rounds == 1 ? " round" : " rounds") << " (the slower half dropped after each); chose the fastest measured:\n";
   for (size_t i = 0; i < finalists.size(); ++i) {
-    const TunedPlan& f = finalists[i];
+    const RaceEntry& f = finalists[i];
     os << (i == best_index ? "  * " : "    ") << f.choice.describe() << ": predicted " << f.predicted_seconds * 1e3
        << " ms";
     if (f.error.empty()) {
@@ -114,21 +114,21 @@ std::string PlanTuning::str() const {
   return os.str();
 }
 
-PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& search, const PipelineOptions& options,
+Race race_candidates(const torch::nn::Sequential& model, const SearchResult& search, const PipelineOptions& options,
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
                      const TuneOptions& tune) {
-  check_argument(!search.ranked.empty(), "conveyor: tune_plan: the search found no plan to measure");
+  check_argument(!search.ranked.empty(), "conveyor: race_candidates: the search found no plan to measure");
   check_argument(tune.finalists() >= 1 && tune.steps() >= 1 && tune.rounds() >= 0 && tune.leaders() >= 0 &&
                      tune.warmup() >= 0 && tune.within() >= 1,
-                 "conveyor: tune_plan: finalists and steps must be positive, leaders, rounds and warmup "
+                 "conveyor: race_candidates: finalists and steps must be positive, leaders, rounds and warmup "
                  "non-negative and within at least 1, got ",
                  tune.finalists(), ", ", tune.steps(), ", ", tune.leaders(), ", ", tune.rounds(), ", ", tune.warmup(),
                  " and ", tune.within());
-  check_argument(static_cast<bool>(loss_fn), "conveyor: tune_plan: no loss function given");
-  PlanTuning tuning;
+  check_argument(static_cast<bool>(loss_fn), "conveyor: race_candidates: no loss function given");
+  Race tuning;
   for (size_t i : tune_candidates(search, tune)) {
-    const PlanChoice& c = search.ranked[i];
-    tuning.finalists.push_back(TunedPlan{c, c.plan.step_seconds(), {}, "", 0});
+    const Candidate& c = search.ranked[i];
+    tuning.finalists.push_back(RaceEntry{c, c.prediction.step_seconds(), {}, "", 0});
   }
   // Training the finalists moves and steps the weights, buffers and random streams.
   const RestoredOnExit kept(model, /*weights=*/true);
@@ -141,7 +141,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
   do {
     const bool backwards = tuning.rounds % 2 == 1;
     for (size_t k = 0; k < alive.size(); ++k) {
-      TunedPlan& f = tuning.finalists[alive[backwards ? alive.size() - 1 - k : k]];
+      RaceEntry& f = tuning.finalists[alive[backwards ? alive.size() - 1 - k : k]];
       try {
         run_round(model, options, inputs, targets, loss_fn, tune.warmup(), tune.steps() * (tuning.rounds + 1), f);
       } catch (const std::exception& e) {
@@ -159,7 +159,7 @@ PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& searc
     if (more) alive.resize((alive.size() + 1) / 2);
   } while (more && alive.size() > 1);
   if (alive.empty()) {
-    throw std::runtime_error("conveyor: tune_plan: every finalist failed; the first, " +
+    throw std::runtime_error("conveyor: race_candidates: every finalist failed; the first, " +
                              tuning.finalists.front().choice.describe() + ": " + tuning.finalists.front().error);
   }
   tuning.best_index = alive.front();

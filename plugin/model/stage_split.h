@@ -1,5 +1,5 @@
 #pragma once
-// StagePlan: which layers of the model each stage runs, and on which device.
+// StageSplit: which layers of the model each stage runs, and on which device.
 // The planner decides it (plugin/planner/partition.h); the pipeline builds
 // its stages from it.
 
@@ -17,7 +17,7 @@ struct StageSpec {
   c10::Device device = c10::Device(c10::kCPU);
 };
 
-struct StagePlan {
+struct StageSplit {
   int64_t num_layers = 0;
   std::vector<StageSpec> stages;
   std::string str() const;  // "stage 0: layers [0, 3) on cpu; stage 1: ..."

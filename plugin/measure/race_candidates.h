@@ -4,7 +4,7 @@
 // shared by the workers a prediction misses by 5-30 % (benchmarks/results/
 // choice.md), more than separates the first plans of the ranking, and a
 // profile that misprices one micro-batch size or crowded cores can rank the
-// fastest plan far down. tune_plan races a diverse set of plans on the model
+// fastest plan far down. race_candidates races a diverse set of plans on the model
 // and the real batch: the first of the ranking, then the best predicted of
 // each other number of workers and micro-batches; each round every plan
 // still in is built and timed (the plans taking turns), the slower half is
@@ -13,8 +13,8 @@
 // then 6, 3, 2; 2, 4, 6, 8 timed steps after 2 warm-up steps each) it costs
 // about 130 training steps before the run.
 //
-//   const conveyor::PlanSearch search = conveyor::search_plans(model, options, batch, space);
-//   const conveyor::PlanTuning tuning = conveyor::tune_plan(model, search, options, {x}, {y}, loss);
+//   const conveyor::SearchResult search = conveyor::search_plans(model, options, batch, space);
+//   const conveyor::Race tuning = conveyor::race_candidates(model, search, options, {x}, {y}, loss);
 //   std::cout << tuning.str();
 //   conveyor::Pipeline pipe(model, tuning.best().options(options));
 
@@ -54,8 +54,8 @@ struct TuneOptions {
   TORCH_ARG(int, rounds) = 0;
 };
 
-struct TunedPlan {
-  PlanChoice choice;
+struct RaceEntry {
+  Candidate choice;
   double predicted_seconds = 0;
   std::vector<double> step_seconds;  // every timed step
   std::string error;                 // why building or running it failed ("" when it ran)
@@ -63,30 +63,30 @@ struct TunedPlan {
   double measured_seconds() const;   // the median step; 0 when it failed
 };
 
-struct PlanTuning {
-  std::vector<TunedPlan> finalists;  // in the ranking's order
+struct Race {
+  std::vector<RaceEntry> finalists;  // in the ranking's order
   size_t best_index = 0;             // the fastest measured of the last round
   int rounds = 0;
-  const PlanChoice& best() const { return finalists.at(best_index).choice; }
+  const Candidate& best() const { return finalists.at(best_index).choice; }
   // One line per finalist: the plan, predicted and measured step, the chosen one marked.
   std::string str() const;
 };
 
-// The plans tune_plan races, as TuneOptions says: indices into
+// The plans race_candidates races, as TuneOptions says: indices into
 // search.ranked, in its order.
-std::vector<size_t> tune_candidates(const PlanSearch& search, const TuneOptions& tune = {});
+std::vector<size_t> tune_candidates(const SearchResult& search, const TuneOptions& tune = {});
 
 // Races tune.finalists() plans of `search` (which searched `model` with
 // `options`), chosen as TuneOptions says, on a batch of `inputs` and
 // `targets` with `loss_fn` and returns them, the fastest measured of the
 // last round chosen. Each finalist's pipeline is
-// built from the model as PlanChoice::options(options) says and trained, its
+// built from the model as Candidate::options(options) says and trained, its
 // gradients cleared after every step; the model is then left as it was found:
 // its weights, gradients, buffers and device placement, and the random
 // generators' states. A finalist that fails to build or run is skipped, its
 // error kept; when every one fails, throws the first finalist's error.
 // Throws std::invalid_argument for an empty search or options out of range.
-PlanTuning tune_plan(const torch::nn::Sequential& model, const PlanSearch& search, const PipelineOptions& options,
+Race race_candidates(const torch::nn::Sequential& model, const SearchResult& search, const PipelineOptions& options,
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
                      const TuneOptions& tune = {});
 

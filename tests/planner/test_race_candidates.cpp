@@ -5,7 +5,7 @@
 
 #include "plugin/planner/search.h"
 #include "plugin/measure/profile_model.h"
-#include "plugin/measure/tune_plan.h"
+#include "plugin/measure/race_candidates.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -35,15 +35,15 @@ struct Sample {
 
 const TensorsLossFn kMse = testing::mse_of_first;
 
-PlanSpace two_worker_space() {
-  PlanSpace space;
+SearchSpace two_worker_space() {
+  SearchSpace space;
   space.max_workers = 2;
   space.schedules = {"gpipe", "1f1b"};
   space.microbatches = {1, 2, 4, 8};
   return space;
 }
 
-PlanSearch search_for(const torch::nn::Sequential& model, const PipelineOptions& options) {
+SearchResult search_for(const torch::nn::Sequential& model, const PipelineOptions& options) {
   return search_plans(model, options, 32, two_worker_space());
 }
 
@@ -58,25 +58,25 @@ struct Searched {
   torch::nn::Sequential model = (torch::manual_seed(0), tuned_model());
   Sample s;
   PipelineOptions options = profiled(model, s);
-  PlanSearch search = search_for(model, options);
+  SearchResult search = search_for(model, options);
 };
 
 // A ranking made by hand: schedule, workers, micro-batches, predicted ms.
-PlanSearch ranking(const std::vector<std::tuple<std::string, int, int, double>>& plans) {
-  PlanSearch search;
+SearchResult ranking(const std::vector<std::tuple<std::string, int, int, double>>& plans) {
+  SearchResult search;
   for (const auto& [schedule, workers, m, ms] : plans) {
-    PlanChoice c;
+    Candidate c;
     c.workers = workers;
-    c.plan.schedule.name = schedule;
-    c.plan.schedule.num_microbatches = m;
-    c.plan.simulation.makespan = ms / 1e3;
+    c.prediction.schedule.name = schedule;
+    c.prediction.schedule.num_microbatches = m;
+    c.prediction.simulation.makespan = ms / 1e3;
     search.ranked.push_back(c);
   }
   return search;
 }
 
 TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
-  const PlanSearch search = ranking({{"1f1b", 2, 4, 10},
+  const SearchResult search = ranking({{"1f1b", 2, 4, 10},
                                      {"1f1b", 2, 8, 10.5},
                                      {"1f1b", 2, 4, 11},  // recomputed: nothing new
                                      {"gpipe", 2, 4, 11.5},
@@ -100,7 +100,7 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
   EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(1).within(1)), (Picked{0}));
 
   // A new number of workers before a new pair of numbers already seen.
-  const PlanSearch crowded = ranking({{"1f1b", 4, 2, 10},
+  const SearchResult crowded = ranking({{"1f1b", 4, 2, 10},
                                       {"1f1b", 4, 4, 10.5},
                                       {"1f1b", 3, 2, 11},
                                       {"1f1b", 3, 4, 11.5},
@@ -111,7 +111,7 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
 
   // A plan taken for its micro-batches does not stand for its worker count:
   // the best plan of 2 workers is 3, not 4 (taken for 8 micro-batches).
-  const PlanSearch stand_in = ranking({{"eager-1f1b", 4, 4, 10},
+  const SearchResult stand_in = ranking({{"eager-1f1b", 4, 4, 10},
                                        {"eager-1f1b", 4, 4, 10.2},  // recomputed
                                        {"eager-1f1b", 3, 4, 10.4},
                                        {"eager-1f1b", 2, 4, 10.5},
@@ -127,7 +127,7 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   ASSERT_GE(search.ranked.size(), 4u);
   // The plans with the predicted-fastest plan's micro-batch size are made
   // slow: 20 ms in every loss call, far beyond this model's step.
-  const int64_t slow_size = 32 / search.best().plan.schedule.num_microbatches;
+  const int64_t slow_size = 32 / search.best().prediction.schedule.num_microbatches;
   const TensorsLossFn slowed = [slow_size](const Tensors& out, const Tensors& t) {
     if (out[0].size(0) == slow_size) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return torch::mse_loss(out[0], t[0]);
@@ -138,21 +138,21 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   const std::vector<size_t> picked = tune_candidates(search, four);
   ASSERT_EQ(picked.size(), 4u);
   int other_sizes = 0;
-  for (size_t i : picked) other_sizes += 32 / search.ranked[i].plan.schedule.num_microbatches != slow_size;
+  for (size_t i : picked) other_sizes += 32 / search.ranked[i].prediction.schedule.num_microbatches != slow_size;
   ASSERT_GE(other_sizes, 1) << search.str();
-  const PlanTuning tuning = tune_plan(model, search, options, {s.x}, {s.y}, slowed, four);
+  const Race tuning = race_candidates(model, search, options, {s.x}, {s.y}, slowed, four);
   SCOPED_TRACE(tuning.str());
   ASSERT_EQ(tuning.finalists.size(), 4u);
   EXPECT_EQ(tuning.rounds, 2);  // 4 plans, then 2, then the faster one
   int second_round = 0;
   for (size_t i = 0; i < 4; ++i) {
-    const TunedPlan& f = tuning.finalists[i];
+    const RaceEntry& f = tuning.finalists[i];
     EXPECT_EQ(f.choice.describe(), search.ranked[picked[i]].describe());
-    EXPECT_EQ(f.predicted_seconds, search.ranked[picked[i]].plan.step_seconds());
+    EXPECT_EQ(f.predicted_seconds, search.ranked[picked[i]].prediction.step_seconds());
     EXPECT_TRUE(f.error.empty()) << f.error;
     EXPECT_EQ(f.step_seconds.size(), f.rounds == 1 ? 2u : 6u);  // 2 timed steps, then 4
     second_round += f.rounds == 2;
-    const bool slow = 32 / f.choice.plan.schedule.num_microbatches == slow_size;
+    const bool slow = 32 / f.choice.prediction.schedule.num_microbatches == slow_size;
     if (slow && other_sizes >= 2) {
       EXPECT_EQ(f.rounds, 1) << "a slow plan went on: " << f.choice.describe();
     }
@@ -160,33 +160,33 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   EXPECT_EQ(second_round, 2);
   // Those dropped after the first round were the slower half in it.
   // The median of a plan's first round's two steps.
-  const auto first_round = [](const TunedPlan& f) { return (f.step_seconds[0] + f.step_seconds[1]) / 2; };
-  for (const TunedPlan& dropped : tuning.finalists) {
-    for (const TunedPlan& kept : tuning.finalists) {
+  const auto first_round = [](const RaceEntry& f) { return (f.step_seconds[0] + f.step_seconds[1]) / 2; };
+  for (const RaceEntry& dropped : tuning.finalists) {
+    for (const RaceEntry& kept : tuning.finalists) {
       if (dropped.rounds == 1 && kept.rounds == 2) {
         EXPECT_GE(first_round(dropped), first_round(kept));
       }
     }
   }
-  const TunedPlan& chosen = tuning.finalists[tuning.best_index];
+  const RaceEntry& chosen = tuning.finalists[tuning.best_index];
   EXPECT_EQ(chosen.rounds, 2);
-  for (const TunedPlan& f : tuning.finalists) {
+  for (const RaceEntry& f : tuning.finalists) {
     if (f.rounds == 2) {
       EXPECT_GE(f.measured_seconds(), chosen.measured_seconds());
     }
   }
-  EXPECT_NE(32 / tuning.best().plan.schedule.num_microbatches, slow_size) << tuning.best().describe();
+  EXPECT_NE(32 / tuning.best().prediction.schedule.num_microbatches, slow_size) << tuning.best().describe();
   EXPECT_THAT(tuning.str(), AllOf(HasSubstr("raced 4 plans over 2 rounds"),
                                   HasSubstr("* " + tuning.best().describe() + ": predicted")));
 
   // One round: every plan timed once, the fastest of all chosen.
-  const PlanTuning once = tune_plan(model, search, options, {s.x}, {s.y}, slowed, TuneOptions(four).rounds(1));
+  const Race once = race_candidates(model, search, options, {s.x}, {s.y}, slowed, TuneOptions(four).rounds(1));
   EXPECT_EQ(once.rounds, 1);
-  for (const TunedPlan& f : once.finalists) {
+  for (const RaceEntry& f : once.finalists) {
     EXPECT_EQ(f.rounds, 1);
     EXPECT_GE(f.measured_seconds(), once.finalists[once.best_index].measured_seconds());
   }
-  EXPECT_NE(32 / once.best().plan.schedule.num_microbatches, slow_size) << once.best().describe();
+  EXPECT_NE(32 / once.best().prediction.schedule.num_microbatches, slow_size) << once.best().describe();
 }
 
 TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
@@ -199,9 +199,9 @@ TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
   for (const auto& item : model->named_parameters()) grads[item.key()] = item.value().grad().clone();
   // Two plans per round with the pipeline's own optimizer: it steps the weights.
   const PipelineOptions options = profiled(model, s).optimizer(testing::sgd(0.1));
-  const PlanSearch search = search_for(model, options);
+  const SearchResult search = search_for(model, options);
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  const PlanTuning tuning = tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().finalists(2));
+  const Race tuning = race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().finalists(2));
   EXPECT_TRUE(at::equal(rng, at::detail::getDefaultCPUGenerator().get_state()));
   const auto got = model->named_parameters();
   for (const auto& item : reference->named_parameters()) {
@@ -230,32 +230,32 @@ TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
 TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
   const Searched searched;
   const auto& [model, s, options, search] = searched;
-  const int64_t failing = 32 / search.best().plan.schedule.num_microbatches;
+  const int64_t failing = 32 / search.best().prediction.schedule.num_microbatches;
   const TensorsLossFn picky = [failing](const Tensors& out, const Tensors& t) {
     if (out[0].size(0) == failing) throw std::runtime_error("no micro-batches of " + std::to_string(failing));
     return torch::mse_loss(out[0], t[0]);
   };
   // Another micro-batch count among the finalists, whatever the profile ranked first.
-  const PlanTuning tuning =
-      tune_plan(model, search, options, {s.x}, {s.y}, picky, TuneOptions().finalists(4).leaders(1).within(1e9));
+  const Race tuning =
+      race_candidates(model, search, options, {s.x}, {s.y}, picky, TuneOptions().finalists(4).leaders(1).within(1e9));
   SCOPED_TRACE(tuning.str());
   EXPECT_THAT(tuning.finalists.front().error, HasSubstr("no micro-batches of " + std::to_string(failing)));
   EXPECT_EQ(tuning.finalists.front().measured_seconds(), 0.0);
-  EXPECT_NE(32 / tuning.best().plan.schedule.num_microbatches, failing);
+  EXPECT_NE(32 / tuning.best().prediction.schedule.num_microbatches, failing);
   EXPECT_THAT(tuning.str(), HasSubstr("failed: "));
 
   const TensorsLossFn broken = [](const Tensors&, const Tensors&) -> at::Tensor {
     throw std::runtime_error("the loss is broken");
   };
-  EXPECT_THAT(error_of([&] { tune_plan(model, search, options, {s.x}, {s.y}, broken); }),
+  EXPECT_THAT(error_of([&] { race_candidates(model, search, options, {s.x}, {s.y}, broken); }),
               AllOf(HasSubstr("every finalist failed"), HasSubstr("the loss is broken")));
   EXPECT_THAT(testing::invalid_argument_of(
-                  [&] { tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().steps(0)); }),
+                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().steps(0)); }),
               HasSubstr("finalists and steps must be positive"));
   EXPECT_THAT(testing::invalid_argument_of(
-                  [&] { tune_plan(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().within(0.5)); }),
+                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().within(0.5)); }),
               HasSubstr("within at least 1, got 12, 2, 4, 0, 2 and 0.5"));
-  EXPECT_THAT(testing::invalid_argument_of([&] { tune_plan(model, PlanSearch{}, options, {s.x}, {s.y}, kMse); }),
+  EXPECT_THAT(testing::invalid_argument_of([&] { race_candidates(model, SearchResult{}, options, {s.x}, {s.y}, kMse); }),
               HasSubstr("the search found no plan to measure"));
   // Nothing failed to leave behind: the weights still train.
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());

@@ -24,7 +24,7 @@ inline constexpr const char* kSynthesisedSchedule = "synthesised";
 // first. Returns the plan of the same split under the synthesised schedule
 // (its text travels as PipelineOptions::schedule_text). Throws
 // std::invalid_argument when no schedule fits the budget.
-Plan synthesised_plan(const torch::nn::Sequential& model, const PipelineOptions& options, const Plan& priced,
+Prediction predict_synthesised(const torch::nn::Sequential& model, const PipelineOptions& options, const Prediction& priced,
                       int64_t batch, int64_t memory_budget);
 
 }  // namespace conveyor

@@ -1,10 +1,10 @@
-#include "plugin/model/stage_plan.h"
+#include "plugin/model/stage_split.h"
 
 #include <sstream>
 
 namespace conveyor {
 
-std::string StagePlan::str() const {
+std::string StageSplit::str() const {
   std::ostringstream os;
   for (size_t k = 0; k < stages.size(); ++k) {
     if (k) os << "; ";

@@ -1,4 +1,4 @@
-#include "plugin/planner/synthesised_plan.h"
+#include "plugin/planner/predict_synthesised.h"
 
 #include "plugin/core/errors.h"
 #include "schedules/synthesise.h"
@@ -9,7 +9,7 @@
 
 namespace conveyor {
 
-Plan synthesised_plan(const torch::nn::Sequential& model, const PipelineOptions& options, const Plan& priced,
+Prediction predict_synthesised(const torch::nn::Sequential& model, const PipelineOptions& options, const Prediction& priced,
                       int64_t batch, int64_t memory_budget) {
   const schedules::Schedule& shape = priced.schedule;
   const int workers = shape.num_workers();
@@ -49,10 +49,10 @@ Plan synthesised_plan(const torch::nn::Sequential& model, const PipelineOptions&
   }
   const schedules::Synthesis synthesis = schedules::synthesise(problem);
   std::vector<int64_t> boundaries;
-  for (size_t k = 1; k < priced.stages.stages.size(); ++k) boundaries.push_back(priced.stages.stages[k].begin);
+  for (size_t k = 1; k < priced.split.stages.size(); ++k) boundaries.push_back(priced.split.stages[k].begin);
   PipelineOptions chosen = options;
   chosen.schedule_text(synthesis.schedule.str()).boundaries(boundaries).workers(workers).chunks(0);
-  return make_plan(model, chosen, batch);
+  return predict_step(model, chosen, batch);
 }
 
 }  // namespace conveyor
