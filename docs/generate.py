@@ -15,6 +15,8 @@ import sys
 import conveyor
 from conveyor import _C
 
+from decision_picture import decision_svg
+
 DOCS = pathlib.Path(__file__).resolve().parent
 ROOT = DOCS.parent
 OUT = DOCS / "_generated"
@@ -33,6 +35,8 @@ def schedules():
     (OUT / "schedule_gallery.md").write_text("\n".join(lines))
     # The front page's picture: the README shows the same, committed as docs/schedules.svg.
     (folder / "1f1b-zb-v.svg").write_text(conveyor.schedule_svg(["1f1b", "zb-v"], WORKERS, MICROBATCHES))
+    # The schedules guide's decision picture, with the schedules it leads to drawn in it.
+    (folder / "choose.svg").write_text(decision_svg())
 
 
 def options():
