@@ -57,7 +57,8 @@
 //              step            a kernel per time step, forward and backward
 //   attention: tiles128        the tensor-core forward with FlashAttention-2's tiles: 128 query
 //                              rows a CTA, 32 a warp, K and V double-buffered; the backward
-//                              with its query blocks double-buffered
+//                              with its query blocks double-buffered and, at head dim 128,
+//                              two warps to each 16 keys (half the dK/dV columns each)
 //              v1              the first tensor-core kernels: 64 query rows a CTA, 16 a warp
 // (both for float16/bfloat16 at head dim 64 and 128; other calls run the
 // general kernels)

@@ -14,8 +14,12 @@
 // Warp-wide instructions (shuffles, ldmatrix, mma) meet at a per-warp barrier
 // and compute what the PTX ISA specifies for every lane. cp.async copies land
 // only when a cp.async.wait_group makes them due, so a missing wait reads
-// stale NaNs instead of passing by luck. Not emulated: memory-ordering races
-// between warps other than through these points.
+// stale NaNs instead of passing by luck. Between two barriers of a block,
+// a cp.async into 16 bytes of its dynamic shared memory and an ldmatrix of
+// them by another warp are a race, whichever came first, and abort the run
+// naming both warps (a missing __syncthreads before a buffer is refilled,
+// which the deferred copies alone would let pass). Not emulated: other
+// memory-ordering races between warps.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,14 +43,30 @@ struct Warp {
   uint32_t b[32][2];
   double shfl[32];
 };
+// The block's barrier phases: each ends an epoch of the race check.
+struct EpochTick {
+  std::atomic<uint32_t>* epoch;
+  void operator()() noexcept { epoch->fetch_add(1, std::memory_order_relaxed); }
+};
 struct Block {
-  explicit Block(int threads, size_t smem_bytes = 0) : bar(threads), smem(smem_bytes, 0xff) {
+  explicit Block(int threads, size_t smem_bytes = 0) : bar(threads, EpochTick{&epoch}), smem(smem_bytes, 0xff) {
     for (int i = 0; i < (threads + 31) / 32; ++i) warps.emplace_back(std::make_unique<Warp>(std::min(32, threads - 32 * i)));
+    if (smem_bytes) watch_shared(smem.data(), smem_bytes);
   }
-  std::barrier<> bar;
+  // The dynamic shared memory the race check watches, 16 bytes a tag.
+  void watch_shared(unsigned char* base, size_t bytes) {
+    shared_base = base;
+    written = std::vector<std::atomic<uint64_t>>((bytes + 15) / 16);
+    read = std::vector<std::atomic<uint64_t>>((bytes + 15) / 16);
+  }
+  std::atomic<uint32_t> epoch{1};
+  std::barrier<EpochTick> bar;
   std::vector<std::unique_ptr<Warp>> warps;
   std::vector<unsigned char> smem;  // launch_cooperative's: each block's own
   std::atomic<int> votes{0};        // __syncthreads_or/_and's count
+  // Per 16 bytes: (epoch << 32) | (cp.async's warp + 1), and (epoch << 32) | the ldmatrix readers' warp bits.
+  unsigned char* shared_base = nullptr;
+  std::vector<std::atomic<uint64_t>> written, read;
 };
 struct Copy {
   void* dst;
@@ -57,7 +77,7 @@ struct Copy {
 inline thread_local uint3 tl_thread_idx, tl_block_idx;
 inline thread_local dim3 tl_block_dim, tl_grid_dim;
 inline thread_local Block* tl_block = nullptr;
-inline std::barrier<>* grid_barrier = nullptr;  // launch_cooperative's
+inline std::function<void()> grid_barrier;  // launch_cooperative's grid barrier: arrive and wait
 inline thread_local std::vector<std::vector<Copy>> tl_committed;
 inline thread_local std::vector<Copy> tl_open;
 inline std::atomic<long> collective_count{0};
@@ -66,7 +86,51 @@ inline int linear_thread() { return static_cast<int>(tl_thread_idx.x + tl_block_
 inline Warp& my_warp() { return *tl_block->warps[linear_thread() / 32]; }
 inline int my_lane() { return linear_thread() % 32; }
 inline unsigned char* block_shared() { return tl_block->smem.data(); }
-inline void grid_sync() { grid_barrier->arrive_and_wait(); }
+inline void grid_sync() { grid_barrier(); }
+
+// The race check's tag of the 16 bytes at `p`, or -1 outside the watched memory.
+inline ptrdiff_t shared_tag(const void* p) {
+  const Block& b = *tl_block;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (b.shared_base == nullptr || c < b.shared_base) return -1;
+  const ptrdiff_t tag = (c - b.shared_base) / 16;
+  return tag < static_cast<ptrdiff_t>(b.written.size()) ? tag : -1;
+}
+[[noreturn]] inline void shared_race(const void* p, int writer, int reader) {
+  fprintf(stderr,
+          "shared-memory race: warp %d's cp.async into byte %td and warp %d's ldmatrix of it, between the same two "
+          "barriers\n",
+          writer, static_cast<const unsigned char*>(p) - tl_block->shared_base, reader);
+  abort();
+}
+// A cp.async by this thread's warp into `dst`: none of this epoch's readers but itself.
+inline void note_copy(const void* dst) {
+  const ptrdiff_t tag = shared_tag(dst);
+  if (tag < 0) return;
+  Block& b = *tl_block;
+  const uint64_t epoch = b.epoch.load(std::memory_order_relaxed);
+  const int warp = linear_thread() / 32;
+  const uint64_t r = b.read[tag].load(std::memory_order_relaxed);
+  const uint32_t others = static_cast<uint32_t>(r) & ~(1u << warp);
+  if ((r >> 32) == epoch && others != 0) shared_race(dst, warp, __builtin_ctz(others));
+  b.written[tag].store(epoch << 32 | static_cast<uint64_t>(warp + 1), std::memory_order_relaxed);
+}
+// An ldmatrix row read by warp `warp`: no other warp's cp.async into it this epoch.
+inline void note_read(const void* row, int warp) {
+  const ptrdiff_t tag = shared_tag(row);
+  if (tag < 0) return;
+  Block& b = *tl_block;
+  const uint64_t epoch = b.epoch.load(std::memory_order_relaxed);
+  const uint64_t w = b.written[tag].load(std::memory_order_relaxed);
+  if ((w >> 32) == epoch && static_cast<int>(w & 0xffffffffu) != warp + 1) {
+    shared_race(row, static_cast<int>(w & 0xffffffffu) - 1, warp);
+  }
+  uint64_t r = b.read[tag].load(std::memory_order_relaxed);
+  uint64_t next;
+  do {
+    next = ((r >> 32) == epoch ? r : epoch << 32) | (1ull << warp);
+  } while (!b.read[tag].compare_exchange_weak(r, next, std::memory_order_relaxed));
+}
 }  // namespace emulated
 
 #undef __launch_bounds__
@@ -128,141 +192,16 @@ inline T __ldcg(const T* p) {
 using std::max;
 using std::min;
 
+#include "emulated_mma.h"
+
 namespace emulated {
-inline uint16_t element16(const void* row, int i) {
-  uint16_t v;
-  std::memcpy(&v, static_cast<const char*>(row) + 2 * i, 2);
-  return v;
-}
-// PTX ldmatrix .x4: lanes 8i..8i+7 give matrix i's row addresses. Without
-// .trans lane l receives row l/4, cols 2(l%4), 2(l%4)+1; with .trans it
-// receives rows 2(l%4), 2(l%4)+1 of col l/4.
-inline void ldmatrix(uint32_t (&r)[4], const void* smem, bool trans) {
-  auto& w = my_warp();
-  const int lane = my_lane();
-  if (reinterpret_cast<uintptr_t>(smem) % 16 != 0) {
-    fprintf(stderr, "ldmatrix: unaligned row address\n");
-    abort();
-  }
-  w.addr[lane] = smem;
-  w.bar.arrive_and_wait();
-  const int g = lane / 4, t = lane % 4;
-  for (int i = 0; i < 4; ++i) {
-    uint16_t lo, hi;
-    if (!trans) {
-      const void* row = w.addr[8 * i + g];
-      lo = element16(row, 2 * t);
-      hi = element16(row, 2 * t + 1);
-    } else {
-      lo = element16(w.addr[8 * i + 2 * t], g);
-      hi = element16(w.addr[8 * i + 2 * t + 1], g);
-    }
-    r[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-  }
-  w.bar.arrive_and_wait();
-  collective_count++;
-}
-
-template <bool kBF16>
-inline float to_float(uint16_t bits) {
-  if constexpr (kBF16) {
-    __nv_bfloat16_raw raw;
-    raw.x = bits;
-    return __bfloat162float(__nv_bfloat16(raw));
-  } else {
-    __half_raw raw;
-    raw.x = bits;
-    return __half2float(__half(raw));
-  }
-}
-
-// PTX mma.m16n8k16 fragment layouts, from the ISA's formulas.
-template <bool kBF16>
-inline void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  auto& w = my_warp();
-  const int lane = my_lane();
-  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
-  for (int i = 0; i < 2; ++i) w.b[lane][i] = b[i];
-  w.bar.arrive_and_wait();
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l >> 2, t = l % 4;
-    for (int i = 0; i < 8; ++i) {  // a_i
-      const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-      const int col = (i < 4) ? 2 * t + (i & 1) : 2 * t + (i & 1) + 8;
-      const uint32_t reg = w.a[l][i / 2];
-      A[row][col] = to_float<kBF16>(static_cast<uint16_t>((i & 1) ? reg >> 16 : reg & 0xffff));
-    }
-    for (int i = 0; i < 4; ++i) {  // b_i
-      const int row = (i < 2) ? 2 * t + (i & 1) : 2 * t + (i & 1) + 8;
-      const int col = g;
-      const uint32_t reg = w.b[l][i / 2];
-      B[row][col] = to_float<kBF16>(static_cast<uint16_t>((i & 1) ? reg >> 16 : reg & 0xffff));
-    }
-  }
-  const int g = lane >> 2, t = lane % 4;
-  for (int i = 0; i < 4; ++i) {  // c_i: row g for i < 2 else g + 8; col 2t + (i & 1)
-    const int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
-    double acc = d[i];
-    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
-    d[i] = static_cast<float>(acc);
-  }
-  w.bar.arrive_and_wait();
-  collective_count++;
-}
-
-// cvt.rna.tf32.f32: to nearest with ties away from zero, 10 mantissa bits
-// kept (adding half of the dropped bits' unit to the magnitude, then dropping them).
-inline float round_tf32(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
-// What a tensor core reads of a TF32 operand: the low 13 bits are ignored.
-inline float tf32_operand(uint32_t bits) {
-  bits &= 0xffffe000u;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
-
-// PTX mma.m16n8k8 with .tf32 operands, from the ISA's fragment formulas
-// (g = lane / 4, t = lane % 4): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
-// a3 = A[g+8][t+4]; b0 = B[t][g], b1 = B[t+4][g]; c as in m16n8k16.
-inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  auto& w = my_warp();
-  const int lane = my_lane();
-  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
-  for (int i = 0; i < 2; ++i) w.b[lane][i] = b[i];
-  w.bar.arrive_and_wait();
-  float A[16][8], B[8][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l >> 2, t = l % 4;
-    A[g][t] = tf32_operand(w.a[l][0]);
-    A[g + 8][t] = tf32_operand(w.a[l][1]);
-    A[g][t + 4] = tf32_operand(w.a[l][2]);
-    A[g + 8][t + 4] = tf32_operand(w.a[l][3]);
-    B[t][g] = tf32_operand(w.b[l][0]);
-    B[t + 4][g] = tf32_operand(w.b[l][1]);
-  }
-  const int g = lane >> 2, t = lane % 4;
-  for (int i = 0; i < 4; ++i) {
-    const int row = i < 2 ? g : g + 8, col = 2 * t + (i & 1);
-    double acc = d[i];
-    for (int k = 0; k < 8; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
-    d[i] = static_cast<float>(acc);
-  }
-  w.bar.arrive_and_wait();
-  collective_count++;
-}
 
 inline void cp_async(void* dst, const void* src, bool valid, size_t bytes = 16) {
   if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0) {
     fprintf(stderr, "cp.async: unaligned\n");
     abort();
   }
+  note_copy(dst);
   tl_open.push_back({dst, src, valid, bytes});
 }
 inline void cp_async_commit() {
@@ -359,7 +298,12 @@ void launch(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem_bytes, unsigne
   };
   fresh_smem();
   Block block(static_cast<int>(threads));
-  std::barrier<decltype(fresh_smem)> block_done(static_cast<std::ptrdiff_t>(threads), fresh_smem);
+  if (smem) block.watch_shared(smem, smem_bytes);
+  auto next_block = [&]() noexcept {  // its shared memory fresh, its race epoch new
+    fresh_smem();
+    block.epoch.fetch_add(1, std::memory_order_relaxed);
+  };
+  std::barrier<decltype(next_block)> block_done(static_cast<std::ptrdiff_t>(threads), next_block);
   threads_pool.run(threads, [&](unsigned tid) {
     for (unsigned b = 0; b < blocks; ++b) {
       run_thread(block, grid, block_dim, tid, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
@@ -377,16 +321,19 @@ template <typename Kernel, typename... Args>
 void launch_cooperative(Kernel kernel, dim3 grid, dim3 block_dim, size_t smem_bytes, const Args&... args) {
   const unsigned threads = block_dim.x * block_dim.y * block_dim.z;
   const unsigned blocks = grid.x * grid.y * grid.z;
-  std::barrier<> grid_bar(static_cast<std::ptrdiff_t>(threads * blocks));
-  grid_barrier = &grid_bar;
   std::vector<std::unique_ptr<Block>> all;
   for (unsigned b = 0; b < blocks; ++b) all.emplace_back(std::make_unique<Block>(static_cast<int>(threads), smem_bytes));
+  auto grid_phase = [&]() noexcept {  // a grid barrier is every block's barrier too
+    for (auto& b : all) b->epoch.fetch_add(1, std::memory_order_relaxed);
+  };
+  std::barrier<decltype(grid_phase)> grid_bar(static_cast<std::ptrdiff_t>(threads * blocks), grid_phase);
+  grid_barrier = [&grid_bar] { grid_bar.arrive_and_wait(); };
   threads_pool.run(threads * blocks, [&](unsigned i) {
     const unsigned b = i / threads;
     run_thread(*all[b], grid, block_dim, i % threads, uint3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)});
     kernel(args...);
     check_copies_done();
   });
-  grid_barrier = nullptr;
+  grid_barrier = nullptr;  // the barrier it named is gone
 }
 }  // namespace emulated

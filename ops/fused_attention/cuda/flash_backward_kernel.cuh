@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   T* sV = sK + BN * kStride;
   T* sQuery = sV + BN * kStride;                                // buffers of Q then dO
   T* sdS = sQuery + Config::kBuffers * Config::kQueryBuffer;    // kSplit 1: [BM][kDsStride], dS query-major
-  T* sP = sdS + BN * kPStride;                                  // kSplit 2: sdS [BN][kPStride] is dS^T, then P^T
+  T* sP = sdS + (kSplit ? BN * kPStride : 0);                   // kSplit 2: sdS [BN][kPStride] is dS^T, then P^T
   float* sStats = reinterpret_cast<float*>(sdS + Config::kScoreElements);  // buffers of lse * log2 e then D
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -142,17 +142,27 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   const uint8_t* mask = p.key_padding_mask ? p.key_padding_mask + static_cast<int64_t>(batch) * p.k_len : nullptr;
   const float scale = static_cast<float>(p.scale);
   const float scale_log2 = scale * kLog2e;
-  // Query block m0's Q, dO, lse and D into buffer b (cp.async for the tiles,
-  // committed by the caller; plain loads for lse and D: as 4-byte cp.async
-  // copies they cost every configuration 28-76 bytes of spills).
-  auto fetch_queries = [&](int m0, int b) {
+  // Query block m0's Q and dO tiles into buffer b (cp.async, committed by the caller).
+  auto fetch_tiles = [&](int m0, int b) {
     T* q_tile = sQuery + b * Config::kQueryBuffer;
     copy_tile_async<BM, D, kThreads>(q_tile, kStride, q, m0, p.q_len, tid);
     copy_tile_async<BM, D, kThreads>(q_tile + BM * kStride, kStride, dout, m0, p.q_len, tid);
-    for (int i = tid; i < BM; i += kThreads) {
-      const bool valid = m0 + i < p.q_len;
-      sStats[b * 2 * BM + i] = valid ? lse[m0 + i] * kLog2e : 0.f;
-      sStats[b * 2 * BM + BM + i] = valid ? row_dot[m0 + i] : 0.f;
+  };
+  // Query block m0's lse (times log2 e) and D for row tid, 0 past the last
+  // query: plain loads into registers, stored to buffer b by store_stats
+  // (as 4-byte cp.async copies they cost every configuration 28-76 bytes of
+  // spills). The double-buffered kernels load the next block's at the top of
+  // a step and store them at its end, so the loads' latency hides behind it.
+  static_assert(BM <= kThreads, "a thread a query row of the statistics");
+  auto load_stats = [&](int m0) {
+    float2 st = make_float2(0.f, 0.f);
+    if (tid < BM && m0 + tid < p.q_len) st = make_float2(lse[m0 + tid] * kLog2e, row_dot[m0 + tid]);
+    return st;
+  };
+  auto store_stats = [&](float2 st, int b) {
+    if (tid < BM) {
+      sStats[b * 2 * BM + tid] = st.x;
+      sStats[b * 2 * BM + BM + tid] = st.y;
     }
   };
 
@@ -180,26 +190,31 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
   // the mask hides them all, no query does (dK = dV = 0, nothing for dQ).
   const bool any_shown = __syncthreads_or(!key_hidden[0] || !key_hidden[1]) != 0;
   // tiles128 tests masks only on edge tiles: where a key of this CTA is
-  // hidden, past the last query row, or on the causal diagonal.
+  // hidden or on the causal diagonal.
   const bool all_shown = Config::kTiles && __syncthreads_and(!key_hidden[0] && !key_hidden[1]) != 0;
   const int m_first = !any_shown ? p.q_len : p.causal ? (n0 / BM) * BM : 0;
   if (Config::kBuffers == 2 && m_first < p.q_len) {
-    fetch_queries(m_first, 0);
+    fetch_tiles(m_first, 0);
+    store_stats(load_stats(m_first), 0);
     cp_async_commit();
   }
   int buffer = 0;
   for (int m0 = m_first; m0 < p.q_len; m0 += BM) {
+    const bool next = Config::kBuffers == 2 && m0 + BM < p.q_len;
+    float2 next_stats = make_float2(0.f, 0.f);
     if constexpr (Config::kBuffers == 2) {
       // The next query block into the other buffer while this one is used.
-      if (m0 + BM < p.q_len) {
-        fetch_queries(m0 + BM, buffer ^ 1);
+      if (next) {
+        fetch_tiles(m0 + BM, buffer ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
+        next_stats = load_stats(m0 + BM);
       } else {
         cp_async_wait<0>();
       }
     } else {
-      fetch_queries(m0, 0);
+      fetch_tiles(m0, 0);
+      store_stats(load_stats(m0), 0);
       cp_async_commit();
       cp_async_wait<0>();
     }
@@ -243,7 +258,10 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
 
     // P^T in s, dS^T in dp; dS also to shared memory (kSplit 1: as
     // [query][key]; kSplit 2: P^T and dS^T as [key][query], two queries a store).
-    const bool edge = !Config::kTiles || !all_shown || m0 + BM > p.q_len || (p.causal && m0 < n0 + BN - 1);
+    // Rows past the last query need no mask: their Q, dO, lse and D are
+    // zeros, so their dS is 0, their dO adds nothing to dV and no dQ row is
+    // written for them.
+    const bool edge = !Config::kTiles || !all_shown || (p.causal && m0 < n0 + BN - 1);
     auto probabilities = [&](auto masked) {
 #pragma unroll
       for (int nt = 0; nt < QW / 8; ++nt) {
@@ -289,7 +307,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
     } else {
       probabilities(std::false_type{});
     }
-    if constexpr (kSplit) __syncthreads();  // P^T and dS^T complete: each warp reads its row block's whole
+    if constexpr (kSplit) __syncthreads();  // P^T and dS^T complete: both warps' halves of each row block
 
     // dV += P^T dO and dK += dS^T Q over this block's BM queries, in this warp's DW columns.
 #pragma unroll
@@ -352,6 +370,7 @@ __global__ void __launch_bounds__(Config::kThreads) flash_backward_kernel(const 
         }
       }
     }
+    if (next) store_stats(next_stats, buffer ^ 1);  // that buffer's last reader was the step before
     __syncthreads();  // sQ, sdO, sP and sdS are refilled next
     buffer ^= Config::kBuffers - 1;
   }

@@ -96,7 +96,7 @@ constexpr bool math_applies(Math math) {
 template <typename scalar_t, Math math, typename Sequence>
 bool launch_persistent(const Sequence& seq, const Device& d, cudaStream_t stream) {
   constexpr bool kBackward = std::is_same_v<Sequence, BackwardSequence<scalar_t>>;
-  const persistent::Prediction p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, kBackward);
+  const persistent::Plan p = persistent::plan<scalar_t, math>(seq.hidden, seq.batch, d.sms, d.shared_limit, kBackward);
   if (p.layout.bytes == 0) return false;
   const auto kernel = [] {
     if constexpr (kBackward) {
@@ -146,7 +146,7 @@ bool try_launch_forward_persistent_warp(const ForwardSequence<scalar_t>& seq, cu
   if (seq.batch > persistent_warp::kMaxBatch) return false;
   const Device d = current_device();
   if (d.sms == 0) return false;
-  const persistent_warp::Prediction p = persistent_warp::plan<scalar_t>(seq.hidden, seq.batch, d.sms);
+  const persistent_warp::Plan p = persistent_warp::plan<scalar_t>(seq.hidden, seq.batch, d.sms);
   if (p.shared_bytes > d.shared_limit) return false;
   return launch_cooperative(&persistent_warp::lstm_forward_persistent_kernel<scalar_t>, d, p.blocks,
                             persistent_warp::kThreads, p.shared_bytes, stream, seq, p.units_per_block);

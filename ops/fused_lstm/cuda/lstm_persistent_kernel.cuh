@@ -30,7 +30,7 @@ using block::kThreads;
 
 // How a launch lays a layer out: U units a block over `blocks` blocks, and
 // the block's shared memory (layout.bytes == 0: it does not fit).
-struct Prediction {
+struct Plan {
   int units_per_block = 0, blocks = 0;
   block::Layout layout;
 };
@@ -39,12 +39,12 @@ struct Prediction {
 // multiprocessor; tensor-core plans start from `tile_units` (a full M tile of
 // rows) and halve it while the slice does not fit.
 template <typename scalar_t, Math math>
-Prediction plan(int hidden, int batch, int sms, size_t shared_limit, bool backward) {
+Plan plan(int hidden, int batch, int sms, size_t shared_limit, bool backward) {
   using acc_t = AccOf<scalar_t>;
   const int least = (hidden + sms - 1) / sms;
   const int tile_units = math == Math::kFma ? 1 : (backward ? 16 : 4);  // backward rows = U, forward = 4U
   int u = std::min(hidden, std::max(least, tile_units));
-  Prediction p;
+  Plan p;
   for (;;) {
     const int rows = backward ? u : 4 * u;
     const int k = backward ? 4 * hidden : hidden;

@@ -102,13 +102,13 @@ __global__ void __launch_bounds__(kThreads)
 // How the launcher lays a layer out on `sms` multiprocessors: one block per
 // SM, each owning an equal slice of the hidden units (the last block the
 // rest), and the shared memory a block needs for its W_hh rows and h_{t-1}.
-struct Prediction {
+struct Plan {
   int units_per_block = 0, blocks = 0;
   size_t shared_bytes = 0;
 };
 template <typename scalar_t>
-Prediction plan(int hidden, int batch, int sms) {
-  Prediction p;
+Plan plan(int hidden, int batch, int sms) {
+  Plan p;
   p.units_per_block = (hidden + sms - 1) / sms;
   p.blocks = (hidden + p.units_per_block - 1) / p.units_per_block;
   p.shared_bytes = align16(static_cast<size_t>(4) * p.units_per_block * hidden * sizeof(scalar_t)) +

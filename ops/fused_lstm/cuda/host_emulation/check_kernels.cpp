@@ -136,8 +136,8 @@ Result run_persistent(const Problem& p, const Inputs& in, int passes, std::strin
   Forward<scalar_t> f(p, in);
   // The limit that splits the backward's product into `passes` passes.
   const size_t limit = limit_for_passes(persistent::plan<scalar_t, math>(p.H, p.B, p.sms, 227 * 1024, true).layout, passes);
-  const persistent::Prediction fp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, false);
-  const persistent::Prediction bp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, true);
+  const persistent::Plan fp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, false);
+  const persistent::Plan bp = persistent::plan<scalar_t, math>(p.H, p.B, p.sms, limit, true);
   if (fp.layout.bytes == 0 || bp.layout.bytes == 0 || fp.blocks > p.sms || bp.blocks > p.sms) {
     fprintf(stderr, "the persistent plan does not fit %s\n", problem_name(dtype_name<scalar_t>(), p).c_str());
     ++failures;
@@ -169,7 +169,7 @@ Result run_persistent(const Problem& p, const Inputs& in, int passes, std::strin
 template <typename scalar_t>
 Result persistent_warp_forward(const Problem& p, const Inputs& in) {
   Forward<scalar_t> f(p, in);
-  const persistent_warp::Prediction plan = persistent_warp::plan<scalar_t>(p.H, p.B, p.sms);
+  const persistent_warp::Plan plan = persistent_warp::plan<scalar_t>(p.H, p.B, p.sms);
   emulated::launch_cooperative(persistent_warp::lstm_forward_persistent_kernel<scalar_t>, dim3(plan.blocks),
                                dim3(persistent_warp::kThreads), plan.shared_bytes, f.sequence(p),
                                plan.units_per_block);
