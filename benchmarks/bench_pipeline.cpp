@@ -61,7 +61,7 @@ struct Args {
   int steps = 5;
   int threads = 1;
   bool stage_rng = false;
-  bool predict_step = false;
+  bool predict = false;
   bool plain = false;
   bool growth = false;
   bool choose = false;
@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     } else if (a == "--steps") {
       args.steps = std::stoi(value());
     } else if (a == "--predict") {
-      args.predict_step = true;
+      args.predict = true;
     } else if (a == "--plain") {
       args.plain = true;
     } else if (a == "--growth") {
@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   if (args.growth) return conveyor::bench::growth_table(args.steps, args.batch);
   if (args.choose) return conveyor::bench::choice_table(args.steps, args.model_given ? args.model : "", args.sharing);
-  if (args.predict_step) {
+  if (args.predict) {
     if (conveyor::bench::predict_table_knows(args.model)) {
       return conveyor::bench::predict_table(args.model, args.batch, args.steps, args.threads, args.sharing);
     }

@@ -120,7 +120,7 @@ void run_model(const std::string& kind, int64_t batch, int steps, int sharing, T
       // The planner's tuned choice: plans of its search raced on the batch
       // (cells with the same finalists share one tuning).
       std::string finalists;
-      for (size_t i : tune_candidates(counted)) finalists += plan_key(counted.ranked[i]) + "; ";
+      for (size_t i : pick_finalists(counted)) finalists += plan_key(counted.ranked[i]) + "; ";
       if (!tunings.count(finalists)) {
         const TensorsLossFn tensors_loss = [loss](const Tensors& out, const Tensors& t) { return loss(out[0], t[0]); };
         const Race tuning =
@@ -258,7 +258,7 @@ int choice_table(int steps, const std::string& only, int sharing) {
               "sharing counted), %d of %d (tuned: up to %d plans raced). Predictions within 10 %%: %d of %d "
               "plans (%d with the CPU's sharing counted).\n",
               tally.within, tally.cells, tally.within_cores, tally.cells, tally.within_tuned, tally.cells,
-              TuneOptions().finalists(), tally.predicted_within, tally.plans, tally.shared_within);
+              RaceOptions().finalists(), tally.predicted_within, tally.plans, tally.shared_within);
   return 0;
 }
 

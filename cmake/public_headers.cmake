@@ -22,5 +22,5 @@ set(CONVEYOR_PUBLIC_HEADERS
   plugin/checkpoint/model_state.h
   plugin/distributed/data_parallel.h plugin/distributed/distributed_runner.h plugin/measure/c10d_link.h
   plugin/distributed/process_groups.h plugin/distributed/sharded_optimizer.h
-  plugin/builder/front_end.h plugin/builder/plan.h
+  plugin/builder/front_end.h plugin/builder/plan.h plugin/builder/request.h
   ${CONVEYOR_SCRIPT_HEADERS} ${CONVEYOR_EXPORT_HEADERS})

@@ -17,6 +17,7 @@
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "plugin/planner/search.h"
+#include "plugin/runner/stage_runner.h"
 #include "plugin/trace/timeline.h"
 #include "plugin/version.h"
 #include "schedules/generators.h"

@@ -33,14 +33,16 @@
 // error in one is a std::invalid_argument naming it.
 
 #include "plugin/builder/front_end.h"
-#include "plugin/builder/plan.h"
+#include "plugin/builder/request.h"
 #include "plugin/checkpoint/checkpoint.h"
 #include "plugin/core/options.h"
 #include "plugin/core/step_result.h"
-#include "plugin/distributed/distributed_runner.h"
+#include "plugin/distributed/process_groups.h"
+#include "plugin/model/stage_split.h"
 #include "plugin/planner/planner.h"
-#include "plugin/runner/stage_runner.h"
+#include "schedules/schedule.h"
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,49 +51,8 @@
 
 namespace conveyor {
 
-// What a pipeline is built with, besides the model.
-struct BuildRequest {
-  PipelineOptions options;
-  // The loss train_step takes when it is given none (and that the profile
-  // and plan "tuned" run): loss(outputs, targets) -> a scalar.
-  TensorsLossFn loss;
-  // A whole batch: its first micro-batch is profiled when balance "time" or
-  // plan "auto" needs it, and the plan then predicts the step.
-  std::optional<SampleBatch> sample;
-  // torch.distributed's groups (conveyor::ProcessGroups; the conveyor
-  // package hands them over): each process builds the same pipeline and
-  // runs its worker's stages.
-  std::shared_ptr<ProcessGroups> groups;
-};
-
-// The checks of a request that need no model: each option's bounds, a
-// known schedule, the pipeline's optimizer given once and whole, what the
-// plan mode needs (check_plan_mode), workers that fit the split points.
-// `processes`: the pipeline's processes (its group's size), 0 in one
-// process. Throws std::invalid_argument naming the option.
-void check_request(const BuildRequest& request, int processes);
-
-// A request that has passed check_request for `processes` processes, which
-// Pipeline builds without checking again. The conveyor package checks
-// at construction and builds later (an nn.Module is exported from the first
-// step's inputs), attaching then what was only promised when checked.
-class CheckedRequest {
- public:
-  // Checks the request; throws std::invalid_argument naming the option.
-  CheckedRequest(BuildRequest request, int processes);
-  const BuildRequest& request() const { return request_; }
-  int processes() const { return processes_; }
-  // The loss itself, where the check knew only that there is one.
-  void attach_loss(TensorsLossFn loss);
-  void attach_lr_schedule(LearningRateSchedule schedule);
-  // The groups of the `processes` processes the request was checked for.
-  void attach_groups(std::shared_ptr<ProcessGroups> groups);
-
- private:
-  friend class Pipeline;
-  BuildRequest request_;
-  int processes_ = 0;
-};
+class StageRunner;        // plugin/runner/stage_runner.h
+class DistributedRunner;  // plugin/distributed/distributed_runner.h
 
 class Pipeline {
  public:
@@ -99,6 +60,7 @@ class Pipeline {
   // process runs its worker's stages of replica groups->replica(); every
   // process passes the same model and options.
   explicit Pipeline(const Model& model, PipelineOptions options = {}, std::shared_ptr<ProcessGroups> groups = nullptr);
+  // With a loss, a sample to profile or a batch size besides the options.
   Pipeline(const Model& model, BuildRequest request);
   // Builds a request checked before.
   Pipeline(const Model& model, CheckedRequest request);
@@ -112,19 +74,25 @@ class Pipeline {
   // stepped). Stage 0 reads the inputs, the loss the last stage's outputs
   // and the targets; without a loss here, the request's. The result is
   // last_step(), valid until the next step; across processes its loss is the
-  // global batch's.
-  const StepResult& train_step(const Tensors& inputs, const Tensors& targets);
-  const StepResult& train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss);
+  // global batch's. Braced lists are lists of tensors: train_step({x}, {y}).
   const StepResult& train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
+  const StepResult& train_step(const at::Tensor& input, const at::Tensor& target);
+  const StepResult& train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss);
+  const StepResult& train_step(const Tensors& inputs, const Tensors& targets);
+  const StepResult& train_step(std::initializer_list<at::Tensor> inputs, std::initializer_list<at::Tensor> targets,
+                               const TensorsLossFn& loss);
+  const StepResult& train_step(std::initializer_list<at::Tensor> inputs, std::initializer_list<at::Tensor> targets);
   // One step on micro-batches the caller made (bucketing: each padded to its
   // own length): exactly options().microbatches() of them.
   const StepResult& train_microbatches(const std::vector<Tensors>& inputs, const std::vector<Tensors>& targets,
                                        const TensorsLossFn& loss);
   const StepResult& last_step() const { return last_; }
   // Inference: no autograd, nothing stashed. Across processes the output is
-  // on the last stage's process, an empty list (an undefined tensor) elsewhere.
-  Tensors forward(const Tensors& inputs);
+  // on the last stage's process, an undefined tensor (an empty list)
+  // elsewhere. forward({x, mask}) returns the list of outputs.
   at::Tensor forward(const at::Tensor& input);
+  Tensors forward(const Tensors& inputs);
+  Tensors forward(std::initializer_list<at::Tensor> inputs);
   // Clips the gradients' global norm, as clip_grad_norm_ on the unsplit
   // model (across processes too), for a caller that owns its optimizer;
   // returns the norm before clipping.
@@ -158,18 +126,22 @@ class Pipeline {
   int num_stages() const;
   int num_workers() const;
   const schedules::Schedule& schedule() const;
-  // The options as built: the given ones with the plan's choices (the
-  // runner's, runner().options(), are this process's: its device, its
-  // optimizer as a factory).
-  const PipelineOptions& options() const;
+  // Which layers each stage runs, and on which device.
+  const StageSplit& split() const;
+  // The options as given, with the plan's choices (plan "auto": the cut it
+  // chose, as boundaries): what builds the same pipeline again.
+  const PipelineOptions& options() const { return options_; }
   // Steps train_step has completed.
   int64_t completed_steps() const;
   // The plan's text; with balance "time", its predicted times and memory.
   // With plan "auto", the search: the chosen plan and the runners-up.
   std::string plan_text() const;
-  // The plan's prediction, made with balance "time" (a profile).
-  const std::optional<Prediction>& prediction() const { return plan_; }
+  // The step the plan predicts, made with balance "time" (a profile).
+  const std::optional<Prediction>& prediction() const { return prediction_; }
   const std::string& fused_ops_report() const { return fused_ops_report_; }
+  // Bytes of the state of this process's stages' own optimizers (sharded:
+  // this replica's part).
+  int64_t optimizer_state_bytes() const;
 
   // Across processes: global rank 0 logs, checkpoints and evaluates (in one
   // process, true); `base` times the replicas with scale_learning_rate.
@@ -177,10 +149,13 @@ class Pipeline {
   double learning_rate(double base) const;
 
   // This process's stages and their runtime (across processes, its
-  // worker's): what checkpoints, timelines and per-stage inspection read.
-  StageRunner& runner() { return *runner_; }
-  const StageRunner& runner() const { return *runner_; }
-  // Null unless built with process groups.
+  // worker's), which checkpoints and timelines read
+  // (plugin/runner/stage_runner.h).
+  StageRunner& runner();
+  const StageRunner& runner() const;
+  // Across processes, this process's part of the job: its process groups,
+  // gather_model() to the logging rank (plugin/distributed/distributed_runner.h);
+  // null in one process.
   DistributedRunner* distributed() { return distributed_.get(); }
   const DistributedRunner* distributed() const { return distributed_.get(); }
 
@@ -192,11 +167,10 @@ class Pipeline {
 
   std::vector<std::pair<std::string, std::string>> aliases_;  // see ModelLayers
   std::vector<std::string> transient_buffers_;
-  std::optional<Prediction> plan_;
+  std::optional<Prediction> prediction_;
   std::string search_text_;
   std::unique_ptr<StageRunner> local_;              // in one process
   std::unique_ptr<DistributedRunner> distributed_;  // across processes
-  StageRunner* runner_ = nullptr;                   // the one of them
   StepResult last_;
   TensorsLossFn loss_;
 };
@@ -206,6 +180,10 @@ class Pipeline {
 void save_checkpoint(const std::string& path, const Pipeline& pipe, const TrainingState& state = {});
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers = {});
+// Every rank's files of one step, merged and resharded to this pipeline's
+// stages and replicas (plugin/checkpoint/checkpoint.h).
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+                              const std::vector<torch::optim::Optimizer*>& optimizers = {});
 // The plain state dict ({name: tensor}, pipe.state_dict()'s keys), which
 // torch.load reads and the unsplit model loads; in one process.
 void save_model_state(const std::string& path, const Pipeline& pipe);

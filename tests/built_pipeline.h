@@ -1,9 +1,10 @@
 #pragma once
-// The builder's pipeline (plugin/pipeline.h) of a model cut at split
-// points, as the front-end tests train it: the Pipeline, kept alive with
-// the Pipeline that owns it.
+// A conveyor::Pipeline (plugin/pipeline.h) of a model cut at split points,
+// as the front-end tests train it: its StageRunner, kept alive with the
+// Pipeline that owns it.
 
 #include "plugin/pipeline.h"
+#include "plugin/runner/stage_runner.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
@@ -17,8 +18,8 @@ namespace conveyor::testing {
 
 inline std::shared_ptr<StageRunner> built_pipeline(const Model& model, PipelineOptions options,
                                                 std::vector<std::string> split_points = {}) {
-  auto built = std::make_shared<Pipeline>(
-      model, BuildRequest{.options = std::move(options).split_points(std::move(split_points))});
+  if (!split_points.empty()) options.split_points(std::move(split_points));
+  auto built = std::make_shared<Pipeline>(model, std::move(options));
   return std::shared_ptr<StageRunner>(built, &built->runner());
 }
 

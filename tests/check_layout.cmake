@@ -3,12 +3,13 @@
 #    benchmarks, tests. schedules/ includes neither ops/ nor plugin/; ops/
 #    never includes plugin/;
 #  - inside plugin/, each folder includes only the folders below it:
-#      support/    nothing of the plugin but core/errors.h
+#      support/    nothing of the plugin
 #      core/       the foundation (errors, types, every option's row, the
 #                  options and their values, step results): support/ only
-#      model/      support/ and core/'s types and errors (not the options or
-#                  the step result)
+#      model/      support/ and core/'s types and errors (not the options,
+#                  their rows and values, or the step result)
 #      trace/      support/, core/'s types and errors and the step result
+#                  (not the options, their rows and values)
 #      planner/    model/, trace/, support/ and core/; never the runtime, a
 #                  transport or the runner
 #      transport/  support/ and core/ but the options; never the runtime
@@ -27,6 +28,8 @@
 #                  version.h (which anything may include), on top of
 #                  everything; no folder includes pipeline.h but builder/,
 #                  which implements it, nor conveyor.h;
+#  - examples/ and benchmarks/ build through conveyor::Pipeline and include
+#    neither the runner, the runtime nor a transport;
 #  - files short enough to read in one sitting: no source file over 400 lines.
 # Usage: cmake -DSOURCE_DIR=<repository root> -P check_layout.cmake
 if(NOT SOURCE_DIR)
@@ -70,10 +73,10 @@ check_includes(schedules ALL "\"(ops|plugin)/")
 check_includes(ops ALL "\"plugin/")
 check_includes(plugin HEADERS "\"plugin/runtime/")
 check_includes(plugin/core ALL "\"plugin/(model|trace|planner|transport|runtime|${_fronts})/|${_root}")
-check_includes(plugin/support ALL
-  "\"plugin/(model|trace|planner|transport|runtime|${_fronts})/|\"plugin/core/(options|option_list|option_rows|option_values|step_result|types)\\.h|${_root}")
-check_includes(plugin/model ALL "\"plugin/(runtime|planner|trace|transport|${_fronts})/|\"plugin/core/(options|step_result)\\.h|${_root}")
-check_includes(plugin/trace ALL "\"plugin/(runtime|planner|model|transport|${_fronts})/|\"plugin/core/options\\.h|${_root}")
+check_includes(plugin/support ALL "\"plugin/(core|model|trace|planner|transport|runtime|${_fronts})/|${_root}")
+check_includes(plugin/model ALL
+  "\"plugin/(runtime|planner|trace|transport|${_fronts})/|\"plugin/core/(options|option_[a-z]+|step_result)\\.h|${_root}")
+check_includes(plugin/trace ALL "\"plugin/(runtime|planner|model|transport|${_fronts})/|\"plugin/core/(options|option_[a-z]+)\\.h|${_root}")
 check_includes(plugin/planner ALL "\"plugin/(runtime|transport|${_fronts})/|${_root}")
 check_includes(plugin/transport ALL "\"plugin/(runtime|planner|model|trace|${_fronts})/|\"plugin/core/options\\.h|${_root}")
 check_includes(plugin/runtime ALL "\"plugin/(planner|trace|${_fronts})/|\"plugin/core/options\\.h|${_root}")
@@ -84,6 +87,10 @@ foreach(front script export distributed checkpoint)
 endforeach()
 check_includes(plugin/measure ALL "\"plugin/(script|export|checkpoint|builder)/|${_root}")
 check_includes(plugin/builder ALL "\"plugin/conveyor\\.h")
+# Examples and benchmarks build through conveyor::Pipeline: never the runner,
+# the runtime or a transport by themselves.
+check_includes(examples ALL "\"plugin/(runner|runtime|transport)/")
+check_includes(benchmarks ALL "\"plugin/(runner|runtime|transport)/")
 
 # The installed headers include only installed headers.
 if(EXISTS "${SOURCE_DIR}/cmake/public_headers.cmake")

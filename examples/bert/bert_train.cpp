@@ -132,16 +132,15 @@ BertOutcome train_bert(const MlmData& data, const BertConfig& config, const Bert
         .optimizer_state_per_weight(2);  // AdamW
     options.boundaries({});  // the search chooses the cut
     options.plan(PlanMode::kAuto).max_workers(stages).memory_budget(t.memory_budget << 20);
-    Plan planned = decide_plan(model.layers, std::move(options), {.batch_size = t.batch});
-    // The pipeline takes the search's choices as its given plan.
-    options = std::move(planned.options.plan(PlanMode::kGiven).max_workers(0).memory_budget(0));
-    std::string text = "--plan auto: " + planned.search;
+  }
+  Pipeline pipe(model.layers, {.options = options, .batch_size = t.batch});
+  if (t.plan == "auto") {
+    std::string text = "--plan auto: " + pipe.plan_text();
     while (text.ends_with('\n')) text.pop_back();
     note(text);
   }
-  Pipeline pipe(model.layers, options);
   std::string plan = "stages:";
-  for (const auto& s : pipe.runner().split().stages) {
+  for (const auto& s : pipe.split().stages) {
     plan += " [";
     for (int64_t i = s.begin; i < s.end; ++i) plan += (i == s.begin ? "" : ", ") + model.names[i];
     plan += "]";

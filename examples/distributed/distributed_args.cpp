@@ -124,7 +124,7 @@ Args parse(int argc, char** argv) {
     flag = flag.substr(2);
     // Each switch sets its flag to the value given here.
     const std::map<std::string, std::pair<bool*, bool>> switches = {{"scale-lr", {&a.scale_lr, true}},
-                                                                    {"predict", {&a.predict_step, true}},
+                                                                    {"predict", {&a.predict, true}},
                                                                     {"keep-sent", {&a.keep_sent, true}},
                                                                     {"shared-memory", {&a.shared_memory, true}},
                                                                     {"no-shared-memory", {&a.shared_memory, false}},

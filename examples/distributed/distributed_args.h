@@ -13,7 +13,7 @@ struct Args {
   int workers = 0, replicas = 1, microbatches = 4, steps = 50, threads = 1, log_every = 10, lookahead = 0;
   int64_t timeout_ms = 60000;
   double lr = 0.05;
-  bool scale_lr = false, predict_step = false, keep_sent = false;
+  bool scale_lr = false, predict = false, keep_sent = false;
   bool shared_memory = conveyor::DistributedOptions().shared_memory;  // --no-shared-memory: false
   std::string optimizer = "sgd";  // sgd | adam
   bool shard_optimizer = false;   // ZeRO-1 across the replicas

@@ -9,6 +9,7 @@
 #include "examples/distributed/run_checkpoints.h"
 #include "plugin/conveyor.h"
 #include "plugin/checkpoint/model_state.h"
+#include "plugin/distributed/distributed_runner.h"
 #include "plugin/pipeline.h"
 #include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
@@ -102,8 +103,8 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
                        return std::make_unique<torch::optim::SGD>(p, lr);
                      });
   std::optional<conveyor::Prediction> plan;  // --predict: on rank 0, before the others connect (they wait)
-  if (a.predict_step && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
-  if (a.predict_step && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
+  if (a.predict && a.replicas != 1) throw std::invalid_argument("--predict prices a pipeline of one replica");
+  if (a.predict && env.rank == 0) plan = conveyor::examples::predict_c10d_step(a.model, options, a.shared_memory);
   conveyor::Pipeline pipe(make_model(a),
                           options.scale_learning_rate(a.scale_lr)
                               .local_rank(env.local_rank)
@@ -134,7 +135,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   }
   // Every rank's optimizer bytes, in rank order, on every rank.
   at::Tensor state_bytes = at::zeros({env.world_size}, at::kDouble);
-  state_bytes[env.rank] = static_cast<double>(pipe.distributed()->optimizer_state_bytes());
+  state_bytes[env.rank] = static_cast<double>(pipe.optimizer_state_bytes());
   conveyor::all_reduce_everywhere(*groups, {state_bytes}, "gathering the optimizer bytes per rank");
   conveyor::DistributedRunner& ranks = *pipe.distributed();  // this process's part, across processes
   ranks.gather_model();

@@ -1,6 +1,7 @@
 #include "examples/distributed/run_checkpoints.h"
 
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/distributed/distributed_runner.h"
 
 #include <ATen/ATen.h>
 
@@ -60,7 +61,7 @@ int64_t RunCheckpoints::resume(Pipeline& pipe) {
   } else {
     std::vector<std::string> files;
     for (int r = 0; r < saved_world; ++r) files.push_back(file(start, r, saved_world));
-    saved = load_checkpoint_files(files, pipe.runner());
+    saved = load_checkpoint_files(files, pipe);
   }
   if (pipe.is_logging_rank()) {
     std::cout << "resumed from step " << saved << " (" << dir_ << ", written by " << saved_world << " ranks)\n";

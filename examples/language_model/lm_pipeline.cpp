@@ -264,7 +264,7 @@ void print_plan(const Config& c, const conveyor::Pipeline& pipe, const ex::Langu
             << pipe.num_stages() << " stages on " << pipe.num_workers() << " workers"
             << ", " << m << " micro-batches of " << c.batch / m << (c.batch % m ? "+" : "") << " streams, "
             << c.threads << " intra-op thread(s) per worker\n";
-  for (const auto& s : pipe.runner().split().stages) {
+  for (const auto& s : pipe.split().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";

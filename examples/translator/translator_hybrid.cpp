@@ -9,6 +9,7 @@
 #include "examples/translator/translator_app.h"
 #include "plugin/support/atomic_file.h"
 #include "plugin/support/timing.h"
+#include "plugin/distributed/distributed_runner.h"
 #include "plugin/pipeline.h"
 
 #include <torch/serialize.h>

@@ -27,7 +27,7 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
             << (c.tie ? "tied to the target embedding" : "untied") << "), " << pipe.num_stages() << " stages, "
             << pipe.schedule().num_microbatches << " micro-batches per batch, " << c.threads
             << " intra-op thread(s) per stage\n";
-  for (const auto& s : pipe.runner().split().stages) {
+  for (const auto& s : pipe.split().stages) {
     std::cout << "  stage on " << s.device << ": layers [" << s.begin << ", " << s.end << ")";
     for (int64_t i = s.begin; i < s.end; ++i) std::cout << (i == s.begin ? " " : ", ") << model.names[i];
     std::cout << "\n";
@@ -44,8 +44,9 @@ void print_plan(const TranslatorConfig& c, const Pipeline& pipe, const Translato
             << std::flush;
 }
 
-// pipeline_options(), or with --plan auto the fastest plan the search finds
-// for the profile of the first batch's first micro-batch (printed).
+// pipeline_options(), or with --plan auto a search on the profile of the
+// first batch's first micro-batch (micro-batches are made by length
+// buckets, so no one sample batch splits as a step does).
 PipelineOptions planned_options(const TranslatorConfig& c, const LoadedCorpus& corpus, const Translator& model) {
   PipelineOptions options = pipeline_options(c, model, /*own_optimizer=*/false);
   if (c.plan != "auto") return options;
@@ -54,11 +55,7 @@ PipelineOptions planned_options(const TranslatorConfig& c, const LoadedCorpus& c
   options.profile(std::make_shared<ModelProfile>(profile_model(model.layers, m.inputs, m.targets, translation_loss)))
       .optimizer_state_per_weight(2);  // Adam
   options.plan(PlanMode::kAuto).max_workers(static_cast<int>(c.stages)).memory_budget(c.memory_budget << 20);
-  options.boundaries({});  // the search chooses the cut
-  Plan planned = decide_plan(model.layers, std::move(options), {.batch_size = c.batch});
-  std::cout << "--plan auto: " << planned.search;
-  // The pipeline takes the search's choices as its given plan.
-  return std::move(planned.options.plan(PlanMode::kGiven).max_workers(0).memory_budget(0));
+  return options.boundaries({});  // the search chooses the cut
 }
 
 }  // namespace
@@ -70,7 +67,8 @@ int run_translator(const TranslatorConfig& c) {
   Translator model = make_translator(translator_shape(c, corpus.data));
   const bool synchronous =
       schedules::make_schedule(c.schedule, static_cast<int>(c.stages), static_cast<int>(c.microbatches)).synchronous();
-  Pipeline pipe(model.layers, planned_options(c, corpus, model));
+  Pipeline pipe(model.layers, {.options = planned_options(c, corpus, model), .batch_size = c.batch});
+  if (c.plan == "auto") std::cout << "--plan auto: " << pipe.plan_text();
   const int64_t microbatches = pipe.schedule().num_microbatches;  // --plan auto's, or --microbatches
   TrainBatches batches(corpus, c.batch, microbatches, static_cast<uint64_t>(c.seed));
   print_plan(c, pipe, model, batches.per_epoch(), synchronous);

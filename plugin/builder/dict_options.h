@@ -1,5 +1,5 @@
 #pragma once
-// A BuildRequest (plugin/pipeline.h) from a dict of options, as
+// A BuildRequest (plugin/builder/request.h) from a dict of options, as
 // Python hands them over: the conveyor package's keywords
 // (python/src/module.cpp) and the TorchScript class's dict (torch_class.cpp).
 //
@@ -9,7 +9,7 @@
 // scripted module called as loss(*outputs, *targets); default "mse") and
 // sample (an (input, target) batch, each a tensor or a tuple of tensors).
 
-#include "plugin/pipeline.h"
+#include "plugin/builder/request.h"
 #include "plugin/builder/front_end.h"
 #include "plugin/core/option_values.h"
 

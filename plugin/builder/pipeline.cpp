@@ -1,6 +1,9 @@
 #include "plugin/pipeline.h"
 
 #include "plugin/checkpoint/model_state.h"
+#include "plugin/distributed/distributed_runner.h"
+#include "plugin/distributed/sharded_optimizer.h"
+#include "plugin/runner/stage_runner.h"
 #include "plugin/core/errors.h"
 #include "plugin/model/model_names.h"
 #include "plugin/model/stage.h"
@@ -25,40 +28,6 @@ CheckedRequest checked(BuildRequest request) {
 
 }  // namespace
 
-void check_request(const BuildRequest& request, int processes) {
-  count_request(RequestStage::kCheck);
-  const bool across_processes = processes > 0;
-  PipelineOptions options = request.options;
-  check_bounds(options);
-  (void)optimizer_factory(options);  // given whole: a name with its lr, or a factory alone
-  if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
-  if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
-  check_split_point_count(options, options.split_points());
-  check_plan_mode(options, {.sample = request.sample ? &*request.sample : nullptr, .loss = request.loss,
-                       .across_processes = across_processes});
-}
-
-CheckedRequest::CheckedRequest(BuildRequest request, int processes)
-    : request_(std::move(request)), processes_(processes) {
-  check_request(request_, processes_);
-}
-
-void CheckedRequest::attach_loss(TensorsLossFn loss) {
-  check_argument(static_cast<bool>(request_.loss) == static_cast<bool>(loss),
-                 "conveyor: the request was checked ", request_.loss ? "with" : "without", " a loss");
-  request_.loss = std::move(loss);
-}
-
-void CheckedRequest::attach_lr_schedule(LearningRateSchedule schedule) {
-  request_.options.lr_schedule(std::move(schedule));
-}
-
-void CheckedRequest::attach_groups(std::shared_ptr<ProcessGroups> groups) {
-  check_argument(groups != nullptr && groups->layout().workers == processes_, "conveyor: the request was checked for ",
-                 processes_, " processes, not the ", groups ? groups->layout().workers : 0, " of these groups");
-  request_.groups = std::move(groups);
-}
-
 Pipeline::Pipeline(const Model& model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups)
     : Pipeline(model, BuildRequest{.options = std::move(options), .groups = std::move(groups)}) {}
 
@@ -71,6 +40,7 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
   PipelineOptions options = std::move(request.options);
   // One worker per process: the pipeline group's size is the number of workers.
   if (across_processes && options.workers() == 0) options.workers(request.groups->layout().workers);
+  const PipelineOptions given = options;
   const bool given_cut = !options.split_points().empty() || !options.boundaries().empty();
   // 1. The model as layers.
   ModelLayers layers = model_layers(model, options);
@@ -81,23 +51,29 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
   const SampleBatch* sample = request.sample ? &*request.sample : nullptr;
   const PlanMode mode = options.plan();
   Plan planned = decide_plan(layers.layers, std::move(options),
-                                         {.sample = sample, .loss = loss_, .across_processes = across_processes,
-                                          .checked = true});
+                             {.sample = sample,
+                              .loss = loss_,
+                              .batch_size = request.batch_size,
+                              .across_processes = across_processes,
+                              .checked = true});
   search_text_ = std::move(planned.search);
+  // The options as given with the plan's choices: the front end's own
+  // changes (the split points' boundaries, tied names among the layers) undone.
   options_ = planned.options;
+  if (!given.split_points().empty()) options_.boundaries(given.boundaries());
+  options_.tied_parameters(given.tied_parameters());
   // 3. The runner.
   if (across_processes) {
     distributed_ = std::make_unique<DistributedRunner>(layers.layers, std::move(planned.options),
                                                        std::move(request.groups));
-    runner_ = &distributed_->runner();
   } else {
     local_ = std::make_unique<StageRunner>(layers.layers, std::move(planned.options));
-    runner_ = local_.get();
   }
-  if (const auto& profile = runner_->options().profile(); profile && sample) {
-    plan_ = predict_step(*profile, runner_->split(), runner_->schedule(), batch_size(*sample, runner_->options()),
-                    runner_->options());
-    plan_->balance = mode != PlanMode::kGiven ? "searched" : given_cut ? "given boundaries" : "time";
+  const StageRunner& built = runner();
+  if (const auto& profile = built.options().profile(); profile && (sample || request.batch_size > 0)) {
+    const int64_t batch = sample ? batch_size(*sample, built.options()) : request.batch_size;
+    prediction_ = predict_step(*profile, built.split(), built.schedule(), batch, built.options());
+    prediction_->balance = mode != PlanMode::kGiven ? "searched" : given_cut ? "given boundaries" : "time";
   }
 }
 
@@ -105,50 +81,80 @@ Pipeline::~Pipeline() = default;
 Pipeline::Pipeline(Pipeline&&) noexcept = default;
 Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
 
+StageRunner& Pipeline::runner() { return distributed_ ? distributed_->runner() : *local_; }
+const StageRunner& Pipeline::runner() const { return distributed_ ? distributed_->runner() : *local_; }
+
+const StepResult& Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  last_ = distributed_ ? distributed_->train_step(input, target, loss) : local_->train_step(input, target, loss);
+  return last_;
+}
+
+const StepResult& Pipeline::train_step(const at::Tensor& input, const at::Tensor& target) {
+  return train_step(Tensors{input}, Tensors{target});
+}
+
+const StepResult& Pipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss) {
+  last_ = distributed_ ? distributed_->train_step(inputs, targets, loss) : local_->train_step(inputs, targets, loss);
+  return last_;
+}
+
 const StepResult& Pipeline::train_step(const Tensors& inputs, const Tensors& targets) {
   check_argument(static_cast<bool>(loss_), "conveyor: train_step needs a loss: pass one, or give BuildRequest::loss");
   return train_step(inputs, targets, loss_);
 }
 
-const StepResult& Pipeline::train_step(const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss) {
-  last_ = distributed_ ? distributed_->train_step(inputs, targets, loss) : runner_->train_step(inputs, targets, loss);
-  return last_;
+const StepResult& Pipeline::train_step(std::initializer_list<at::Tensor> inputs,
+                                       std::initializer_list<at::Tensor> targets, const TensorsLossFn& loss) {
+  return train_step(Tensors(inputs), Tensors(targets), loss);
 }
 
-const StepResult& Pipeline::train_step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
-  last_ = distributed_ ? distributed_->train_step(input, target, loss) : runner_->train_step(input, target, loss);
-  return last_;
+const StepResult& Pipeline::train_step(std::initializer_list<at::Tensor> inputs,
+                                       std::initializer_list<at::Tensor> targets) {
+  return train_step(Tensors(inputs), Tensors(targets));
 }
 
 const StepResult& Pipeline::train_microbatches(const std::vector<Tensors>& inputs,
                                                const std::vector<Tensors>& targets, const TensorsLossFn& loss) {
   last_ = distributed_ ? distributed_->train_microbatches(inputs, targets, loss)
-                       : runner_->train_microbatches(inputs, targets, loss);
+                       : local_->train_microbatches(inputs, targets, loss);
   return last_;
 }
 
-Tensors Pipeline::forward(const Tensors& inputs) {
-  return distributed_ ? distributed_->forward(inputs) : runner_->forward(inputs);
+at::Tensor Pipeline::forward(const at::Tensor& input) {
+  return distributed_ ? distributed_->forward(input) : local_->forward(input);
 }
 
-at::Tensor Pipeline::forward(const at::Tensor& input) {
-  return distributed_ ? distributed_->forward(input) : runner_->forward(input);
+Tensors Pipeline::forward(const Tensors& inputs) {
+  return distributed_ ? distributed_->forward(inputs) : local_->forward(inputs);
 }
+
+Tensors Pipeline::forward(std::initializer_list<at::Tensor> inputs) { return forward(Tensors(inputs)); }
 
 double Pipeline::clip_grad_norm(double max_norm, double norm_type) {
-  return distributed_ ? distributed_->clip_grad_norm(max_norm, norm_type)
-                      : runner_->clip_grad_norm(max_norm, norm_type);
+  return distributed_ ? distributed_->clip_grad_norm(max_norm, norm_type) : local_->clip_grad_norm(max_norm, norm_type);
 }
 
-void Pipeline::train(bool on) { runner_->train(on); }
-int Pipeline::num_stages() const { return runner_->num_stages(); }
-int Pipeline::num_workers() const { return runner_->num_workers(); }
-const schedules::Schedule& Pipeline::schedule() const { return runner_->schedule(); }
-const PipelineOptions& Pipeline::options() const { return options_; }
-int64_t Pipeline::completed_steps() const { return runner_->completed_steps(); }
+void Pipeline::train(bool on) { runner().train(on); }
+int Pipeline::num_stages() const { return runner().num_stages(); }
+int Pipeline::num_workers() const { return runner().num_workers(); }
+const schedules::Schedule& Pipeline::schedule() const { return runner().schedule(); }
+const StageSplit& Pipeline::split() const { return runner().split(); }
+int64_t Pipeline::completed_steps() const { return runner().completed_steps(); }
+
+int64_t Pipeline::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  const StageRunner& r = runner();
+  for (int k = 0; k < r.num_stages(); ++k) {
+    if (!r.is_local(k)) continue;
+    if (const torch::optim::Optimizer* optimizer = r.stage(k).optimizer()) {
+      bytes += conveyor::optimizer_state_bytes(*optimizer);
+    }
+  }
+  return bytes;
+}
 
 std::string Pipeline::plan_text() const {
-  return !search_text_.empty() ? search_text_ : plan_ ? plan_->str() : runner_->split().str();
+  return !search_text_.empty() ? search_text_ : prediction_ ? prediction_->str() : runner().split().str();
 }
 
 bool Pipeline::is_logging_rank() const { return !distributed_ || distributed_->is_logging_rank(); }
@@ -162,6 +168,11 @@ void save_checkpoint(const std::string& path, const Pipeline& pipe, const Traini
 int64_t load_checkpoint(const std::string& path, Pipeline& pipe,
                         const std::vector<torch::optim::Optimizer*>& optimizers) {
   return load_checkpoint(path, pipe.runner(), optimizers);
+}
+
+int64_t load_checkpoint_files(const std::vector<std::string>& paths, Pipeline& pipe,
+                              const std::vector<torch::optim::Optimizer*>& optimizers) {
+  return load_checkpoint_files(paths, pipe.runner(), optimizers);
 }
 
 void save_model_state(const std::string& path, const Pipeline& pipe) {
@@ -187,16 +198,16 @@ std::vector<std::pair<std::string, at::Tensor>> first_of_each(std::vector<std::p
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() const {
   // The stages' own names of the parameters (the Sequential's), which the tie groups use.
   std::vector<std::string> layer_names;
-  for (int k = 0; k < runner_->num_stages(); ++k) {
-    if (!runner_->is_local(k)) continue;
-    for (const auto& item : runner_->stage(k).module()->named_parameters()) layer_names.push_back(item.key());
+  for (int k = 0; k < runner().num_stages(); ++k) {
+    if (!runner().is_local(k)) continue;
+    for (const auto& item : runner().stage(k).module()->named_parameters()) layer_names.push_back(item.key());
   }
   const std::set<std::string> local(layer_names.begin(), layer_names.end());
   // A tied weight is listed at its first holder in this process: the
   // pipeline gives the later holders its value (across processes, each
   // process steps its own holder with the summed gradient).
   std::set<std::string> later;
-  for (const auto& group : runner_->tied_parameters()) {
+  for (const auto& group : runner().tied_parameters()) {
     bool first = true;
     for (const std::string& name : group) {
       if (!local.count(name)) continue;
@@ -204,7 +215,7 @@ std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_parameters() con
       first = false;
     }
   }
-  const auto named = model_named_parameters(*runner_);  // in the stages' order, as layer_names
+  const auto named = model_named_parameters(runner());  // in the stages' order, as layer_names
   TORCH_INTERNAL_ASSERT(named.size() == layer_names.size(), "conveyor: a stage's parameters changed names");
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < named.size(); ++i) {
@@ -220,7 +231,7 @@ std::vector<at::Tensor> Pipeline::parameters() const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::named_buffers() const {
-  return first_of_each(model_named_buffers(*runner_));
+  return first_of_each(model_named_buffers(runner()));
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_dict() const {
@@ -228,8 +239,8 @@ std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_dict() const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_entries() const {
-  auto state = model_named_parameters(*runner_);
-  for (auto& b : model_named_buffers(*runner_)) {
+  auto state = model_named_parameters(runner());
+  for (auto& b : model_named_buffers(runner())) {
     const bool transient =
         std::find(transient_buffers_.begin(), transient_buffers_.end(), b.first) != transient_buffers_.end();
     if (!transient) state.push_back(std::move(b));

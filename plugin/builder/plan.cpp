@@ -40,7 +40,7 @@ void check_plan_mode(const PipelineOptions& options, const PlanInputs& inputs) {
   if (mode == PlanMode::kGiven) {
     check_argument(options.max_workers() == 0 && options.memory_budget() == 0,
                    "conveyor.Pipeline: max_workers and memory_budget bound the search of plan=\"auto\"");
-    check_argument(!inputs.across_processes || options.balance() != Balance::kTime ||
+    check_argument(!inputs.across_processes || options.balance() != Balance::kTime || options.profile() ||
                        !options.boundaries().empty() || !options.split_points().empty(),
                    "conveyor.Pipeline: balance \"time\" across processes would let each process measure its own ",
                    "times and perhaps cut the model elsewhere: give split_points, or balance \"uniform\" or ",

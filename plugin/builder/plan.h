@@ -55,7 +55,9 @@ void count_request(RequestStage stage);
 
 // What a plan mode needs, checked before the model is read: plan "auto" and
 // "tuned" a sample (tuned a loss too), no split points, one process, a
-// synchronous schedule; plan "given" no search bounds. Throws
+// synchronous schedule; plan "given" no search bounds, and across processes
+// no balance "time" that each process would measure for itself (a given
+// profile is the same everywhere). Throws
 // std::invalid_argument saying what is missing. decide_plan checks first,
 // unless the inputs say it was.
 void check_plan_mode(const PipelineOptions& options, const PlanInputs& inputs);

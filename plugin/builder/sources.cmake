@@ -10,7 +10,8 @@ target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/dict_options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/front_end.cpp
   ${CMAKE_CURRENT_LIST_DIR}/option_table.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/plan.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/request.cpp)
 if(CONVEYOR_TORCHSCRIPT)
   target_sources(conveyor PRIVATE ${CMAKE_CURRENT_LIST_DIR}/torch_class.cpp)
 endif()

@@ -1,6 +1,6 @@
 # Checkpoints: a pipeline's whole training state in one file, and optimizer
 # state keyed by parameter name; loading checks the whole file first
-# (checkpoint_decode, checked_ivalue). Builds on the public entry point and
+# (checkpoint_decode, checked_ivalue). Builds on the runner (runner/) and
 # the model's pieces; nothing below includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/checked_ivalue.cpp

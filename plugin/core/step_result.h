@@ -55,7 +55,7 @@ struct StepResult {
   // the updates of this process's stages that were skipped.
   int skipped_updates = 0;
   // The loss scale this step's losses were multiplied by (1 without loss
-  // scaling); the scaler's next scale is Pipeline::loss_scaler_state().
+  // scaling); the scaler's next scale is StageRunner::loss_scaler_state().
   double loss_scale = 1.0;
   // The gradients' total norm before clipping (PipelineOptions::clip_grad_norm):
   // over every parameter of the model, across stages, processes and replicas,

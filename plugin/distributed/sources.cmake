@@ -1,7 +1,7 @@
 # Multi-process training over c10d (Gloo on CPU, NCCL on CUDA when LibTorch
 # has it): the process groups, the hybrid pipeline x data-parallel job and
 # the data-parallel baselines. The transport itself is in transport/. Builds
-# on the public entry point; nothing below includes it.
+# on the runner (runner/); nothing below includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/process_groups.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gloo_group.cpp

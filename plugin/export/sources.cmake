@@ -1,7 +1,7 @@
 # The torch.export front end: .pt2 archives read with the ExportedProgram
 # schema's C++ types (LibTorch's generated_serialization_types.h, which needs
 # nlohmann-json), the graph run by an interpreter with autograd, cut into the
-# pipeline's layers. Builds on the public entry point; nothing below includes it.
+# pipeline's layers. Builds on the runner (runner/); nothing below includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/archive.cpp
   ${CMAKE_CURRENT_LIST_DIR}/export_layer.cpp

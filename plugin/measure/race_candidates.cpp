@@ -22,7 +22,7 @@ namespace {
 // One round of a finalist: build, warm up for `warmup` steps, time `steps` steps.
 void run_round(const torch::nn::Sequential& model, const PipelineOptions& options, const Tensors& inputs,
                const Tensors& targets, const TensorsLossFn& loss_fn, int warmup, int steps, RaceEntry& finalist) {
-  StageRunner pipe(model, finalist.choice.options(options));
+  StageRunner pipe(model, finalist.candidate.options(options));
   const auto clear = [&] {
     for (const auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
   };
@@ -38,7 +38,7 @@ void run_round(const torch::nn::Sequential& model, const PipelineOptions& option
 
 }  // namespace
 
-std::vector<size_t> tune_candidates(const SearchResult& search, const TuneOptions& tune) {
+std::vector<size_t> pick_finalists(const SearchResult& search, const RaceOptions& tune) {
   if (search.ranked.empty()) return {};
   const double limit = search.best().prediction.step_seconds() * tune.within();
   size_t eligible = 0;
@@ -102,7 +102,7 @@ std::string Race::str() const {
      << (rounds == 1 ? " round" : " rounds") << " (the slower half dropped after each); chose the fastest measured:\n";
   for (size_t i = 0; i < finalists.size(); ++i) {
     const RaceEntry& f = finalists[i];
-    os << (i == best_index ? "  * " : "    ") << f.choice.describe() << ": predicted " << f.predicted_seconds * 1e3
+    os << (i == best_index ? "  * " : "    ") << f.candidate.describe() << ": predicted " << f.predicted_seconds * 1e3
        << " ms";
     if (f.error.empty()) {
       os << ", measured " << f.measured_seconds() * 1e3 << " ms (median of " << f.step_seconds.size() << ", "
@@ -116,7 +116,7 @@ std::string Race::str() const {
 
 Race race_candidates(const torch::nn::Sequential& model, const SearchResult& search, const PipelineOptions& options,
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
-                     const TuneOptions& tune) {
+                     const RaceOptions& tune) {
   check_argument(!search.ranked.empty(), "conveyor: race_candidates: the search found no plan to measure");
   check_argument(tune.finalists() >= 1 && tune.steps() >= 1 && tune.rounds() >= 0 && tune.leaders() >= 0 &&
                      tune.warmup() >= 0 && tune.within() >= 1,
@@ -126,7 +126,7 @@ Race race_candidates(const torch::nn::Sequential& model, const SearchResult& sea
                  " and ", tune.within());
   check_argument(static_cast<bool>(loss_fn), "conveyor: race_candidates: no loss function given");
   Race tuning;
-  for (size_t i : tune_candidates(search, tune)) {
+  for (size_t i : pick_finalists(search, tune)) {
     const Candidate& c = search.ranked[i];
     tuning.finalists.push_back(RaceEntry{c, c.prediction.step_seconds(), {}, "", 0});
   }
@@ -152,7 +152,8 @@ Race race_candidates(const torch::nn::Sequential& model, const SearchResult& sea
       kept.snapshot().restore();
     }
     ++tuning.rounds;
-    alive.erase(std::remove_if(alive.begin(), alive.end(), [&](size_t i) { return !tuning.finalists[i].error.empty(); }),
+    alive.erase(std::remove_if(alive.begin(), alive.end(),
+                               [&](size_t i) { return !tuning.finalists[i].error.empty(); }),
                 alive.end());
     std::stable_sort(alive.begin(), alive.end(), faster);
     more = alive.size() > 1 && (tune.rounds() == 0 || tuning.rounds < tune.rounds());
@@ -160,7 +161,7 @@ Race race_candidates(const torch::nn::Sequential& model, const SearchResult& sea
   } while (more && alive.size() > 1);
   if (alive.empty()) {
     throw std::runtime_error("conveyor: race_candidates: every finalist failed; the first, " +
-                             tuning.finalists.front().choice.describe() + ": " + tuning.finalists.front().error);
+                             tuning.finalists.front().candidate.describe() + ": " + tuning.finalists.front().error);
   }
   tuning.best_index = alive.front();
   return tuning;

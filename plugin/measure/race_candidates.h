@@ -30,7 +30,7 @@
 
 namespace conveyor {
 
-struct TuneOptions {
+struct RaceOptions {
   // Plans timed in the first round (fewer if the search found fewer).
   TORCH_ARG(int, finalists) = 12;
   // Of them, the ranking's first this many; then, taking turns, the best
@@ -55,7 +55,7 @@ struct TuneOptions {
 };
 
 struct RaceEntry {
-  Candidate choice;
+  Candidate candidate;
   double predicted_seconds = 0;
   std::vector<double> step_seconds;  // every timed step
   std::string error;                 // why building or running it failed ("" when it ran)
@@ -67,17 +67,17 @@ struct Race {
   std::vector<RaceEntry> finalists;  // in the ranking's order
   size_t best_index = 0;             // the fastest measured of the last round
   int rounds = 0;
-  const Candidate& best() const { return finalists.at(best_index).choice; }
+  const Candidate& best() const { return finalists.at(best_index).candidate; }
   // One line per finalist: the plan, predicted and measured step, the chosen one marked.
   std::string str() const;
 };
 
-// The plans race_candidates races, as TuneOptions says: indices into
+// The plans race_candidates races, as RaceOptions says: indices into
 // search.ranked, in its order.
-std::vector<size_t> tune_candidates(const SearchResult& search, const TuneOptions& tune = {});
+std::vector<size_t> pick_finalists(const SearchResult& search, const RaceOptions& tune = {});
 
 // Races tune.finalists() plans of `search` (which searched `model` with
-// `options`), chosen as TuneOptions says, on a batch of `inputs` and
+// `options`), chosen as RaceOptions says, on a batch of `inputs` and
 // `targets` with `loss_fn` and returns them, the fastest measured of the
 // last round chosen. Each finalist's pipeline is
 // built from the model as Candidate::options(options) says and trained, its
@@ -88,6 +88,6 @@ std::vector<size_t> tune_candidates(const SearchResult& search, const TuneOption
 // Throws std::invalid_argument for an empty search or options out of range.
 Race race_candidates(const torch::nn::Sequential& model, const SearchResult& search, const PipelineOptions& options,
                      const Tensors& inputs, const Tensors& targets, const TensorsLossFn& loss_fn,
-                     const TuneOptions& tune = {});
+                     const RaceOptions& tune = {});
 
 }  // namespace conveyor

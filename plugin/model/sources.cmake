@@ -1,8 +1,8 @@
-# The model's pieces: a stage (a slice of layers on a device), the plan that
-# places them, their own random streams, tied parameters, the names the
-# original model gives their tensors, and a snapshot of what measuring the
-# model changes. Includes support/ and the public types
-# only.
+# The model's pieces: a stage (a slice of layers on a device), the split
+# that places them (stage_split.h), their own random streams, tied
+# parameters, the names the original model gives their tensors, and a
+# snapshot of what measuring the model changes. Includes support/ and
+# core/'s types and errors only.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/microbatches.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_names.cpp

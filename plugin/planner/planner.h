@@ -105,7 +105,7 @@ struct Prediction {
 
   double step_seconds() const { return simulation.makespan + update_seconds; }
   double bubble_fraction() const { return simulation.bubble_fraction; }
-  // The plan: one line per stage, the predicted step, and the bound.
+  // The prediction: one line per stage, the predicted step, and the bound.
   std::string str() const;
   // Predicted against measured: step time, bubble, busy time and peak stash per stage.
   std::string versus(const StepResult& measured) const;

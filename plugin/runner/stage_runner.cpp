@@ -29,7 +29,7 @@ void check_optimizer_options(const PipelineOptions& options, const schedules::Sc
   if (!schedule.synchronous() && !options.optimizer()) {
     throw std::invalid_argument("conveyor: schedule " + name +
                                 " steps the optimizer after every micro-batch on every stage, so the pipeline needs "
-                                "its own: give PipelineOptions::optimizer(factory)");
+                                "its own: give the option optimizer (a name with lr, or a factory)");
   }
   if (options.lr_schedule() && !options.optimizer()) {
     throw std::invalid_argument(
@@ -283,7 +283,9 @@ std::optional<LossScalerState> StageRunner::loss_scaler_state() const {
 
 void StageRunner::restore_loss_scaler(const LossScalerState& state) {
   LossScaler* scaler = runtime_->loss_scaler();
-  if (!scaler) throw std::invalid_argument("conveyor: this pipeline has no loss scaler (PipelineOptions::loss_scaling)");
+  if (!scaler) {
+    throw std::invalid_argument("conveyor: this pipeline has no loss scaler (PipelineOptions::loss_scaling)");
+  }
   scaler->restore(state);
 }
 

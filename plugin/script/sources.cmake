@@ -1,5 +1,5 @@
 # The TorchScript front end: TorchScript models cut into the pipeline's layers
-# (graph cutting, script layers). Builds on the public entry point; only the
+# (graph cutting, script layers). Builds on the runner (runner/); only the
 # builder (plugin/builder/) includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/forward_graph.cpp

@@ -11,6 +11,7 @@
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
+#include "plugin/distributed/distributed_runner.h"
 #include "plugin/pipeline.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/front_end.h"
@@ -105,11 +106,11 @@ LearningRateSchedule python_lr_schedule(py::object fn, std::shared_ptr<RaisedInS
 // A step's result with the plan's prediction (when the plan made one), for
 // pictures of predicted against measured.
 struct StepReport : StepResult {
-  std::shared_ptr<const Prediction> plan;
+  std::shared_ptr<const Prediction> prediction;
 
   std::vector<TimelineBlock> timeline() const {
     std::vector<TimelineBlock> blocks;
-    if (plan) blocks.push_back(timeline_block(plan->simulation, "predicted"));
+    if (prediction) blocks.push_back(timeline_block(prediction->simulation, "predicted"));
     blocks.push_back(timeline_block(*this, "measured"));
     return blocks;
   }
@@ -143,18 +144,18 @@ class PyPipeline {
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
     released([&] { pipe_ = std::make_unique<Pipeline>(built_from, std::move(request)); });
-    if (pipe_->prediction()) plan_ = std::make_shared<const Prediction>(*pipe_->prediction());
+    if (pipe_->prediction()) prediction_ = std::make_shared<const Prediction>(*pipe_->prediction());
   }
 
   StepReport train_step(const py::object& input, const py::object& target) {
     const Tensors inputs = tensors_from("input", input), targets = tensors_from("target", target);
     StepReport report;
     static_cast<StepResult&>(report) = released([&] { return pipe_->train_step(inputs, targets); });
-    report.plan = plan_;
+    report.prediction = prediction_;
     return report;
   }
 
-  const std::shared_ptr<const Prediction>& plan() const { return plan_; }
+  const std::shared_ptr<const Prediction>& prediction() const { return prediction_; }
 
   py::object forward(const py::object& input) {
     const Tensors inputs = tensors_from("input", input);
@@ -197,15 +198,15 @@ class PyPipeline {
 
   std::shared_ptr<RaisedInStep> raised_;
   std::unique_ptr<Pipeline> pipe_;
-  std::shared_ptr<const Prediction> plan_;
+  std::shared_ptr<const Prediction> prediction_;
 };
 
-py::dict plan_prediction(const Prediction& plan) {
+py::dict prediction_dict(const Prediction& predicted) {
   py::dict out;
-  out["step_seconds"] = plan.step_seconds();
-  out["bubble"] = plan.bubble_fraction();
+  out["step_seconds"] = predicted.step_seconds();
+  out["bubble"] = predicted.bubble_fraction();
   py::list stages;
-  for (const auto& s : plan.predicted) {
+  for (const auto& s : predicted.predicted) {
     py::dict d;
     d["forward_seconds"] = s.forward_seconds;
     d["backward_seconds"] = s.backward_seconds;
@@ -214,7 +215,7 @@ py::dict plan_prediction(const Prediction& plan) {
     stages.append(d);
   }
   out["stages"] = stages;
-  out["text"] = plan.str();
+  out["text"] = predicted.str();
   return out;
 }
 
@@ -328,7 +329,7 @@ PYBIND11_MODULE(_C, m) {
       .def("write_chrome_trace", &StepResult::write_chrome_trace, py::arg("path"))
       .def_property_readonly("prediction",
                              [](const StepReport& r) -> py::object {
-                               return r.plan ? py::object(plan_prediction(*r.plan)) : py::none();
+                               return r.prediction ? py::object(prediction_dict(*r.prediction)) : py::none();
                              })
       .def("timeline_svg", [](const StepReport& r) { return timeline_svg(r.timeline()); })
       .def(
@@ -375,7 +376,9 @@ PYBIND11_MODULE(_C, m) {
       .def("schedule", [](PyPipeline& p) { return p.built().schedule().str(); })
       .def("plan", [](PyPipeline& p) { return p.built().plan_text(); })
       .def("prediction",
-           [](PyPipeline& p) -> py::object { return p.plan() ? py::object(plan_prediction(*p.plan())) : py::none(); })
+           [](PyPipeline& p) -> py::object {
+             return p.prediction() ? py::object(prediction_dict(*p.prediction())) : py::none();
+           })
       .def("fused_ops_report", [](PyPipeline& p) { return p.built().fused_ops_report(); })
       .def("completed_steps", [](PyPipeline& p) { return p.built().completed_steps(); })
       .def("save_checkpoint",

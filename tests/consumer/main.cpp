@@ -15,7 +15,7 @@
 int main() {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
-  conveyor::StageRunner pipe(model, conveyor::PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
+  conveyor::Pipeline pipe(model, conveyor::PipelineOptions().workers(2).microbatches(4).schedule("gpipe"));
   torch::optim::SGD opt(pipe.parameters(), 0.1);
   const auto x = torch::randn({32, 4});
   const auto y = x.sum(1, true);

@@ -87,17 +87,17 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
                                      {"sequential", 1, 1, 16}});  // over 1.5 x the fastest
   using Picked = std::vector<size_t>;
   // Two leaders, then 3 workers, 2 micro-batches (zb-h1 on 4 workers), gpipe.
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 3, 4, 6}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(5).leaders(2)), (Picked{0, 1, 3, 4, 6}));
   // No new worker count or schedule left: 1 micro-batch, then the ranking's next.
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 3, 4, 6, 7}));
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(7).leaders(2)), (Picked{0, 1, 2, 3, 4, 6, 7}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(6).leaders(2)), (Picked{0, 1, 3, 4, 6, 7}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(7).leaders(2)), (Picked{0, 1, 2, 3, 4, 6, 7}));
   // Never past 1.5 x the fastest prediction (within()), however many are asked for.
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(20)), (Picked{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(20).within(2)).size(), 9u);
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(3).leaders(3)), (Picked{0, 1, 2}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(20)), (Picked{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(20).within(2)).size(), 9u);
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(3).leaders(3)), (Picked{0, 1, 2}));
   // No leaders: the fastest is still first (its schedule is new), then the fastest new shape.
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(2).leaders(0)), (Picked{0, 1}));
-  EXPECT_EQ(tune_candidates(search, TuneOptions().finalists(1).within(1)), (Picked{0}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(2).leaders(0)), (Picked{0, 1}));
+  EXPECT_EQ(pick_finalists(search, RaceOptions().finalists(1).within(1)), (Picked{0}));
 
   // A new number of workers before a new pair of numbers already seen.
   const SearchResult crowded = ranking({{"1f1b", 4, 2, 10},
@@ -106,8 +106,8 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
                                       {"1f1b", 3, 4, 11.5},
                                       {"1f1b", 4, 8, 12},
                                       {"1f1b", 2, 2, 13}});
-  EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(5).leaders(2)), (Picked{0, 1, 2, 4, 5}));
-  EXPECT_EQ(tune_candidates(crowded, TuneOptions().finalists(6).leaders(2)), (Picked{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(pick_finalists(crowded, RaceOptions().finalists(5).leaders(2)), (Picked{0, 1, 2, 4, 5}));
+  EXPECT_EQ(pick_finalists(crowded, RaceOptions().finalists(6).leaders(2)), (Picked{0, 1, 2, 3, 4, 5}));
 
   // A plan taken for its micro-batches does not stand for its worker count:
   // the best plan of 2 workers is 3, not 4 (taken for 8 micro-batches).
@@ -117,8 +117,8 @@ TEST(TunePlan, RacesTheFirstPlansThenNewWorkersMicrobatchesAndSchedulesInTurn) {
                                        {"eager-1f1b", 2, 4, 10.5},
                                        {"eager-1f1b", 2, 8, 11},
                                        {"eager-1f1b", 4, 1, 12}});
-  EXPECT_EQ(tune_candidates(stand_in, TuneOptions().finalists(3).leaders(1)), (Picked{0, 2, 4}));
-  EXPECT_EQ(tune_candidates(stand_in, TuneOptions().finalists(4).leaders(1)), (Picked{0, 2, 3, 4}));
+  EXPECT_EQ(pick_finalists(stand_in, RaceOptions().finalists(3).leaders(1)), (Picked{0, 2, 4}));
+  EXPECT_EQ(pick_finalists(stand_in, RaceOptions().finalists(4).leaders(1)), (Picked{0, 2, 3, 4}));
 }
 
 TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
@@ -134,8 +134,8 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   };
   // The fastest predicted, then the best of another worker count, of another
   // micro-batch count (so at least one of another size) and the next.
-  const TuneOptions four = TuneOptions().finalists(4).leaders(1).within(1e9);
-  const std::vector<size_t> picked = tune_candidates(search, four);
+  const RaceOptions four = RaceOptions().finalists(4).leaders(1).within(1e9);
+  const std::vector<size_t> picked = pick_finalists(search, four);
   ASSERT_EQ(picked.size(), 4u);
   int other_sizes = 0;
   for (size_t i : picked) other_sizes += 32 / search.ranked[i].prediction.schedule.num_microbatches != slow_size;
@@ -147,14 +147,14 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
   int second_round = 0;
   for (size_t i = 0; i < 4; ++i) {
     const RaceEntry& f = tuning.finalists[i];
-    EXPECT_EQ(f.choice.describe(), search.ranked[picked[i]].describe());
+    EXPECT_EQ(f.candidate.describe(), search.ranked[picked[i]].describe());
     EXPECT_EQ(f.predicted_seconds, search.ranked[picked[i]].prediction.step_seconds());
     EXPECT_TRUE(f.error.empty()) << f.error;
     EXPECT_EQ(f.step_seconds.size(), f.rounds == 1 ? 2u : 6u);  // 2 timed steps, then 4
     second_round += f.rounds == 2;
-    const bool slow = 32 / f.choice.prediction.schedule.num_microbatches == slow_size;
+    const bool slow = 32 / f.candidate.prediction.schedule.num_microbatches == slow_size;
     if (slow && other_sizes >= 2) {
-      EXPECT_EQ(f.rounds, 1) << "a slow plan went on: " << f.choice.describe();
+      EXPECT_EQ(f.rounds, 1) << "a slow plan went on: " << f.candidate.describe();
     }
   }
   EXPECT_EQ(second_round, 2);
@@ -180,7 +180,7 @@ TEST(TunePlan, RacesThePlansDroppingTheSlowerHalfAndChoosesTheFastestMeasured) {
                                   HasSubstr("* " + tuning.best().describe() + ": predicted")));
 
   // One round: every plan timed once, the fastest of all chosen.
-  const Race once = race_candidates(model, search, options, {s.x}, {s.y}, slowed, TuneOptions(four).rounds(1));
+  const Race once = race_candidates(model, search, options, {s.x}, {s.y}, slowed, RaceOptions(four).rounds(1));
   EXPECT_EQ(once.rounds, 1);
   for (const RaceEntry& f : once.finalists) {
     EXPECT_EQ(f.rounds, 1);
@@ -201,7 +201,7 @@ TEST(TunePlan, LeavesTheModelAsItFoundItAndTheChosenPlanTrainsExactly) {
   const PipelineOptions options = profiled(model, s).optimizer(testing::sgd(0.1));
   const SearchResult search = search_for(model, options);
   const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
-  const Race tuning = race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().finalists(2));
+  const Race tuning = race_candidates(model, search, options, {s.x}, {s.y}, kMse, RaceOptions().finalists(2));
   EXPECT_TRUE(at::equal(rng, at::detail::getDefaultCPUGenerator().get_state()));
   const auto got = model->named_parameters();
   for (const auto& item : reference->named_parameters()) {
@@ -237,7 +237,7 @@ TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
   };
   // Another micro-batch count among the finalists, whatever the profile ranked first.
   const Race tuning =
-      race_candidates(model, search, options, {s.x}, {s.y}, picky, TuneOptions().finalists(4).leaders(1).within(1e9));
+      race_candidates(model, search, options, {s.x}, {s.y}, picky, RaceOptions().finalists(4).leaders(1).within(1e9));
   SCOPED_TRACE(tuning.str());
   EXPECT_THAT(tuning.finalists.front().error, HasSubstr("no micro-batches of " + std::to_string(failing)));
   EXPECT_EQ(tuning.finalists.front().measured_seconds(), 0.0);
@@ -250,12 +250,13 @@ TEST(TunePlan, AFinalistThatFailsIsSkippedAndNamed) {
   EXPECT_THAT(error_of([&] { race_candidates(model, search, options, {s.x}, {s.y}, broken); }),
               AllOf(HasSubstr("every finalist failed"), HasSubstr("the loss is broken")));
   EXPECT_THAT(testing::invalid_argument_of(
-                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().steps(0)); }),
+                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, RaceOptions().steps(0)); }),
               HasSubstr("finalists and steps must be positive"));
   EXPECT_THAT(testing::invalid_argument_of(
-                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, TuneOptions().within(0.5)); }),
+                  [&] { race_candidates(model, search, options, {s.x}, {s.y}, kMse, RaceOptions().within(0.5)); }),
               HasSubstr("within at least 1, got 12, 2, 4, 0, 2 and 0.5"));
-  EXPECT_THAT(testing::invalid_argument_of([&] { race_candidates(model, SearchResult{}, options, {s.x}, {s.y}, kMse); }),
+  EXPECT_THAT(testing::invalid_argument_of(
+                  [&] { race_candidates(model, SearchResult{}, options, {s.x}, {s.y}, kMse); }),
               HasSubstr("the search found no plan to measure"));
   // Nothing failed to leave behind: the weights still train.
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());

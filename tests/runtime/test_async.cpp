@@ -197,7 +197,7 @@ TEST(AsyncBadInput, ClearErrors) {
   };
   EXPECT_THAT(error_of(PipelineOptions().workers(2).microbatches(4).schedule("ddg")),
               HasSubstr("schedule 'ddg' steps the optimizer after every micro-batch on every stage, so the pipeline "
-                        "needs its own: give PipelineOptions::optimizer(factory)"));
+                        "needs its own: give the option optimizer (a name with lr, or a factory)"));
   EXPECT_THAT(error_of(PipelineOptions().workers(4).microbatches(2).schedule("pipedream").optimizer(sgd_momentum())),
               HasSubstr("pipedream with 2 micro-batches cannot fill a 4-stage pipeline: give at least 4"));
   EXPECT_THAT(error_of(PipelineOptions().workers(2).microbatches(4).schedule("fr").vertical_sync(true).optimizer(

@@ -233,23 +233,28 @@ def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline
     params = inspect.signature(conveyor.Pipeline.__init__).parameters
     for name, row in table.items():
         assert params[name].default == row["default"], name
-    # Untouched options run with their defaults; only what the cut resolves differs.
+    # Untouched options run with their defaults: the options read back are the
+    # ones given (the cut the split points resolve to is not written back as
+    # boundaries, so they build the same pipeline again).
     x, gate, _ = batch()
     pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, example_inputs=(x, gate))
     changed = {k for k, v in pipe.options.items() if v != table[k]["default"]}
-    assert changed == {"split_points", "boundaries"}, changed
-    assert pipe.options["boundaries"] == [1] and pipe.num_workers == 2
+    assert changed == {"split_points"}, changed
+    assert pipe.options["boundaries"] == [] and pipe.num_workers == 2
     # Values given arrive as given, each converted as its row says.
     pipe = conveyor.Pipeline(TwoInputs(), split_points=["block1"], loss_fn=loss_fn, example_inputs=(x, gate),
                              microbatches=2, timeout=2.5,
                              clip_norm_type="inf", autocast=torch.bfloat16, loss_scaling={"init_scale": 8.0},
-                             optimizer="sgd", lr=0.1, shared_memory=False, loss_reduction="sum", clip_grad_value=0.5)
+                             optimizer="sgd", lr=0.1, weight_decay=0.01, loss_reduction="sum", clip_grad_value=0.5)
     got = pipe.options
     assert (got["microbatches"], got["timeout"], got["autocast"]) == (2, 2.5, "bf16")
     assert got["clip_norm_type"] == float("inf") and got["clip_grad_value"] == 0.5
     assert got["loss_scaling"] == {"init_scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                                    "growth_interval": 2000}
-    assert (got["optimizer"], got["lr"], got["shared_memory"], got["loss_reduction"]) == ("sgd", 0.1, False, "sum")
+    assert (got["optimizer"], got["lr"], got["weight_decay"], got["loss_reduction"]) == ("sgd", 0.1, 0.01, "sum")
+    # A row of the distributed section is refused in one process, not ignored.
+    with pytest.raises(ValueError, match="option 'shared_memory' is for a pipeline across processes"):
+        conveyor.Pipeline(TwoInputs(), loss_fn=loss_fn, shared_memory=False)
 
 
 def test_help_documents_every_argument():
