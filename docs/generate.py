@@ -35,6 +35,9 @@ def schedules():
     (OUT / "schedule_gallery.md").write_text("\n".join(lines))
     # The front page's picture: the README shows the same, committed as docs/schedules.svg.
     (folder / "1f1b-zb-v.svg").write_text(conveyor.schedule_svg(["1f1b", "zb-v"], WORKERS, MICROBATCHES))
+    # The distributed guide's: where ZeRO-3 gathers and reduces in the same two.
+    (folder / "sharded.svg").write_text(
+        conveyor.schedule_svg(["1f1b", "zb-v"], WORKERS, MICROBATCHES, shard="parameters"))
     # The schedules guide's decision picture, with the schedules it leads to drawn in it.
     (folder / "choose.svg").write_text(decision_svg())
 

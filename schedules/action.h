@@ -41,4 +41,28 @@ struct Action {
 
 std::ostream& operator<<(std::ostream& os, const Action& action);
 
+// What a stage does to its parameters and gradients across its replicas
+// (the copies of the stage that data parallelism runs side by side), for no
+// micro-batch in particular. The text form is the stage and
+// torch.distributed.pipelining's name, with no micro-batch: "0UNSHARD".
+enum class ShardKind : char {
+  kUnshard,     // "UNSHARD": gather the stage's parameters from every replica's shard
+  kReshard,     // "RESHARD": free the gathered parameters, keeping this replica's shard
+  kReduceGrad,  // "REDUCE_GRAD": reduce the gradients made since the last one across the
+                // replicas (reduce-scatter into each replica's shard when gradients are sharded)
+};
+
+const char* shard_kind_text(ShardKind kind);  // "UNSHARD", "RESHARD", "REDUCE_GRAD"
+
+struct ShardAction {
+  int stage = 0;
+  ShardKind kind = ShardKind::kUnshard;
+
+  std::string str() const;
+  // True, and `out` set, when `text` is a sharding action ("2RESHARD").
+  static bool parse(std::string_view text, ShardAction& out);
+
+  friend bool operator==(const ShardAction&, const ShardAction&) = default;
+};
+
 }  // namespace conveyor::schedules

@@ -15,6 +15,10 @@ bool Schedule::splits_backward() const {
   return false;
 }
 
+bool Schedule::has_sharding() const {
+  return std::any_of(sharding.begin(), sharding.end(), [](const auto& line) { return !line.empty(); });
+}
+
 size_t Schedule::num_actions() const {
   size_t n = 0;
   for (const auto& line : workers) n += line.size();
@@ -33,12 +37,18 @@ std::string Schedule::str() const {
   os << "\n";
   for (size_t w = 0; w < workers.size(); ++w) {
     const std::vector<size_t> none;
+    const std::vector<PlacedShard> unsharded;
     const auto& cuts = w < barriers.size() ? barriers[w] : none;
-    size_t next_cut = 0;
+    const auto& shards = w < sharding.size() ? sharding[w] : unsharded;
+    size_t next_cut = 0, next_shard = 0;
     bool first = true;
     for (size_t i = 0; i <= workers[w].size(); ++i) {
       for (; next_cut < cuts.size() && cuts[next_cut] == i; ++next_cut) {
         os << (first ? "" : " ") << "|";
+        first = false;
+      }
+      for (; next_shard < shards.size() && shards[next_shard].position == i; ++next_shard) {
+        os << (first ? "" : " ") << shards[next_shard].action.str();
         first = false;
       }
       if (i == workers[w].size()) break;
@@ -145,10 +155,16 @@ Schedule Schedule::parse(std::string_view text) {
     std::istringstream words(line);
     std::vector<Action> actions;
     std::vector<size_t> cuts;
+    std::vector<PlacedShard> shards;
     std::string word;
     while (words >> word) {
       if (word == "|") {
         cuts.push_back(actions.size());
+        continue;
+      }
+      if (ShardAction shard; ShardAction::parse(word, shard)) {
+        shards.push_back({actions.size(), shard});
+        max_stage = std::max(max_stage, shard.stage);
         continue;
       }
       try {
@@ -161,9 +177,11 @@ Schedule Schedule::parse(std::string_view text) {
     }
     s.workers.push_back(std::move(actions));
     s.barriers.push_back(std::move(cuts));
+    s.sharding.push_back(std::move(shards));
   }
   if (s.workers.empty()) throw std::invalid_argument("schedule text has no action lines");
   if (std::all_of(s.barriers.begin(), s.barriers.end(), [](const auto& b) { return b.empty(); })) s.barriers.clear();
+  if (!s.has_sharding()) s.sharding.clear();
   if (!have_header || s.num_stages == 0) s.num_stages = std::max(max_stage + 1, static_cast<int>(s.workers.size()));
   if (!have_header || s.num_microbatches == 0) s.num_microbatches = max_mb + 1;
   if (s.name.empty()) s.name = "custom";

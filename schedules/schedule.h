@@ -28,6 +28,14 @@
 //
 // The text is also torch.distributed.pipelining's CSV schedule format (one
 // row of comma-separated actions per rank, F/I/W/B), so its schedules load.
+//
+// A stage whose replicas shard its parameters or gradients (ZeRO) says when
+// it gathers, frees and reduces them with sharding actions, PyTorch's names
+// (schedules/sharding.h places them and states the rules validate() checks):
+//
+//   # schedule 1f1b stages=2 microbatches=2
+//   0UNSHARD 0F0 0F1 0B0 0B1 0RESHARD 0REDUCE_GRAD
+//   1UNSHARD 1F0 1B0 1F1 1B1 1RESHARD 1REDUCE_GRAD
 
 #include "schedules/action.h"
 
@@ -76,6 +84,15 @@ struct Schedule {
   // barriers[w]: positions in workers[w] before which a lock-step barrier
   // stands (the same number on every stage; a position may equal the size).
   std::vector<std::vector<size_t>> barriers;
+  // sharding[w]: worker w's sharding actions, each standing before
+  // workers[w][position] (a position may equal the size), in order. Empty:
+  // the schedule says nothing of replicas (no gathers, no reductions).
+  struct PlacedShard {
+    size_t position = 0;
+    ShardAction action;
+    friend bool operator==(const PlacedShard&, const PlacedShard&) = default;
+  };
+  std::vector<std::vector<PlacedShard>> sharding;
 
   bool synchronous() const { return !step_per_microbatch; }
   int num_workers() const { return static_cast<int>(workers.size()); }
@@ -84,6 +101,8 @@ struct Schedule {
   bool has_virtual_stages() const { return num_workers() != num_stages; }
   // Whether some backward is split into I and W.
   bool splits_backward() const;
+  // Whether some worker's line has a sharding action.
+  bool has_sharding() const;
   size_t num_actions() const;
   std::string str() const;
 

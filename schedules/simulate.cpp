@@ -50,6 +50,22 @@ class Engine {
     sim_.timeline.resize(workers);
     inflight_.assign(num, 0);
     remaining_ = s.num_actions();
+    if (s.has_sharding()) {
+      // What run_sharding indexes (validate() checks the rest).
+      bool fits = static_cast<int>(s.sharding.size()) == workers;
+      for (int w = 0; fits && w < workers; ++w) {
+        for (const auto& p : s.sharding[w]) fits = fits && p.action.stage >= 0 && p.action.stage < num;
+      }
+      if (!fits) throw ScheduleError("simulate: the sharding actions name a stage or worker the schedule does not have");
+      link_free_.assign(workers, 0.0);
+      last_start_.assign(workers, 0.0);
+      freed_at_.assign(workers, 0.0);
+      shard_next_.assign(workers, 0);
+      gathered_at_.assign(num, 0.0);
+      gradient_at_.assign(num, 0.0);
+      sim_.sharding.resize(workers);
+      for (int w = 0; w < workers; ++w) run_sharding(w);
+    }
   }
 
   int workers() const { return s_.num_workers(); }
@@ -65,14 +81,18 @@ class Engine {
       const auto it = finished_.find(key);
       return it == finished_.end() ? -1.0 : it->second + plus;
     };
-    if (a.kind == ActionKind::kWeight) return at({a.stage, 'I', a.microbatch}, 0.0);
-    const bool fwd = a.kind == ActionKind::kForward;
-    const int from = fwd ? a.stage - 1 : a.stage + 1;
-    if (from < 0 || from >= s_.num_stages) {
-      if (fwd) return 0.0;
-      return at({a.stage, 'F', a.microbatch}, 0.0);  // the loss: after our own forward
-    }
-    return at({from, fwd ? 'F' : 'G', a.microbatch}, costs_.transfer_after(std::min(from, a.stage)));
+    const double input = [&] {
+      if (a.kind == ActionKind::kWeight) return at({a.stage, 'I', a.microbatch}, 0.0);
+      const bool fwd = a.kind == ActionKind::kForward;
+      const int from = fwd ? a.stage - 1 : a.stage + 1;
+      if (from < 0 || from >= s_.num_stages) {
+        if (fwd) return 0.0;
+        return at({a.stage, 'F', a.microbatch}, 0.0);  // the loss: after our own forward
+      }
+      return at({from, fwd ? 'F' : 'G', a.microbatch}, costs_.transfer_after(std::min(from, a.stage)));
+    }();
+    // A gathering stage's action also waits for its last UNSHARD.
+    return input < 0 || gathered_at_.empty() ? input : std::max(input, gathered_at_[a.stage]);
   }
 
   double cost(const Action& a) const {
@@ -117,8 +137,13 @@ class Engine {
     sim_.stage_busy[k] += end - start;
     sim_.timeline[w].push_back({a, start, end});
     sim_.peak_inflight[k] = std::max(sim_.peak_inflight[k], inflight_[k]);
+    if (!gradient_at_.empty()) {
+      last_start_[w] = start;
+      if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kWeight) gradient_at_[k] = end;
+    }
     ++pc_[w];
     --remaining_;
+    if (!link_free_.empty()) run_sharding(w);
   }
 
   // Every worker waits at a lock-step barrier: all pass it when the last is
@@ -148,6 +173,7 @@ class Engine {
 
   Simulation result() {
     sim_.makespan = *std::max_element(free_at_.begin(), free_at_.end());
+    for (double t : link_free_) sim_.makespan = std::max(sim_.makespan, t);
     double busy = 0;
     for (double b : sim_.busy) busy += b;
     sim_.bubble_fraction = sim_.makespan > 0 ? 1.0 - busy / (workers() * sim_.makespan) : 0.0;
@@ -159,6 +185,29 @@ class Engine {
     return !s_.barriers.empty() && barriers_passed_[w] < s_.barriers[w].size() &&
            s_.barriers[w][barriers_passed_[w]] == pc_[w];
   }
+  // The sharding actions that stand before worker w's next action: each
+  // takes the worker's link in turn (a RESHARD only frees memory: no time).
+  void run_sharding(int w) {
+    const auto& line = s_.sharding[w];
+    for (; shard_next_[w] < line.size() && line[shard_next_[w]].position == pc_[w]; ++shard_next_[w]) {
+      const ShardAction& a = line[shard_next_[w]].action;
+      double start = link_free_[w], cost = 0;
+      if (a.kind == ShardKind::kUnshard) {
+        start = std::max({start, last_start_[w], freed_at_[w]});  // after a RESHARD before it: its memory
+        cost = costs_.unshard_of(a.stage);
+      } else if (a.kind == ShardKind::kReduceGrad) {
+        start = std::max(start, gradient_at_[a.stage]);
+        cost = costs_.reduce_grad_of(a.stage);
+      } else {
+        start = std::max(last_start_[w], free_at_[w]);
+      }
+      const double end = start + cost;
+      if (a.kind != ShardKind::kReshard) link_free_[w] = end;
+      if (a.kind == ShardKind::kUnshard) gathered_at_[a.stage] = end;
+      if (a.kind == ShardKind::kReshard) freed_at_[w] = end;
+      sim_.sharding[w].push_back({a, start, end});
+    }
+  }
   bool barrier_ahead() const { return !s_.barriers.empty() && barriers_passed_[0] < s_.barriers[0].size(); }
 
   const Schedule& s_;
@@ -167,6 +216,11 @@ class Engine {
   std::vector<size_t> pc_, barriers_passed_;
   std::vector<double> free_at_;
   std::vector<int> inflight_;
+  // With sharding actions: per worker, when its link is free, when its last
+  // action started, its last RESHARD and the next sharding action to run; per stage, when its
+  // last UNSHARD and its last B or W ended.
+  std::vector<double> link_free_, last_start_, freed_at_, gathered_at_, gradient_at_;
+  std::vector<size_t> shard_next_;
   size_t remaining_ = 0;
   Simulation sim_;
 };

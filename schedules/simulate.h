@@ -9,7 +9,12 @@
 // every worker waits for the slowest. With StageCosts::cores, actions also
 // wait for a free core, taken in the order they become ready (the earliest
 // start first); with StageCosts::slowdown they share the CPU instead, each
-// running slower while others run. Channels are taken as unbounded:
+// running slower while others run. Sharding actions (sharding.h) run on a
+// link of their worker's own, beside its compute, one at a time: an UNSHARD
+// starts once the compute action before it has started (a prefetch) and a
+// RESHARD before it has ended (its memory), and the stage's next action waits
+// for it; a REDUCE_GRAD starts once the backward or W before it has ended,
+// and the step ends when the last has. Channels are taken as unbounded:
 // validate() is what checks blocking. Feed measured per-stage costs and link
 // times to predict multi-device runs.
 
@@ -44,10 +49,17 @@ struct StageCosts {
   // progresses at 1 / slowdown[n - 1] of its speed alone, so an action that
   // starts or ends changes how fast the others go. Given, it replaces `cores`.
   std::vector<double> slowdown;
+  // Per stage: the time an UNSHARD takes (gathering its parameters from the
+  // replicas' shards) and a REDUCE_GRAD (reducing its gradients across them).
+  // Empty: no time.
+  std::vector<double> unshard;
+  std::vector<double> reduce_grad;
 
   double transfer_after(int k) const { return k < static_cast<int>(transfers.size()) ? transfers[k] : transfer; }
   double weight_of(int k) const { return k < static_cast<int>(weight.size()) ? weight[k] : backward[k] / 2; }
   double input_of(int k) const { return k < static_cast<int>(input.size()) ? input[k] : backward[k] - weight_of(k); }
+  double unshard_of(int k) const { return k < static_cast<int>(unshard.size()) ? unshard[k] : 0.0; }
+  double reduce_grad_of(int k) const { return k < static_cast<int>(reduce_grad.size()) ? reduce_grad[k] : 0.0; }
 
   // The same forward and backward cost on every stage.
   static StageCosts uniform(int num_stages, double forward, double backward, double transfer = 0);
@@ -61,6 +73,12 @@ struct ActionTiming {
   double end = 0;
 };
 
+struct ShardTiming {
+  ShardAction action;
+  double start = 0;
+  double end = 0;
+};
+
 struct Simulation {
   double makespan = 0;
   // 1 - sum(busy) / (workers * makespan): the share of worker-time spent idle.
@@ -69,6 +87,7 @@ struct Simulation {
   std::vector<double> stage_busy;                   // per stage
   std::vector<int> peak_inflight;                   // per stage: most forwards not yet freed by a B or W
   std::vector<std::vector<ActionTiming>> timeline;  // per worker, in order
+  std::vector<std::vector<ShardTiming>> sharding;   // per worker, in order (empty without sharding actions)
 };
 
 // Throws ScheduleError (see validate.h) when costs do not cover every stage or

@@ -1,6 +1,7 @@
 #include "schedules/validate.h"
 
 #include "schedules/blocking_replay.h"
+#include "schedules/sharding.h"
 
 #include <algorithm>
 #include <set>
@@ -179,6 +180,7 @@ void validate(const Schedule& schedule, const ValidateOptions& options) {
   check_shape(schedule);
   check_actions(schedule, options.require_backward);
   check_declarations(schedule);
+  check_sharding(schedule);
   if (options.channel_capacity < 0) fail("channel capacity " + std::to_string(options.channel_capacity) + " < 0");
   replay_blocking(schedule, options.channel_capacity);
 }

@@ -2,7 +2,8 @@
 // validate(): proves a schedule can run before anything runs it. Rejects,
 // naming the action: a stage or micro-batch out of range, a repeated action,
 // a backward before its forward, a forward or backward that never happens,
-// and an order that deadlocks under blocking stage-to-stage transfers.
+// an order that deadlocks under blocking stage-to-stage transfers, and
+// sharding actions that break their rules (sharding.h).
 
 #include "schedules/schedule.h"
 

@@ -4,6 +4,7 @@
 #include "plugin/planner/planner.h"
 #include "plugin/planner/profile.h"
 #include "schedules/generators.h"
+#include "schedules/sharding.h"
 #include "schedules/validate.h"
 
 #include <c10/util/StringUtil.h>
@@ -204,6 +205,12 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
     }
   } else {
     schedule = parse_text(options);
+  }
+  if (schedule.has_sharding()) {
+    throw std::invalid_argument(c10::str("conveyor: schedule '", schedule.name, "' has sharding actions (",
+                                         schedules::first_sharding_action(schedule),
+                                         "), which the schedule library validates and simulates but a pipeline "
+                                         "does not run: give the schedule without them"));
   }
   check_argument(schedule.num_stages == num_stages && schedule.num_microbatches == options.microbatches(),
                  "conveyor: the schedule is for ", schedule.num_stages, " stages and ", schedule.num_microbatches,

@@ -13,12 +13,20 @@ namespace conveyor {
 namespace {
 
 constexpr int kWidth = 1000, kMinLeft = 100, kRight = 20, kRow = 26, kGap = 4, kTitle = 24, kAxis = 30;
+constexpr int kLink = 8;  // the sharding strip's height
 constexpr Rgb kBackground{255, 255, 255}, kIdle{232, 232, 232}, kForward{76, 120, 168}, kBackward{245, 133, 24},
-    kInk{40, 40, 40}, kOnBar{255, 255, 255};
+    kInk{40, 40, 40}, kOnBar{255, 255, 255}, kGather{84, 162, 75}, kReduce{178, 121, 162};
+
+bool has_sharding(const TimelineBlock& b) {
+  return std::any_of(b.sharding.begin(), b.sharding.end(), [](const auto& row) { return !row.empty(); });
+}
 
 double end_of(const TimelineBlock& b) {
   double end = 0;
   for (const auto& row : b.rows) {
+    for (const auto& bar : row) end = std::max(end, bar.end);
+  }
+  for (const auto& row : b.sharding) {
     for (const auto& bar : row) end = std::max(end, bar.end);
   }
   return end;
@@ -68,6 +76,7 @@ TimelineBlock timeline_block(const schedules::Simulation& sim, const std::string
     block.rows.emplace_back();
     for (const auto& t : stage) block.rows.back().push_back({t.action, t.start, t.end});
   }
+  block.sharding = sim.sharding;
   return block;
 }
 
@@ -117,7 +126,19 @@ Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
           scene.texts.push_back({(x0 + x1) / 2, y + (kRow - kGlyphHeight) / 2, label, kOnBar, true});
         }
       }
-      y += kRow + kGap;
+      y += kRow;
+      if (k < b.sharding.size() && has_sharding(b)) {
+        // The worker's link: gathers and reductions (a RESHARD takes no time: not drawn).
+        y += 1;
+        for (const auto& bar : b.sharding[k]) {
+          if (bar.action.kind == schedules::ShardKind::kReshard) continue;
+          const int x0 = x_of(bar.start), x1 = std::max(x_of(bar.end), x0 + 1);
+          scene.rects.push_back(
+              {x0, y, x1 - x0, kLink, bar.action.kind == schedules::ShardKind::kUnshard ? kGather : kReduce});
+        }
+        y += kLink;
+      }
+      y += kGap;
     }
     y += kGap * 2;
   }
@@ -135,6 +156,13 @@ Scene timeline_scene(const std::vector<TimelineBlock>& blocks) {
   scene.texts.push_back({left + 148, y + 1, "backward (n: micro-batch)", kInk, false});
   scene.rects.push_back({left + 470, y + 2, 12, 12, kIdle});
   scene.texts.push_back({left + 488, y + 1, "idle", kInk, false});
+  if (std::any_of(blocks.begin(), blocks.end(), has_sharding)) {
+    y += kGlyphHeight + 6;
+    scene.rects.push_back({left, y + 2, 12, 12, kGather});
+    scene.texts.push_back({left + 18, y + 1, "UNSHARD (gather)", kInk, false});
+    scene.rects.push_back({left + 250, y + 2, 12, 12, kReduce});
+    scene.texts.push_back({left + 268, y + 1, "REDUCE_GRAD (reduce across replicas)", kInk, false});
+  }
   scene.height = y + kGlyphHeight + 8;
   return scene;
 }

@@ -1,6 +1,8 @@
 #pragma once
 // Timelines: a step drawn as one row per stage, forwards and backwards in two
-// colours with their micro-batch numbers, idle time as the grey between them.
+// colours with their micro-batch numbers, idle time as the grey between them;
+// a schedule's gathers and gradient reductions (sharding actions) in a strip
+// under their worker's row.
 // Several blocks share one time axis, so a prediction drawn above the
 // measured step shows where the two part. Written as SVG, which any browser
 // shows and any converter turns into a bitmap.
@@ -23,6 +25,9 @@ struct TimelineBlock {
   std::string title;                         // "predicted: 0.215 s, bubble 20.1%"
   std::vector<std::vector<TimelineBar>> rows;  // per stage, or per worker
   std::string row_name = "stage";              // what a row is: "stage", or "worker" with virtual stages
+  // Per row: its sharding actions (gathers, reductions), drawn as a thin
+  // strip under the row. Empty: none.
+  std::vector<std::vector<schedules::ShardTiming>> sharding;
 };
 
 TimelineBlock timeline_block(const schedules::Simulation& simulation, const std::string& title);

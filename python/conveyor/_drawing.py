@@ -12,7 +12,8 @@ def schedule_names(synchronous: Optional[bool] = None) -> List[str]:
     return list(_C.schedule_names(synchronous))
 
 
-def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: int, chunks: int = 0) -> str:
+def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: int, chunks: int = 0,
+                 shard: Optional[str] = None) -> str:
     """The named schedules as an SVG timeline: a row per worker, forwards and
     backwards in two colours with their micro-batch numbers, idle time grey
     (with virtual stages, as the interleaved and V schedules have, a row is
@@ -25,6 +26,11 @@ def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: i
     on one time axis. ``chunks`` is the stages per worker (0: the schedule's
     own). A step of a real model is drawn by ``StepResult.timeline_svg()``.
 
+    ``shard`` draws where a stage sharded across its replicas gathers its
+    parameters (UNSHARD, 0.5 ms) and reduces its gradients (REDUCE_GRAD,
+    1 ms), in a strip under each worker: ``shard="parameters"`` is ZeRO-3,
+    and the ``ValueError`` of an unknown level lists the others.
+
     Raises ``ValueError`` for an unknown schedule or counts it does not take::
 
         svg = conveyor.schedule_svg(["1f1b", "zb-v"], workers=4, microbatches=8)
@@ -33,4 +39,4 @@ def schedule_svg(names: Union[str, Sequence[str]], workers: int, microbatches: i
     """
     if isinstance(names, str):
         names = [names]
-    return _C.schedule_svg(list(names), workers, microbatches, chunks)
+    return _C.schedule_svg(list(names), workers, microbatches, chunks, shard)

@@ -259,6 +259,9 @@ TEST(NewSchedules, BadRequestsAreClear) {
               HasSubstr("recompute applies to synchronous schedules"));
   EXPECT_THAT(error(PipelineOptions().workers(3).microbatches(2).schedule_text("0F0 1F0 1B0 0B0\n0F1\n")),
               HasSubstr("the schedule is for 2 workers"));
+  EXPECT_THAT(error(PipelineOptions().microbatches(1).schedule_text("0F0 0B0\n1F0 1B0 1REDUCE_GRAD\n")),
+              HasSubstr("schedule 'custom' has sharding actions (1REDUCE_GRAD on worker 1), which the schedule library "
+                        "validates and simulates but a pipeline does not run"));
 }
 
 }  // namespace

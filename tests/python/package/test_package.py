@@ -225,6 +225,13 @@ def test_schedule_svg_draws_named_schedules_on_one_axis():
         conveyor.schedule_svg("nope", 4, 8)
     with pytest.raises(ValueError, match="dualpipev"):
         conveyor.schedule_svg("dualpipev", 4, 2)  # fewer micro-batches than it takes
+    # Sharded stages: a strip of gathers and reductions under each worker, and its legend.
+    plain, sharded = conveyor.schedule_svg("zb-v", 4, 8), conveyor.schedule_svg("zb-v", 4, 8, shard="parameters")
+    gathers = sharded.count('fill="#54a24b"')  # one UNSHARD per stage, the legend's swatch besides
+    assert 'fill="#54a24b"' not in plain and gathers == 8 + 1, gathers
+    assert sharded.count('fill="#b279a2"') == 8 + 1 and ">REDUCE_GRAD (reduce across replicas)</text>" in sharded
+    with pytest.raises(ValueError, match="unknown sharding level 'zero3'.*'parameters'"):
+        conveyor.schedule_svg("1f1b", 2, 4, shard="zero3")
 
 
 def test_every_option_is_a_keyword_with_the_cpp_default_and_reaches_the_pipeline():
