@@ -18,12 +18,10 @@
 #include "plugin/builder/option_table.h"
 #include "plugin/core/option_values.h"
 #include "plugin/trace/timeline.h"
-#include "schedules/generators.h"
-#include "schedules/sharding.h"
-#include "schedules/simulate.h"
 #include "plugin/version.h"
 #include "python/src/process_groups.h"
 #include "python/src/options_module.h"
+#include "python/src/schedules_module.h"
 #include "python/src/values.h"
 
 #include <torch/extension.h>
@@ -260,39 +258,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("torch_version") = CONVEYOR_TORCH_VERSION;
   py::register_exception_translator(translate_errors);
   define_options(m);
-  m.def(
-      "schedule_names",
-      [](std::optional<bool> synchronous) {
-        return synchronous ? schedules::schedule_names(*synchronous) : schedules::schedule_names();
-      },
-      py::arg("synchronous") = py::none(),
-      "The schedules' names, from the schedule library's one list: all, or the synchronous or asynchronous ones.");
-  m.def(
-      "schedule_svg",
-      [](const std::vector<std::string>& names, int workers, int microbatches, int chunks,
-         const std::optional<std::string>& shard) {
-        std::vector<TimelineBlock> blocks;
-        for (const auto& name : names) {
-          schedules::Schedule s = schedules::make_schedule(name, workers, microbatches, false, chunks);
-          auto costs = schedules::StageCosts::uniform(s.num_stages, 1e-3, 2e-3);
-          if (shard) {
-            s = schedules::place_sharding(s, {{.level = schedules::shard_level_named(*shard)}});
-            costs.unshard.assign(s.num_stages, 0.5e-3);
-            costs.reduce_grad.assign(s.num_stages, 1e-3);
-          }
-          const auto sim = schedules::simulate(s, costs);
-          blocks.push_back(timeline_block(sim, c10::str(s.name, ": ", workers, " workers, ", microbatches,
-                                                        " micro-batches, bubble ",
-                                                        std::lround(100 * sim.bubble_fraction), "%")));
-        }
-        return timeline_svg(blocks);
-      },
-      py::arg("names"), py::arg("workers"), py::arg("microbatches"), py::arg("chunks") = 0,
-      py::arg("shard") = std::nullopt,
-      "The named schedules simulated with a forward of 1 ms and a backward of 2 ms on every stage, drawn "
-      "one above the other on one time axis as an SVG timeline (a row per worker); with a sharding level, "
-      "its gathers (0.5 ms) and gradient reductions (1 ms) as placed by schedules::place_sharding.");
-
+  define_schedules(m);
   m.def(
       "layout",
       [](int world_size, int workers) {
