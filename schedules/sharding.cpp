@@ -163,8 +163,10 @@ Schedule place_sharding(const Schedule& s, const std::vector<StageSharding>& per
   out.sharding.assign(s.num_workers(), {});
   for (int w = 0; w < s.num_workers(); ++w) {
     const auto& line = s.workers[w];
-    std::vector<std::tuple<size_t, int, int>> placed;  // (position, order, stage) sorted, then kind from order
-    const auto put = [&](size_t position, int stage, ShardKind kind) { placed.emplace_back(position, order(kind), stage); };
+    std::vector<std::tuple<size_t, int, int, ShardKind>> placed;  // (position, order, stage, kind), to be sorted
+    const auto put = [&](size_t position, int stage, ShardKind kind) {
+      placed.emplace_back(position, order(kind), stage, kind);
+    };
     for (int k = 0; k < s.num_stages; ++k) {
       if (s.worker_of(k) != w) continue;
       const StageSharding& how = per_stage.size() == 1 ? per_stage[0] : per_stage[k];
@@ -190,10 +192,7 @@ Schedule place_sharding(const Schedule& s, const std::vector<StageSharding>& per
       if (!how.reduce_per_microbatch && last_gradient < line.size()) put(last_gradient + 1, k, ShardKind::kReduceGrad);
     }
     std::sort(placed.begin(), placed.end());
-    static constexpr ShardKind kKinds[] = {ShardKind::kReshard, ShardKind::kReduceGrad, ShardKind::kUnshard};
-    for (const auto& [position, rank, stage] : placed) {
-      out.sharding[w].push_back({position, ShardAction{stage, kKinds[rank]}});
-    }
+    for (const auto& [position, rank, stage, kind] : placed) out.sharding[w].push_back({position, ShardAction{stage, kind}});
   }
   if (!out.has_sharding()) out.sharding.clear();  // nothing to reduce (a forward-only schedule)
   check_sharding(out);

@@ -128,9 +128,9 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
                  num);
   check_argument(static_cast<int>(data.inputs.size()) == schedule.num_microbatches, "conveyor: ", data.inputs.size(),
                  " micro-batches given to a schedule of ", schedule.num_microbatches);
-  check_argument(!schedule.has_sharding(), "conveyor: schedule '", schedule.name,
-                 "' has sharding actions, which the runtime does not run (",
-                 schedules::first_sharding_action(schedule), ")");
+  // build_schedule refuses sharding actions, which the runtime does not run.
+  TORCH_INTERNAL_ASSERT(!schedule.has_sharding(), "conveyor: schedule '", schedule.name, "' reached the runtime with ",
+                        "sharding actions (", schedules::first_sharding_action(schedule), ")");
   for (int k = 0; k < num; ++k) {
     check_argument(schedule.worker_of(k) == placement_[k], "conveyor: schedule '", schedule.name, "' runs stage ", k,
                    " on worker ", schedule.worker_of(k), ", the pipeline placed it on worker ", placement_[k]);
