@@ -59,10 +59,12 @@ class Pipeline:
         self._has_loss = loss_fn is not None
         # Parsed and checked once, now, even where the build waits for inputs: what needs no model is refused here.
         processes = process_group.size() if process_group is not None else 0
-        checked = _C.check_options(options, loss_fn is not None, processes)
         self._front_end = _front_end.choose(model, python["front_end"], options)
-        if self._front_end == "export" or isinstance(model, torch.export.ExportedProgram):
-            _C.check_model_kind(checked, "export")  # before the export, which may wait for the first step
+        exported = self._front_end == "export" or isinstance(model, torch.export.ExportedProgram)
+        scripted = self._front_end in ("script", "trace") or isinstance(model, torch.jit.ScriptModule)
+        # What the model's kind cannot take too, before the export, which may wait for the first step.
+        checked = _C.check_options(options, loss_fn is not None, processes,
+                                   "export" if exported else "script" if scripted else "")
         if self._front_end in ("export", "trace"):
             _front_end.check_split_point_names(model, options.get("split_points"))
         if self._front_end in ("given", "script") and (output is not None or model_kwargs):

@@ -36,23 +36,23 @@ void define_options(py::module_& m) {
                              "conveyor.Pipeline's options, parsed and checked: what _C.Pipeline builds.");
   m.def(
       "check_options",
-      [](const py::dict& options, bool has_loss, int processes) {
+      [](const py::dict& options, bool has_loss, int processes, const std::string& model_kind) {
+        check_argument(model_kind.empty() || model_kind == "export" || model_kind == "script",
+                       "conveyor: no model kind '", model_kind, "'");
         BuildRequest request = request_of(options);
         if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // attached later
-        return CheckedRequest(std::move(request), processes);
+        CheckedRequest checked(std::move(request), processes);
+        if (!model_kind.empty()) {
+          check_model_kind(model_kind == "export" ? ModelKind::exported : ModelKind::script,
+                           checked.request().options);
+        }
+        return checked;
       },
-      py::arg("options"), py::arg("has_loss"), py::arg("processes"),
+      py::arg("options"), py::arg("has_loss"), py::arg("processes"), py::arg("model_kind"),
       "Parses and checks the options once: refuses (TypeError, ValueError naming it) an option a pipeline "
-      "built with these keywords would refuse before it reads the model, and returns them for _C.Pipeline.");
-  m.def(
-      "check_model_kind",
-      [](const CheckedRequest& checked, const std::string& kind) {
-        check_argument(kind == "export" || kind == "script", "conveyor: no model kind '", kind, "'");
-        check_model_kind(kind == "export" ? ModelKind::exported : ModelKind::script, checked.request().options);
-      },
-      py::arg("checked"), py::arg("kind"),
-      "Refuses (ValueError naming the option) what checked options ask of a model of the kind the front end "
-      "makes ('export' or 'script') that it cannot do, before the model is exported.");
+      "built with these keywords would refuse before it reads the model, or that a model of `model_kind` "
+      "('export' or 'script', the front end's; '' where the model is a file, read at the build) cannot "
+      "take, and returns them for _C.Pipeline.");
   m.def(
       "request_counts",
       [] {
