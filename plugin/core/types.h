@@ -36,16 +36,23 @@ struct LossScalerState {
 // How a stage's gradients are shared with its data-parallel replicas before
 // an update (the distributed pipeline's; plugin/distributed/distributed_runner.h).
 struct ReplicaReduction {
-  // Reduces stage `stage`'s gradients (the .grad of `weights`) in place across
-  // the replicas before any update looks at them.
-  std::function<void(int stage, const std::vector<at::Tensor>& weights)> gradients;
-  // Set when `gradients` leaves each replica only its shard of the reduced
+  // Starts reducing stage `stage`'s gradients (the .grad of `weights`) across
+  // the replicas, reading them now; the function returned waits for the
+  // reduction and writes the reduced gradients into the .grad tensors, and
+  // must be called before anything else writes them (or reads them as
+  // reduced). The runtime
+  // starts it where the schedule's REDUCE_GRAD for the stage stands (after
+  // its last backward of the step), so that it runs while the worker goes on.
+  std::function<std::function<void()>(int stage, const std::vector<at::Tensor>& weights)> start;
+  // Set when the reduction leaves each replica only its shard of the reduced
   // gradients, zeros elsewhere (sharded optimizer state): sums `values` (their
   // maximum, with `max`) across the replicas, so that the loss scaler's
   // verdict and the clipping norm are the whole gradients'.
   std::function<void(at::Tensor& values, bool max)> across_replicas;
 
-  explicit operator bool() const { return static_cast<bool>(gradients); }
+  // start, then wait.
+  void gradients(int stage, const std::vector<at::Tensor>& weights) const { start(stage, weights)(); }
+  explicit operator bool() const { return static_cast<bool>(start); }
 };
 
 }  // namespace conveyor

@@ -23,8 +23,9 @@ constexpr int kGatherTag = 1 << 30;
 // The stage's weights' gradients, averaged (or summed) across its replicas. A
 // weight with no gradient on this replica contributes zeros and receives the
 // reduced gradient, as if it had one.
-void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weights, bool average) {
-  if (groups.layout().replicas == 1) return;
+PendingCollective start_reducing_gradients(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& weights,
+                                           bool average) {
+  if (groups.layout().replicas == 1) return [] {};
   std::vector<at::Tensor> grads;
   bool on_device = false;
   for (const auto& w : weights) {
@@ -34,10 +35,10 @@ void reduce_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weig
     on_device = on_device || w.device().is_cuda();
   }
   const auto& group = on_device && groups.replicas_device() ? groups.replicas_device() : groups.replicas();
-  const int k = groups.worker();
-  all_reduce(groups, *group, grads, average,
-             c10::str(average ? "averaging" : "summing", " the gradients of stage ", k, " across its ",
-                      groups.layout().replicas, " replicas (", ranks_text(groups.layout().replica_ranks(k)), ")"));
+  return start_all_reduce(groups, *group, grads, average,
+                          c10::str(average ? "averaging" : "summing", " the gradients of stage ", stage,
+                                   " across its ", groups.layout().replicas, " replicas (",
+                                   ranks_text(groups.layout().replica_ranks(groups.worker())), ")"));
 }
 
 std::string local_device(const PipelineOptions& options, int stage, int local_rank) {
@@ -99,8 +100,8 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
                                        std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
       return std::make_unique<ShardedOptimizer>(std::move(weights), inner, groups);
     });
-    replicas.gradients = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
-      reduce_scatter_gradients(*groups, weights, average);
+    replicas.start = [groups = groups_, average = average_](int stage, const std::vector<at::Tensor>& weights) {
+      return start_reduce_scatter_gradients(*groups, stage, weights, average);
     };
     replicas.across_replicas = [groups = groups_](at::Tensor& values, bool max) {
       all_reduce_values(*groups, *groups->replicas(), values, max,
@@ -109,8 +110,8 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
   }
   // The pipeline's own optimizer updates from the replicas' reduced gradients.
   if (!sharded && options.optimizer() && layout.replicas > 1) {
-    replicas.gradients = [groups = groups_, average = average_](int, const std::vector<at::Tensor>& weights) {
-      reduce_gradients(*groups, weights, average);
+    replicas.start = [groups = groups_, average = average_](int stage, const std::vector<at::Tensor>& weights) {
+      return start_reducing_gradients(*groups, stage, weights, average);
     };
   }
 
@@ -190,7 +191,8 @@ StepResult DistributedRunner::finish_step(const std::function<StepResult()>& ste
     throw;
   }
   const HybridLayout& layout = groups_->layout();
-  if (!runner_->options().optimizer()) reduce_gradients(*groups_, parameters(), average_);
+  // A caller's optimizer: every local stage's gradients at once, after the step.
+  if (!runner_->options().optimizer()) start_reducing_gradients(*groups_, groups_->worker(), parameters(), average_)();
   // The global loss: each replica's comes from its last stage.
   const bool last = runner_->is_local(runner_->num_stages() - 1);  // not the last worker in a V shape
   at::Tensor loss = at::full({1}, last ? result.loss : 0.0, at::kDouble);

@@ -128,7 +128,9 @@ class DistributedRunner {
 
  private:
   std::vector<at::Tensor> stage_tensors(int stage) const;
-  // Runs `step` on this rank's pipeline, then reduces across replicas.
+  // Runs `step` on this rank's pipeline (whose schedule reduces the
+  // gradients of the pipeline's own optimizer across replicas), then reduces
+  // a caller's optimizer's gradients across replicas, and the loss.
   StepResult finish_step(const std::function<StepResult()>& step);  // weights then buffers of a stage's layers in model_
 
   torch::nn::Sequential model_;

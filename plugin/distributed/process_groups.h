@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -165,10 +166,20 @@ std::string ranks_text(const std::vector<int>& ranks);
 // timed out after T ms <what>" (or "failed after ...").
 void wait(ProcessGroups& groups, const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
 
+// A collective in flight, started by a start_* function below: calling it
+// waits (bounded by the groups' timeout, as wait() is) and writes the result
+// where the synchronous function would. Call it once; dropped uncalled, the
+// result is lost and the tensors given stay as they were.
+using PendingCollective = std::function<void()>;
+
 // Sums (or averages) `tensors` in place across `group`. Tensors of one dtype
 // and device travel as one flat buffer.
 void all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors, bool average,
                 const std::string& what);
+// all_reduce, started: `tensors` are copied into the flat buffers now, and
+// may change meanwhile without changing the sum.
+PendingCollective start_all_reduce(ProcessGroups& groups, c10d::Backend& group, const std::vector<at::Tensor>& tensors,
+                                   bool average, const std::string& what);
 
 // Sums `tensors` in place across every rank of the layout: over the world
 // group, or, where there is none, over the pipeline group and then the
@@ -183,6 +194,10 @@ void all_reduce_values(ProcessGroups& groups, c10d::Backend& group, at::Tensor& 
 // j for group rank j): `mine` ([n]) receives this rank's row of the sum.
 void reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows, at::Tensor& mine,
                     bool average, const std::string& what);
+// reduce_scatter, started: `mine` holds the sum once the pending collective
+// is called (`rows` must not change meanwhile).
+PendingCollective start_reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows,
+                                       at::Tensor mine, bool average, const std::string& what);
 
 // Every group rank's `mine` ([n]) into row j of `rows` ([group size, n]).
 void all_gather(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& mine, at::Tensor& rows,

@@ -42,7 +42,7 @@ c10d::Backend& group_for(ProcessGroups& groups, const at::Tensor& t) {
 
 std::string replicas_text(ProcessGroups& groups) {
   const int k = groups.worker();
-  return c10::str("stage ", k, "'s ", groups.layout().replicas, " replicas (",
+  return c10::str("worker ", k, "'s ", groups.layout().replicas, " replicas (",
                   ranks_text(groups.layout().replica_ranks(k)), ")");
 }
 
@@ -122,17 +122,29 @@ at::Tensor ShardLayout::piece_of(size_t i, const at::Tensor& t) const {
   return out;
 }
 
-void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weights, bool average) {
+void reduce_scatter_gradients(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& weights,
+                              bool average) {
+  start_reduce_scatter_gradients(groups, stage, weights, average)();
+}
+
+PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
+                                                 const std::vector<at::Tensor>& weights, bool average) {
   std::vector<at::Tensor> trained;
   for (const auto& w : weights) {
     if (w.requires_grad()) trained.push_back(w);
   }
   const int replicas = groups.layout().replicas;
-  const ShardLayout layout(trained, replicas, groups.replica());
+  auto layout = std::make_shared<const ShardLayout>(trained, replicas, groups.replica());
   c10::NoGradGuard no_grad;
-  for (const auto& bucket : by_dtype_and_device(trained)) {
+  struct Bucket {
+    std::vector<size_t> weights;
+    at::Tensor mine;
+    PendingCollective sum;
+  };
+  auto buckets = std::make_shared<std::vector<Bucket>>();
+  for (auto& bucket : by_dtype_and_device(trained)) {
     int64_t width = 0;
-    for (size_t i : bucket) width += layout.piece[i];
+    for (size_t i : bucket) width += layout->piece[i];
     // Row d: every weight's piece d, one after the other (zero where a piece is padding).
     at::Tensor rows = at::zeros({replicas, width}, trained[bucket[0]].options());
     int64_t offset = 0;
@@ -141,29 +153,37 @@ void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tenso
       if (g.defined()) {
         const at::Tensor flat = g.reshape({-1});
         for (int d = 0; d < replicas; ++d) {
-          const int64_t n = std::min(layout.piece[i], layout.numel[i] - d * layout.piece[i]);
-          if (n > 0) rows[d].narrow(0, offset, n).copy_(flat.narrow(0, d * layout.piece[i], n));
+          const int64_t n = std::min(layout->piece[i], layout->numel[i] - d * layout->piece[i]);
+          if (n > 0) rows[d].narrow(0, offset, n).copy_(flat.narrow(0, d * layout->piece[i], n));
         }
       }
-      offset += layout.piece[i];
+      offset += layout->piece[i];
     }
     at::Tensor mine = at::empty({width}, rows.options());
-    reduce_scatter(groups, group_for(groups, rows), rows, mine, average,
-                   c10::str(average ? "averaging" : "summing", " the gradients of ", replicas_text(groups),
-                            " by reduce-scatter"));
-    offset = 0;
-    for (size_t i : bucket) {
-      const at::Tensor& w = trained[i];
-      if (!w.grad().defined() || !w.grad().is_contiguous()) {
-        w.mutable_grad() = w.grad().defined() ? w.grad().contiguous() : at::zeros_like(w);
-      }
-      const at::Tensor flat = w.grad().view({-1});
-      flat.zero_();
-      const int64_t n = layout.owned(i);
-      if (n > 0) flat.narrow(0, layout.replica * layout.piece[i], n).copy_(mine.narrow(0, offset, n));
-      offset += layout.piece[i];
-    }
+    PendingCollective sum = start_reduce_scatter(
+        groups, group_for(groups, rows), rows, mine, average,
+        c10::str(average ? "averaging" : "summing", " the gradients of stage ", stage, " across ",
+                 replicas_text(groups), " by reduce-scatter"));
+    buckets->push_back({std::move(bucket), mine, std::move(sum)});
   }
+  return [trained = std::move(trained), layout, buckets] {
+    c10::NoGradGuard no_grad;
+    for (Bucket& b : *buckets) {
+      b.sum();
+      int64_t offset = 0;
+      for (size_t i : b.weights) {
+        const at::Tensor& w = trained[i];
+        if (!w.grad().defined() || !w.grad().is_contiguous()) {
+          w.mutable_grad() = w.grad().defined() ? w.grad().contiguous() : at::zeros_like(w);
+        }
+        const at::Tensor flat = w.grad().view({-1});
+        flat.zero_();
+        const int64_t n = layout->owned(i);
+        if (n > 0) flat.narrow(0, layout->replica * layout->piece[i], n).copy_(b.mine.narrow(0, offset, n));
+        offset += layout->piece[i];
+      }
+    }
+  };
 }
 
 ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,

@@ -54,7 +54,13 @@ struct ShardLayout {
 // reduce-scatter: afterwards each weight's gradient holds this replica's
 // piece of the reduced gradient, zeros elsewhere. A weight without a
 // gradient contributes zeros. Collective over the replicas.
-void reduce_scatter_gradients(ProcessGroups& groups, const std::vector<at::Tensor>& weights, bool average);
+// `stage` names the stage in errors.
+void reduce_scatter_gradients(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& weights,
+                              bool average);
+// reduce_scatter_gradients, started: the gradients are read now and written
+// when the pending collective is called.
+PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
+                                                 const std::vector<at::Tensor>& weights, bool average);
 
 class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedState {
  public:

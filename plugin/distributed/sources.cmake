@@ -4,6 +4,7 @@
 # on the runner (runner/); nothing below includes it.
 target_sources(conveyor PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/process_groups.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/collectives.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gloo_group.cpp
   ${CMAKE_CURRENT_LIST_DIR}/distributed_runner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sharded_optimizer.cpp

@@ -181,6 +181,26 @@ int capacity_needed(const schedules::Schedule& schedule) {
   return 0;
 }
 
+// What a pipeline runs of the sharding actions (schedules/sharding.h): one
+// REDUCE_GRAD per stage and step, the replicas' gradient reduction, started
+// where it stands (no replicas: nothing to reduce). Gathering sharded
+// parameters and reducing per micro-batch are the schedule library's only.
+void check_runnable_sharding(const schedules::Schedule& schedule) {
+  std::vector<int> reductions(static_cast<size_t>(schedule.num_stages), 0);
+  for (size_t w = 0; w < schedule.sharding.size(); ++w) {
+    for (const auto& placed : schedule.sharding[w]) {
+      const schedules::ShardAction& a = placed.action;
+      const bool reduce = a.kind == schedules::ShardKind::kReduceGrad;
+      if (reduce && ++reductions.at(static_cast<size_t>(a.stage)) == 1) continue;
+      throw std::invalid_argument(c10::str(
+          "conveyor: schedule '", schedule.name, "' has ", a.str(), " on worker ", w, ", which a pipeline does not ",
+          "run: ", reduce ? "it reduces a stage's gradients once a step, after the stage's last backward"
+                          : "its stages' parameters stay whole on every replica (no UNSHARD or RESHARD)",
+          "; the schedule library validates and simulates such schedules (conveyor.schedule_svg)"));
+    }
+  }
+}
+
 }  // namespace
 
 int channel_capacity_for(const PipelineOptions& options) {
@@ -206,12 +226,7 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
   } else {
     schedule = parse_text(options);
   }
-  if (schedule.has_sharding()) {
-    throw std::invalid_argument(c10::str("conveyor: schedule '", schedule.name, "' has sharding actions (",
-                                         schedules::first_sharding_action(schedule),
-                                         "), which the schedule library validates and simulates but a pipeline "
-                                         "does not run: give the schedule without them"));
-  }
+  check_runnable_sharding(schedule);
   check_argument(schedule.num_stages == num_stages && schedule.num_microbatches == options.microbatches(),
                  "conveyor: the schedule is for ", schedule.num_stages, " stages and ", schedule.num_microbatches,
                  " micro-batches, the pipeline has ", num_stages, " stages and ", options.microbatches());

@@ -57,7 +57,9 @@ class StageRunner {
   // their weights; train_step's loss is NaN and forward() undefined unless
   // the worker runs the last stage.
   // `replicas` (if given) reduces a stage's gradients across data-parallel
-  // replicas before each update of the pipeline's optimizer.
+  // replicas before each update of the pipeline's optimizer: a synchronous
+  // schedule gets a REDUCE_GRAD per stage (schedules::place_sharding), where
+  // the runtime starts it, unless it places its own.
   StageRunner(torch::nn::Sequential model, PipelineOptions options, int local_worker,
            std::unique_ptr<Transport> transport, ReplicaReduction replicas = {});
   ~StageRunner();

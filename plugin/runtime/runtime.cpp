@@ -1,7 +1,6 @@
 #include "plugin/runtime/runtime.h"
 
 #include "plugin/runtime/action_timer.h"
-#include "schedules/sharding.h"
 #include "plugin/core/errors.h"
 #include "plugin/support/fault_injection.h"
 #include "plugin/runtime/step_rollback.h"
@@ -97,6 +96,10 @@ Runtime::Runtime(std::vector<std::shared_ptr<Stage>> stages, std::unique_ptr<Tra
       guard_(divergence_guarded(training_.divergence_guard, training_.loss_scaling.has_value())),
       workers_(static_cast<int>(local_workers_.size())) {
   if (training_.loss_scaling) scaler_.emplace(*training_.loss_scaling);
+  // One thread starts the replicas' reductions, in the schedule's order, the
+  // same on every replica: collectives of two threads would pair at random.
+  check_argument(!replicas_ || local_workers_.size() == 1, "conveyor: a runtime that reduces across replicas runs ",
+                 "one worker, not ", local_workers_.size());
   // Each worker on an accelerator computes on its own stream, so workers that
   // share a device can overlap and copies can overlap compute. A worker's
   // stages share its device and its stream (their actions run in turn).
@@ -128,9 +131,6 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
                  num);
   check_argument(static_cast<int>(data.inputs.size()) == schedule.num_microbatches, "conveyor: ", data.inputs.size(),
                  " micro-batches given to a schedule of ", schedule.num_microbatches);
-  // build_schedule refuses sharding actions, which the runtime does not run.
-  TORCH_INTERNAL_ASSERT(!schedule.has_sharding(), "conveyor: schedule '", schedule.name, "' reached the runtime with ",
-                        "sharding actions (", schedules::first_sharding_action(schedule), ")");
   for (int k = 0; k < num; ++k) {
     check_argument(schedule.worker_of(k) == placement_[k], "conveyor: schedule '", schedule.name, "' runs stage ", k,
                    " on worker ", schedule.worker_of(k), ", the pipeline placed it on worker ", placement_[k]);
@@ -305,6 +305,21 @@ void Runtime::run_worker(int w, StepContext& ctx) {
     }
   };
 
+  const std::vector<Schedule::PlacedShard> no_sharding;
+  const auto& sharding = schedule.sharding.empty() ? no_sharding : schedule.sharding[w];
+  size_t next_shard = 0;
+  const auto run_sharding_at = [&](size_t position) {
+    for (; next_shard < sharding.size() && sharding[next_shard].position == position; ++next_shard) {
+      const schedules::ShardAction& a = sharding[next_shard].action;
+      try {
+        run_sharding(a, ctx);
+      } catch (const std::exception& e) {
+        throw PipelineError(a.stage, -1, a.str(),
+                            c10::str("conveyor: stage ", a.stage, " failed in ", a.str(), ": ", message_of(e)));
+      }
+    }
+  };
+
   const auto& actions = schedule.workers[w];
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& action = actions[i];
@@ -312,6 +327,7 @@ void Runtime::run_worker(int w, StepContext& ctx) {
     auto& st = ctx.stages[k];
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
+    run_sharding_at(i);
     // An offloaded input comes back while this action computes.
     if (schedule.stash == schedules::Stash::kOffload && i + 1 < actions.size() &&
         schedules::is_backward(actions[i + 1].kind)) {
@@ -340,6 +356,7 @@ void Runtime::run_worker(int w, StepContext& ctx) {
     timer.end(action, st.wait_in, st.wait_out);
   }
   meet_barriers(actions.size());
+  run_sharding_at(actions.size());
 
   if (training && schedule.synchronous() && guard_) {
     for (int k : mine) check_finite(k, -1, "gradient", stages_[k]->gradients(), ctx, "");

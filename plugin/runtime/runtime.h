@@ -52,7 +52,11 @@ class Runtime {
   // placement[k]: the worker (thread) that runs stage k; the schedules run
   // must place stages the same way (empty: one worker per stage). A worker's
   // stages share its device and stream. `replicas` reduces a stage's
-  // gradients across data-parallel replicas before an update. The training
+  // gradients across data-parallel replicas before an update: started where
+  // the schedule's REDUCE_GRAD for the stage stands, so that it overlaps the
+  // worker's remaining actions, or at the update where the schedule has none
+  // (and for a stage holding a tied parameter, whose gradient is the sum over
+  // its holders, made after the last action). The training
   // and running sections are PipelineOptions' (plugin/core/option_list.h); with a
   // loss scaler, the caller multiplies each micro-batch's loss by
   // loss_scaler()->scale().
@@ -133,6 +137,10 @@ class Runtime {
   std::vector<Tensors> take_tied_gradients();
   void sum_tied_gradients(const std::vector<Tensors>& before);
   void add_back_tied_gradients(const std::vector<Tensors>& before);
+
+  // A sharding action of the schedule (update.cpp): REDUCE_GRAD starts the
+  // replicas' reduction of the stage's gradients, which update() waits for.
+  void run_sharding(const schedules::ShardAction& action, StepContext& ctx);
 
   // Updates (optimizer_step.cpp): the divergence guard's check, and stage
   // k's optimizer step, after micro-batch mb's backward (schedules that step

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -39,6 +40,9 @@ struct Runtime::StepContext {
     double grad_norm = std::numeric_limits<double>::quiet_NaN();
     // Bytes sent to the neighbours: activations forward, input gradients back.
     int64_t activation_bytes = 0, gradient_bytes = 0;
+    // The replicas' reduction of the stage's gradients, started at its
+    // REDUCE_GRAD and waited for by the update (ReplicaReduction::start).
+    std::function<void()> reducing;
     // The index of the action the stage is in (-1: none), and whether it is
     // blocked in the transport: a timeout's message names the stages busy in
     // an action, the likely cause of the wait.

@@ -98,6 +98,25 @@ double Runtime::clip_grad_norm(double max_norm, double norm_type) {
   return total.item<double>();
 }
 
+void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ctx) {
+  // build_schedule refuses what the runtime does not run.
+  TORCH_INTERNAL_ASSERT(action.kind == schedules::ShardKind::kReduceGrad, "conveyor: schedule '", ctx.schedule.name,
+                        "' reached the runtime with ", action.str());
+  const int k = action.stage;
+  auto& reducing = ctx.stages[k].reducing;
+  TORCH_INTERNAL_ASSERT(!reducing, "conveyor: a second ", action.str(), " in one step");
+  // Nothing to reduce: inference, a step that accumulates, no replicas, a
+  // caller's optimizer (the distributed pipeline reduces its gradients after
+  // the step), or a tied parameter's stage, whose reduction follows the sum.
+  if (!ctx.training() || !ctx.data.update || !replicas_ || !stages_[k]->optimizer()) return;
+  for (const TiedParameter& tie : ties_) {
+    for (const auto& holder : tie) {
+      if (holder.first == k) return;
+    }
+  }
+  reducing = replicas_.start(k, stages_[k]->live());
+}
+
 void Runtime::update(StepContext& ctx, StepResult& result) {
   result.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   if (!ctx.schedule.synchronous()) {
@@ -116,7 +135,14 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
   }
   if (owned.empty() || !ctx.data.update) return;
   if (replicas_) {
-    for (int k : owned) replicas_.gradients(k, stages_[k]->live());
+    for (int k : owned) {
+      // Started at the stage's REDUCE_GRAD, or now.
+      if (auto& reducing = ctx.stages[k].reducing) {
+        std::exchange(reducing, nullptr)();
+      } else {
+        replicas_.gradients(k, stages_[k]->live());
+      }
+    }
   }
   if (scaler_) {
     std::vector<at::Tensor> grads;

@@ -1,6 +1,7 @@
 #pragma once
 // The test_distributed binary's worker: a process started as one rank runs
 // the roles its test names, each defined in its own header.
+#include "distributed/hybrid_roles.h"
 #include "distributed/reshard_roles.h"
 #include "distributed/sharded_roles.h"
 #include "distributed_roles.h"
@@ -29,6 +30,7 @@ inline int run_worker(const std::string& role) {
     } else if (role == "four") {
       pipelines(w);
       hybrid(w);
+      hybrid_schedules(w);
       training_options(w);
     } else if (role == "sharded") {
       sharded(w);

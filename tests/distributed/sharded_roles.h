@@ -46,6 +46,11 @@ inline std::vector<ShardedCase> sharded_cases() {
                    false, nullptr});
   cases.push_back({"adamw-interleaved", seeded_mlp,
                    PipelineOptions().microbatches(2).schedule("interleaved").optimizer(adamw), false, nullptr});
+  // Split backwards: each stage's reduce-scatter after its last W.
+  cases.push_back({"adam-zb-h1", seeded_mlp, PipelineOptions().microbatches(2).schedule("zb-h1").optimizer(adam), false,
+                   nullptr});
+  cases.push_back({"adam-zb-v", seeded_mlp, PipelineOptions().microbatches(2).schedule("zb-v").optimizer(adam), false,
+                   nullptr});
   auto factor = std::make_shared<double>(1.0);
   cases.push_back(
       {"clip-scale", [factor] { return bomb_model(factor); }, scaled_options().clip_grad_norm(0.05), false, factor});

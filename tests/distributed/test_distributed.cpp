@@ -5,6 +5,7 @@
 
 #include "distributed_roles.h"
 #include "distributed/faulty_peer_check.h"
+#include "distributed/hybrid_roles.h"
 #include "distributed/run_worker.h"
 #include "distributed/training_options_check.h"
 #include "error_of.h"
@@ -59,18 +60,23 @@ TensorMap in_process_pipedream(int stages) {
 }
 
 // Plain training on the global batch: what data parallelism must reproduce.
-TensorMap single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
+TensorMap single_process(const OptimizerFactory& make_optimizer, std::vector<double>* losses = nullptr) {
   auto model = seeded_mlp();
-  torch::optim::SGD sgd(model->parameters(), lr);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(model->parameters());
   for (int step = 0; step < kSteps; ++step) {
     const Data s = global_batch(step);
-    sgd.zero_grad();
+    optimizer->zero_grad();
     const at::Tensor loss = mse(model->forward(s.x), s.y);
     loss.backward();
-    sgd.step();
+    optimizer->step();
     if (losses) losses->push_back(loss.item<double>());
   }
   return values_of(model);
+}
+
+TensorMap single_process_sgd(double lr, std::vector<double>* losses = nullptr) {
+  return single_process([lr](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, lr); },
+                        losses);
 }
 
 
@@ -325,6 +331,11 @@ TEST_F(FourRanks, HybridTwoReplicasOfTwoStagesEqualSingleProcessTraining) {
   expect_equal(gathered, want, "gathered on rank 0");
   ASSERT_EQ(got_losses.numel(), kSteps);
   for (int step = 0; step < kSteps; ++step) EXPECT_NEAR(got_losses[step].item<double>(), losses[step], kTolerance);
+}
+
+TEST_F(FourRanks, HybridAdamUnderEveryScheduleFamilyEqualsSingleProcessTraining) {
+  expect_success(exits_);
+  expect_hybrid_schedules(out_, single_process(adam_001()));
 }
 
 // The overflow on rank 0 reaches rank 2 through the replicas' average, ranks 1 and 3 through the verdict.

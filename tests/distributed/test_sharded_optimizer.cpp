@@ -101,6 +101,14 @@ TEST_F(ShardedOptimizerState, AdamWUnderAnInterleavedScheduleUpdatesAsUnsharded)
   expect_half_the_state("adamw-interleaved", 2);
 }
 
+// The V shape's worker holds two stages, each reduce-scattered at its place.
+TEST_F(ShardedOptimizerState, AdamUnderZeroBubbleSchedulesUpdatesAsUnsharded) {
+  for (const char* name : {"adam-zb-h1", "adam-zb-v"}) {
+    expect_same_training(name, true);
+    expect_half_the_state(name, 2);
+  }
+}
+
 // The clipping norm sums the replicas' shards (not bit-identical: another
 // order of the sum); the overflow on rank 0 skips the step on every rank.
 TEST_F(ShardedOptimizerState, ClippingAndAnOverflowOnOneRankActAsUnsharded) {

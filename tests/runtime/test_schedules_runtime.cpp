@@ -259,9 +259,31 @@ TEST(NewSchedules, BadRequestsAreClear) {
               HasSubstr("recompute applies to synchronous schedules"));
   EXPECT_THAT(error(PipelineOptions().workers(3).microbatches(2).schedule_text("0F0 1F0 1B0 0B0\n0F1\n")),
               HasSubstr("the schedule is for 2 workers"));
-  EXPECT_THAT(error(PipelineOptions().microbatches(1).schedule_text("0F0 0B0\n1F0 1B0 1REDUCE_GRAD\n")),
-              HasSubstr("schedule 'custom' has sharding actions (1REDUCE_GRAD on worker 1), which the schedule library "
-                        "validates and simulates but a pipeline does not run"));
+  // Of the sharding actions a pipeline runs one REDUCE_GRAD per stage and step.
+  EXPECT_THAT(error(PipelineOptions().microbatches(1).schedule_text("0UNSHARD 0F0 0B0 0RESHARD\n1F0 1B0\n")),
+              HasSubstr("schedule 'custom' has 0UNSHARD on worker 0, which a pipeline does not run: its stages' "
+                        "parameters stay whole on every replica"));
+  EXPECT_THAT(error(PipelineOptions().microbatches(2).schedule_text(
+                  "0F0 0F1 0B0 0REDUCE_GRAD 0B1 0REDUCE_GRAD\n1F0 1B0 1F1 1B1\n")),
+              HasSubstr("has 0REDUCE_GRAD on worker 0, which a pipeline does not run: it reduces a stage's gradients "
+                        "once a step, after the stage's last backward"));
+  EXPECT_THAT(error(PipelineOptions().microbatches(1).schedule_text("0F0 0REDUCE_GRAD 0B0\n1F0 1B0\n")),
+              HasSubstr("0REDUCE_GRAD"));
+}
+
+// A schedule that places its stages' gradient reductions runs as without
+// them in one process: there are no replicas to reduce across.
+TEST(NewSchedules, GradientReductionsWithoutReplicasChangeNothing) {
+  torch::manual_seed(5);
+  auto model = make_deep_mlp();
+  auto reference = testing::clone_of(model);
+  const at::Tensor x = torch::randn({6, 8}, torch::kFloat64), y = torch::randn({6, 3}, torch::kFloat64);
+  testing::mse(reference->forward(x), y).backward();
+  StageRunner pipe(model, PipelineOptions().microbatches(2).schedule_text(
+                              "0F0 0F1 0B0 0B1 0REDUCE_GRAD\n1F0 1B0 1F1 1B1 1REDUCE_GRAD\n"));
+  EXPECT_TRUE(pipe.schedule().has_sharding());
+  pipe.train_step(x, y, testing::mse);
+  testing::expect_same_grads(pipe, reference, 1e-10, 0, "with REDUCE_GRAD");
 }
 
 }  // namespace
