@@ -108,6 +108,8 @@ def test_optimizer_state_sharded_across_replicas_trains_as_unsharded(tmp_path):
     Adam's update is elementwise, so the weights are bit-identical."""
     for rank, saved in enumerate(torchrun(tmp_path, 4, "1f1b", mode="sharded")):
         assert "needs a synchronous schedule; 'pipedream'" in saved["refusal"], saved["refusal"]
+        reductions = [a for line in saved["schedule"].splitlines()[1:] for a in line.split() if "REDUCE_GRAD" in a]
+        assert reductions == ["0REDUCE_GRAD", "1REDUCE_GRAD"], saved["schedule"]
         assert saved["plain"].keys() == saved["sharded"].keys() and saved["plain"], rank
         for name, want in saved["plain"].items():
             assert torch.equal(saved["sharded"][name], want), f"rank {rank}: {name}"

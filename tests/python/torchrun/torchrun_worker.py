@@ -82,6 +82,7 @@ def sharded(out_dir: str, schedule: str, process_group, replica_group):
             inputs, target = batch(step)
             pipe.train_step(pipe.shard(inputs), pipe.shard(target))
         weights["sharded" if shard else "plain"] = {n: p.detach().clone() for n, p in pipe.named_parameters()}
+        weights["schedule"] = pipe.schedule  # each stage's reduce-scatter an action of it
     try:  # the option reaches the pipeline: an asynchronous schedule cannot shard
         conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule="pipedream",
                           loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120,
