@@ -132,11 +132,6 @@ void all_reduce_values(ProcessGroups& groups, c10d::Backend& group, at::Tensor& 
   wait(groups, start(groups, what, [&] { return group.allreduce(list, options); }), what);
 }
 
-void reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows, at::Tensor& mine,
-                    bool average, const std::string& what) {
-  start_reduce_scatter(groups, group, rows, mine, average, what)();
-}
-
 PendingCollective start_reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows,
                                        at::Tensor mine, bool average, const std::string& what) {
   TORCH_CHECK(rows.dim() == 2 && rows.size(0) == group.getSize() && mine.numel() == rows.size(1),

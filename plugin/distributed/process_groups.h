@@ -190,12 +190,10 @@ void all_reduce_everywhere(ProcessGroups& groups, const std::vector<at::Tensor>&
 void all_reduce_values(ProcessGroups& groups, c10d::Backend& group, at::Tensor& values, bool max,
                        const std::string& what);
 
-// Sums (or averages) across `group` the rows of `rows` ([group size, n], row
-// j for group rank j): `mine` ([n]) receives this rank's row of the sum.
-void reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows, at::Tensor& mine,
-                    bool average, const std::string& what);
-// reduce_scatter, started: `mine` holds the sum once the pending collective
-// is called (`rows` must not change meanwhile).
+// Starts summing (or averaging) across `group` the rows of `rows` ([group
+// size, n], row j for group rank j): `mine` ([n]) holds this rank's row of
+// the sum once the pending collective is called (`rows` must not change
+// meanwhile).
 PendingCollective start_reduce_scatter(ProcessGroups& groups, c10d::Backend& group, const at::Tensor& rows,
                                        at::Tensor mine, bool average, const std::string& what);
 

@@ -122,11 +122,6 @@ at::Tensor ShardLayout::piece_of(size_t i, const at::Tensor& t) const {
   return out;
 }
 
-void reduce_scatter_gradients(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& weights,
-                              bool average) {
-  start_reduce_scatter_gradients(groups, stage, weights, average)();
-}
-
 PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
                                                  const std::vector<at::Tensor>& weights, bool average) {
   std::vector<at::Tensor> trained;

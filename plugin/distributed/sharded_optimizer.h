@@ -5,7 +5,7 @@
 // Each of the stage's D replicas keeps the optimizer state of 1/D of every
 // weight: a weight of n elements is cut into D pieces of ceil(n / D) (the
 // last padded with zeros), and replica d updates piece d. A step then goes:
-//  1. reduce_scatter_gradients: the replicas' gradients are summed (or
+//  1. start_reduce_scatter_gradients: the replicas' gradients are summed (or
 //     averaged) by a reduce-scatter, so that each replica receives only its
 //     pieces of the reduced gradient; they are written into the weights'
 //     gradients, whose other elements are set to zero. What looks at the
@@ -50,15 +50,11 @@ struct ShardLayout {
   at::Tensor piece_of(size_t i, const at::Tensor& t) const;
 };
 
-// Sums (averages) the stage's gradients across its replicas with a
-// reduce-scatter: afterwards each weight's gradient holds this replica's
-// piece of the reduced gradient, zeros elsewhere. A weight without a
-// gradient contributes zeros. Collective over the replicas.
-// `stage` names the stage in errors.
-void reduce_scatter_gradients(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& weights,
-                              bool average);
-// reduce_scatter_gradients, started: the gradients are read now and written
-// when the pending collective is called.
+// Starts summing (averaging) the stage's gradients across its replicas with
+// a reduce-scatter, reading them now: once the pending collective is called,
+// each weight's gradient holds this replica's piece of the reduced gradient,
+// zeros elsewhere. A weight without a gradient contributes zeros. Collective
+// over the replicas; `stage` names the stage in errors.
 PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
                                                  const std::vector<at::Tensor>& weights, bool average);
 
@@ -71,7 +67,7 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,
                    std::shared_ptr<ProcessGroups> groups);
 
-  // The pieces' step from the gradients reduce_scatter_gradients left, then
+  // The pieces' step from the gradients start_reduce_scatter_gradients left, then
   // the weights all-gathered across the replicas. Collective.
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }

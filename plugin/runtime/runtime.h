@@ -55,8 +55,8 @@ class Runtime {
   // gradients across data-parallel replicas before an update: started where
   // the schedule's REDUCE_GRAD for the stage stands, so that it overlaps the
   // worker's remaining actions, or at the update where the schedule has none
-  // (and for a stage holding a tied parameter, whose gradient is the sum over
-  // its holders, made after the last action). The training
+  // (a stage holding a tied parameter, whose gradient is the sum over its
+  // holders made after the last action, must have none). The training
   // and running sections are PipelineOptions' (plugin/core/option_list.h); with a
   // loss scaler, the caller multiplies each micro-batch's loss by
   // loss_scaler()->scale().

@@ -105,15 +105,10 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
   const int k = action.stage;
   auto& reducing = ctx.stages[k].reducing;
   TORCH_INTERNAL_ASSERT(!reducing, "conveyor: a second ", action.str(), " in one step");
-  // Nothing to reduce: inference, a step that accumulates, no replicas, a
+  // Nothing to reduce: inference, a step that accumulates, no replicas, or a
   // caller's optimizer (the distributed pipeline reduces its gradients after
-  // the step), or a tied parameter's stage, whose reduction follows the sum.
+  // the step). A tied parameter's stage has no REDUCE_GRAD (StageRunner).
   if (!ctx.training() || !ctx.data.update || !replicas_ || !stages_[k]->optimizer()) return;
-  for (const TiedParameter& tie : ties_) {
-    for (const auto& holder : tie) {
-      if (holder.first == k) return;
-    }
-  }
   reducing = replicas_.start(k, stages_[k]->live());
 }
 
