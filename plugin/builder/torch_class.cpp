@@ -22,18 +22,13 @@
 // TorchScript reach Conveyor through that package (docs/guides/python.md, "Train an
 // nn.Module from Python"); this class stays for TorchScript code.
 //
-// last_step() returns what the last train_step did: {"loss", "grad_norm",
-// "loss_scale", "skipped_updates", "stepped"}; clip_grad_norm(max_norm,
-// norm_type) clips for a caller's own optimizer and returns the norm.
-//
-// train_step and forward take a tensor or a tuple of tensors (a model of
-// several inputs; targets likewise); forward returns a tensor, or a tuple
-// when the model returns several. The built-in losses read the first output
-// and target; a scripted loss module is called as loss(*outputs, *targets).
+// The class is conveyor::PipelineBinding (binding.h says what each method
+// does), the one the conveyor package's _C.Pipeline holds too. train_step
+// and forward take a tensor or a tuple of tensors (a model of several
+// inputs; targets likewise). The built-in losses read the first output and
+// target; a scripted loss module is called as loss(*outputs, *targets).
 
-#include "plugin/checkpoint/checkpoint.h"
-#include "plugin/checkpoint/model_state.h"
-#include "plugin/pipeline.h"
+#include "plugin/builder/binding.h"
 #include "plugin/builder/dict_options.h"
 
 #include <c10/util/Exception.h>
@@ -56,111 +51,48 @@ auto python_errors(Fn&& fn) -> decltype(fn()) {
   }
 }
 
-c10::Dict<std::string, at::Tensor> as_dict(const std::vector<std::pair<std::string, at::Tensor>>& named) {
-  c10::Dict<std::string, at::Tensor> out;
-  for (const auto& [name, t] : named) out.insert(name, t);
-  return out;
-}
-
-class PythonPipeline : public torch::CustomClassHolder {
- public:
-  PythonPipeline(const c10::IValue& model, const PythonOptions& options) {
-    python_errors([&] {
-      pipe_ = std::make_unique<Pipeline>(model_from_value(model), request_from_dict(options, ValueText::kOrText));
-    });
+// A method of the binding as TorchScript calls it, its errors as above.
+template <auto Method>
+struct Guarded;
+template <typename R, typename... A, R (PipelineBinding::*Method)(A...)>
+struct Guarded<Method> {
+  static R call(const c10::intrusive_ptr<PipelineBinding>& self, A... args) {
+    return python_errors([&]() -> R { return ((*self).*Method)(args...); });
   }
-
-  // One step: accumulates the batch's gradients into parameters()' .grad
-  // (zero them first, as with loss.backward()) and returns the loss.
-  double train_step(const c10::IValue& input, const c10::IValue& target) {
-    return python_errors(
-        [&] { return pipe_->train_step(as_tensors("input", input), as_tensors("target", target)).loss; });
+};
+template <typename R, typename... A, R (PipelineBinding::*Method)(A...) const>
+struct Guarded<Method> {
+  static R call(const c10::intrusive_ptr<PipelineBinding>& self, A... args) {
+    return python_errors([&]() -> R { return ((*self).*Method)(args...); });
   }
-
-  c10::Dict<std::string, double> last_step() const {
-    const StepResult& last = pipe_->last_step();
-    c10::Dict<std::string, double> out;
-    out.insert("loss", last.loss);
-    out.insert("grad_norm", last.grad_norm);
-    out.insert("loss_scale", last.loss_scale);
-    out.insert("skipped_updates", static_cast<double>(last.skipped_updates));
-    out.insert("stepped", last.stepped ? 1.0 : 0.0);
-    return out;
-  }
-
-  double clip_grad_norm(double max_norm, double norm_type) {
-    return python_errors([&] { return pipe_->clip_grad_norm(max_norm, norm_type); });
-  }
-
-  c10::IValue forward(const c10::IValue& input) {
-    return python_errors([&]() -> c10::IValue {
-      const Tensors out = pipe_->forward(as_tensors("input", input));
-      if (out.size() == 1) return out[0];
-      std::vector<c10::IValue> items(out.begin(), out.end());
-      return c10::ivalue::Tuple::create(std::move(items));
-    });
-  }
-
-  std::vector<at::Tensor> parameters() const { return pipe_->parameters(); }
-  c10::Dict<std::string, at::Tensor> named_parameters() const { return as_dict(pipe_->named_parameters()); }
-
-  // Detached views of the parameters and buffers, named as in the model.
-  c10::Dict<std::string, at::Tensor> state_dict() const {
-    return as_dict(pipe_->state_dict());
-  }
-
-  void load_state_dict(const c10::Dict<std::string, at::Tensor>& state) {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& entry : state) named.emplace_back(entry.key(), entry.value());
-    python_errors([&] { pipe_->load_state_dict(named); });
-  }
-
-  void train(bool on) { pipe_->train(on); }
-  int64_t num_stages() const { return pipe_->num_stages(); }
-  std::string schedule() const { return pipe_->schedule().str(); }
-  // The split, and with balance "time" the plan's predicted times and memory.
-  std::string plan() const { return pipe_->plan_text(); }
-  // What the fused_ops option swapped and left (swap_fused_ops' report).
-  std::string fused_ops_report() const { return pipe_->fused_ops_report(); }
-
-  // Weights, buffers, step and random generators; a torch.optim optimizer
-  // keeps its own state_dict().
-  void save_checkpoint(const std::string& path, int64_t step) const {
-    python_errors([&] { conveyor::save_checkpoint(path, *pipe_, TrainingState{step, {}}); });
-  }
-  int64_t load_checkpoint(const std::string& path) {
-    return python_errors([&] { return conveyor::load_checkpoint(path, *pipe_); });
-  }
-  // The plain state dict ({name: tensor}), which torch.load reads.
-  void save_model_state(const std::string& path) const {
-    python_errors([&] { conveyor::save_model_state(path, *pipe_); });
-  }
-
- private:
-  std::unique_ptr<Pipeline> pipe_;
 };
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(conveyor, m) {
-  m.class_<PythonPipeline>("Pipeline")
-      .def(torch::init<c10::IValue, PythonOptions>())
-      .def("train_step", &PythonPipeline::train_step)
-      .def("last_step", &PythonPipeline::last_step)
-      .def("clip_grad_norm", &PythonPipeline::clip_grad_norm)
-      .def("forward", &PythonPipeline::forward)
-      .def("parameters", &PythonPipeline::parameters)
-      .def("named_parameters", &PythonPipeline::named_parameters)
-      .def("state_dict", &PythonPipeline::state_dict)
-      .def("load_state_dict", &PythonPipeline::load_state_dict)
-      .def("train", &PythonPipeline::train)
-      .def("num_stages", &PythonPipeline::num_stages)
-      .def("schedule", &PythonPipeline::schedule)
-      .def("plan", &PythonPipeline::plan)
-      .def("fused_ops_report", &PythonPipeline::fused_ops_report)
-      .def("save_checkpoint", &PythonPipeline::save_checkpoint)
-      .def("save_model_state", &PythonPipeline::save_model_state)
-      .def("load_checkpoint", &PythonPipeline::load_checkpoint);
+  m.class_<PipelineBinding>("Pipeline")
+      .def(torch::init([](const c10::IValue& model, const PythonOptions& options) {
+        return python_errors([&] {
+          return c10::make_intrusive<PipelineBinding>(
+              std::make_unique<Pipeline>(model_from_value(model), request_from_dict(options, ValueText::kOrText)));
+        });
+      }))
+      .def("train_step", &Guarded<&PipelineBinding::train_step>::call)
+      .def("last_step", &Guarded<&PipelineBinding::last_step>::call)
+      .def("clip_grad_norm", &Guarded<&PipelineBinding::clip_grad_norm>::call)
+      .def("forward", &Guarded<&PipelineBinding::forward>::call)
+      .def("parameters", &Guarded<&PipelineBinding::parameters>::call)
+      .def("named_parameters", &Guarded<&PipelineBinding::named_parameters>::call)
+      .def("state_dict", &Guarded<&PipelineBinding::state_dict>::call)
+      .def("load_state_dict", &Guarded<&PipelineBinding::load_state_dict>::call)
+      .def("train", &Guarded<&PipelineBinding::train>::call)
+      .def("num_stages", &Guarded<&PipelineBinding::num_stages>::call)
+      .def("schedule", &Guarded<&PipelineBinding::schedule>::call)
+      .def("plan", &Guarded<&PipelineBinding::plan>::call)
+      .def("fused_ops_report", &Guarded<&PipelineBinding::fused_ops_report>::call)
+      .def("save_checkpoint", &Guarded<&PipelineBinding::save_checkpoint>::call)
+      .def("save_model_state", &Guarded<&PipelineBinding::save_model_state>::call)
+      .def("load_checkpoint", &Guarded<&PipelineBinding::load_checkpoint>::call);
 }
 
 }  // namespace conveyor

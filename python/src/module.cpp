@@ -1,18 +1,18 @@
 // conveyor._C: the extension module behind the `conveyor` Python package
-// (python/conveyor/). It wraps conveyor::Pipeline (plugin/pipeline.h)
-// and adds what only Python has: a loss function and a learning-rate schedule
+// (python/conveyor/). Its Pipeline holds the one binding of
+// conveyor::Pipeline (plugin/builder/binding.h, which TorchScript holds as
+// torch.classes.conveyor.Pipeline) and adds what only Python has: a loss function and a learning-rate schedule
 // that are Python callables, called on the pipeline's threads with the GIL
 // taken for the call alone (train_step and forward release it while the
 // stages run), and errors raised as the Python exceptions they are.
 
-#include "plugin/checkpoint/checkpoint.h"
-#include "plugin/checkpoint/model_state.h"
 #include "plugin/core/errors.h"
 #ifdef CONVEYOR_WITH_EXPORT
 #include "plugin/export/exported.h"
 #endif
 #include "plugin/distributed/distributed_runner.h"
 #include "plugin/pipeline.h"
+#include "plugin/builder/binding.h"
 #include "plugin/builder/dict_options.h"
 #include "plugin/builder/front_end.h"
 #include "plugin/builder/option_table.h"
@@ -142,14 +142,16 @@ class PyPipeline {
     }
     // Building may run the model (balance "time" profiles it), and autograd
     // and the Python callbacks need the GIL free.
-    released([&] { pipe_ = std::make_unique<Pipeline>(built_from, std::move(request)); });
-    if (pipe_->prediction()) prediction_ = std::make_shared<const Prediction>(*pipe_->prediction());
+    released([&] {
+      binding_ = c10::make_intrusive<PipelineBinding>(std::make_unique<Pipeline>(built_from, std::move(request)));
+    });
+    if (built().prediction()) prediction_ = std::make_shared<const Prediction>(*built().prediction());
   }
 
   StepReport train_step(const py::object& input, const py::object& target) {
     const Tensors inputs = tensors_from("input", input), targets = tensors_from("target", target);
     StepReport report;
-    static_cast<StepResult&>(report) = released([&] { return pipe_->train_step(inputs, targets); });
+    static_cast<StepResult&>(report) = released([&] { return built().train_step(inputs, targets); });
     report.prediction = prediction_;
     return report;
   }
@@ -158,10 +160,11 @@ class PyPipeline {
 
   py::object forward(const py::object& input) {
     const Tensors inputs = tensors_from("input", input);
-    return python_tensors(released([&] { return pipe_->forward(inputs); }));
+    return python_tensors(released([&] { return built().forward(inputs); }));
   }
 
-  Pipeline& built() { return *pipe_; }
+  PipelineBinding& binding() { return *binding_; }
+  Pipeline& built() { return binding_->built(); }
 
  private:
   // Runs `fn` without the GIL; a Python callback's exception is raised as itself.
@@ -196,7 +199,7 @@ class PyPipeline {
   }
 
   std::shared_ptr<RaisedInStep> raised_;
-  std::unique_ptr<Pipeline> pipe_;
+  c10::intrusive_ptr<PipelineBinding> binding_;
   std::shared_ptr<const Prediction> prediction_;
 };
 
@@ -323,7 +326,7 @@ PYBIND11_MODULE(_C, m) {
       .def("clip_grad_norm",
            [](PyPipeline& p, double max_norm, double norm_type) {
              py::gil_scoped_release nogil;
-             return p.built().clip_grad_norm(max_norm, norm_type);
+             return p.binding().clip_grad_norm(max_norm, norm_type);
            })
       .def("placement",
            [](PyPipeline& p) -> py::tuple {  // (worker, replicas, replica)
@@ -337,7 +340,7 @@ PYBIND11_MODULE(_C, m) {
              DistributedRunner* d = p.built().distributed();
              return d ? d->shared_memory_links() : 0;
            })
-      .def("parameters", [](PyPipeline& p) { return p.built().parameters(); })
+      .def("parameters", [](PyPipeline& p) { return p.binding().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.built().named_parameters(); })
       .def("named_buffers", [](PyPipeline& p) { return p.built().named_buffers(); })
       .def("state_dict", [](PyPipeline& p) { return p.built().state_dict(); })
@@ -346,22 +349,20 @@ PYBIND11_MODULE(_C, m) {
              const auto keys = p.built().load_state_dict(state, strict);
              return py::make_tuple(keys.missing, keys.unexpected);
            })
-      .def("train", [](PyPipeline& p, bool on) { p.built().train(on); })
-      .def("num_stages", [](PyPipeline& p) { return p.built().num_stages(); })
+      .def("train", [](PyPipeline& p, bool on) { p.binding().train(on); })
+      .def("num_stages", [](PyPipeline& p) { return p.binding().num_stages(); })
       .def("num_workers", [](PyPipeline& p) { return p.built().num_workers(); })
-      .def("schedule", [](PyPipeline& p) { return p.built().schedule().str(); })
-      .def("plan", [](PyPipeline& p) { return p.built().plan_text(); })
+      .def("schedule", [](PyPipeline& p) { return p.binding().schedule(); })
+      .def("plan", [](PyPipeline& p) { return p.binding().plan(); })
       .def("prediction",
            [](PyPipeline& p) -> py::object {
              return p.prediction() ? py::object(prediction_dict(*p.prediction())) : py::none();
            })
-      .def("fused_ops_report", [](PyPipeline& p) { return p.built().fused_ops_report(); })
+      .def("fused_ops_report", [](PyPipeline& p) { return p.binding().fused_ops_report(); })
       .def("completed_steps", [](PyPipeline& p) { return p.built().completed_steps(); })
       .def("save_checkpoint",
-           [](PyPipeline& p, const std::string& path, int64_t step) {
-             save_checkpoint(path, p.built(), TrainingState{step, {}});
-           })
+           [](PyPipeline& p, const std::string& path, int64_t step) { p.binding().save_checkpoint(path, step); })
       .def("load_checkpoint",
-           [](PyPipeline& p, const std::string& path) { return load_checkpoint(path, p.built()); })
-      .def("save_model_state", [](PyPipeline& p, const std::string& path) { save_model_state(path, p.built()); });
+           [](PyPipeline& p, const std::string& path) { return p.binding().load_checkpoint(path); })
+      .def("save_model_state", [](PyPipeline& p, const std::string& path) { p.binding().save_model_state(path); });
 }
