@@ -60,7 +60,8 @@ class Pipeline {
   // process runs its worker's stages of replica groups->replica(); every
   // process passes the same model and options.
   explicit Pipeline(const Model& model, PipelineOptions options = {}, std::shared_ptr<ProcessGroups> groups = nullptr);
-  // With a loss, a sample to profile or a batch size besides the options.
+  // With a loss, a sample to profile or a batch size besides the options:
+  // Pipeline(model, {.options = ..., .loss = ...}).
   Pipeline(const Model& model, BuildRequest request);
   // Builds a request checked before.
   Pipeline(const Model& model, CheckedRequest request);
@@ -160,6 +161,9 @@ class Pipeline {
   const DistributedRunner* distributed() const { return distributed_.get(); }
 
  private:
+  // `request` checked for its groups' processes (none: one process) and `model`'s kind.
+  static CheckedRequest check(BuildRequest request, const Model& model);
+
   PipelineOptions options_;
   std::string fused_ops_report_ = "fused_ops is off\n";
   // state_dict() with the later stages' copies of tied weights too.

@@ -1,6 +1,7 @@
 // Bad input gets a clear error naming its cause, and the pipeline survives it:
 // no crash, no hang, and the next good step is exact.
 #include "error_of.h"
+#include "plugin/pipeline.h"
 #include "plugin/transport/mailbox.h"
 #include "test_models.h"
 
@@ -42,35 +43,36 @@ TORCH_MODULE(Stall);
 
 TEST(BadInput, ConfigurationErrorsAreClear) {
   const auto mlp = testing::make_mlp();
-  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(9)); }),
+  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(9)); }),
               HasSubstr("9 stages asked for a model of only 7 layers"));
-  EXPECT_THAT(error_of([&] { StageRunner(torch::nn::Sequential(), PipelineOptions()); }), HasSubstr("the model is empty"));
+  EXPECT_THAT(error_of([&] { Pipeline(torch::nn::Sequential(), PipelineOptions()); }),
+              HasSubstr("the model is empty"));
   EXPECT_THAT(error_of([&] {
-                StageRunner(mlp, PipelineOptions().boundaries({5, 3}));
+                Pipeline(mlp, PipelineOptions().boundaries({5, 3}));
               }),
               HasSubstr("strictly increasing, but boundary 1 (3) follows 5"));
   EXPECT_THAT(error_of([&] {
-                StageRunner(mlp, PipelineOptions().boundaries({2, 9}));
+                Pipeline(mlp, PipelineOptions().boundaries({2, 9}));
               }),
               HasSubstr("boundary 1 is 9, out of range"));
   EXPECT_THAT(error_of([&] {
-                StageRunner(mlp, PipelineOptions().workers(2).devices({"cpu", "gpu:1"}));
+                Pipeline(mlp, PipelineOptions().workers(2).devices({"cpu", "gpu:1"}));
               }),
               HasSubstr("unknown device 'gpu:1' for worker 1"));
-  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).schedule("zigzag")); }),
+  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).schedule("zigzag")); }),
               HasSubstr("unknown schedule 'zigzag' (known: sequential, gpipe, 1f1b, eager-1f1b, interleaved, zb-h1, "
                         "zb-interleaved, zb-v, v-half, v-min, dualpipev, pipedream, ddg, fr)"));
-  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).microbatches(0)); }),
+  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(0)); }),
               HasSubstr("microbatches must be at least 1, got 0"));
-  EXPECT_THAT(error_of([&] { StageRunner(mlp, PipelineOptions().workers(2).microbatches(2).channel_capacity(0)); }),
+  EXPECT_THAT(error_of([&] { Pipeline(mlp, PipelineOptions().workers(2).microbatches(2).channel_capacity(0)); }),
               HasSubstr("deadlocks under blocking transfers with channel capacity 0"));
   EXPECT_THAT(error_of([&] {
-                StageRunner(mlp,
+                Pipeline(mlp,
                          PipelineOptions().workers(3).microbatches(2).schedule_text(schedules::make_gpipe(2, 2).str()));
               }),
               HasSubstr("the schedule is for 2 workers and 2 micro-batches, the pipeline has 3 workers and 2"));
   EXPECT_THAT(
-      error_of([&] { StageRunner(mlp, PipelineOptions().workers(1).microbatches(2).schedule_text("0F0 0B0 0F1\n")); }),
+      error_of([&] { Pipeline(mlp, PipelineOptions().workers(1).microbatches(2).schedule_text("0F0 0B0 0F1\n")); }),
       HasSubstr("never runs the backward of micro-batch 1 (no action 0B1)"));
 }
 

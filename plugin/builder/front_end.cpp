@@ -1,6 +1,7 @@
 #include "plugin/builder/front_end.h"
 
 #include "ops/swap.h"
+#include "plugin/builder/plan.h"
 #include "plugin/core/errors.h"
 #include "plugin/model/model_names.h"
 #include "plugin/planner/partition.h"
@@ -19,10 +20,10 @@ namespace conveyor {
 
 namespace {
 
-// Sets the boundaries that `split_points` make (see check_split_point_count).
+// Sets the boundaries that `split_points` make (their count checked by
+// check_request's check_split_point_count).
 void apply_split_points(PipelineOptions& options, const std::vector<std::string>& split_points,
                         std::vector<int64_t> boundaries) {
-  check_split_point_count(options, split_points);
   if (!split_points.empty()) options.boundaries(std::move(boundaries));
 }
 
@@ -93,7 +94,15 @@ std::string layer_parameter_name(const torch::nn::Sequential& layers, const std:
                               "the model's forward uses");
 }
 
+std::optional<ModelKind> model_kind(const Model& model) {
+  if (std::holds_alternative<std::string>(model)) return std::nullopt;
+  return std::holds_alternative<torch::nn::Sequential>(model)  ? ModelKind::layers
+         : std::holds_alternative<torch::jit::Module>(model) ? ModelKind::script
+                                                             : ModelKind::exported;
+}
+
 void check_model_kind(ModelKind kind, const PipelineOptions& options) {
+  count_request(RequestStage::kKindCheck);
   const char* model = kind == ModelKind::layers ? "torch::nn layers" : "a torch.export program";
   check_argument(kind != ModelKind::exported || !options.fused_ops(), "conveyor: fused_ops swaps TorchScript ",
                  "submodules and torch::nn layers; a torch.export program runs the operators it was exported with ",
@@ -102,12 +111,11 @@ void check_model_kind(ModelKind kind, const PipelineOptions& options) {
                  "executor optimize the stages; the model is ", model);
 }
 
-ModelLayers model_layers(const Model& model, PipelineOptions& options) {
-  if (const auto* path = std::get_if<std::string>(&model)) return model_layers(load_model(*path), options);
-  check_model_kind(std::holds_alternative<torch::nn::Sequential>(model)  ? ModelKind::layers
-                   : std::holds_alternative<torch::jit::Module>(model) ? ModelKind::script
-                                                                       : ModelKind::exported,
-                   options);
+ModelLayers model_layers(const Model& model, PipelineOptions& options, std::optional<ModelKind> checked_kind) {
+  if (const auto* path = std::get_if<std::string>(&model)) {
+    return model_layers(load_model(*path), options, checked_kind);
+  }
+  if (const auto kind = model_kind(model); kind != checked_kind) check_model_kind(*kind, options);
   const std::vector<std::string> split_points = options.split_points();  // a copy: options' boundaries change
   ModelLayers out;
   if (const auto* given = std::get_if<torch::nn::Sequential>(&model)) {

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -50,26 +51,33 @@ struct ModelLayers {
 // That the options agree with the number of `split_points`: workers 0 or
 // one per segment (of chunks_per_worker stages), no boundaries of their own.
 // (Whether each names a part of the model, the front end checks.) Throws
-// std::invalid_argument saying how they differ.
+// std::invalid_argument saying how they differ. check_request runs it.
 void check_split_point_count(const PipelineOptions& options, const std::vector<std::string>& split_points);
 
 // A model's kind, as far as the options care.
 enum class ModelKind { layers, script, exported };
 
+// `model`'s kind; none for a path, whose kind is known once it is read.
+std::optional<ModelKind> model_kind(const Model& model);
+
 // That `options` ask of a `kind` model only what it can do: fused_ops swaps
 // TorchScript submodules and torch::nn layers, not a torch.export program's
 // operators; optimize is the TorchScript executor's. The one statement of
-// that rule: the conveyor package asks it of the front end it chose before
-// exporting. Throws std::invalid_argument naming the option.
+// that rule, run once a pipeline: by check_request where the model's kind is
+// known (the conveyor package's front end chose it before exporting), else
+// by model_layers once the file is read. Throws std::invalid_argument naming
+// the option.
 void check_model_kind(ModelKind kind, const PipelineOptions& options);
 
 // The model as layers (see above); sets `options`' boundaries from
-// options.split_points() and renames their tied_parameters. Throws
+// options.split_points() and renames their tied_parameters. `options` have
+// passed check_request for a model of `checked_kind`; a model of another
+// kind (a path's, read here) has its kind checked. Throws
 // std::invalid_argument naming what stands in the way: a path that holds no
-// model this build reads, a split point the model lacks, workers that do not
-// match the split points, fused_ops or optimize for a model that is not
-// TorchScript, the front end's own errors.
-ModelLayers model_layers(const Model& model, PipelineOptions& options);
+// model this build reads, a split point the model lacks, fused_ops or
+// optimize for a file's model that is not TorchScript, the front end's own
+// errors.
+ModelLayers model_layers(const Model& model, PipelineOptions& options, std::optional<ModelKind> checked_kind);
 
 // {1, 2, ..., n}: each of a front end's n + 1 segments one stage.
 std::vector<int64_t> split_point_boundaries(const std::vector<std::string>& split_points);

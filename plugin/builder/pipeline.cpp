@@ -18,22 +18,18 @@
 
 namespace conveyor {
 
-namespace {
-
-// `request` checked for its own groups' processes (none: one process).
-CheckedRequest checked(BuildRequest request) {
+CheckedRequest Pipeline::check(BuildRequest request, const Model& model) {
   const int processes = request.groups ? request.groups->layout().workers : 0;
-  return CheckedRequest(std::move(request), processes);
+  return CheckedRequest(std::move(request), processes, model_kind(model));
 }
-
-}  // namespace
 
 Pipeline::Pipeline(const Model& model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups)
     : Pipeline(model, BuildRequest{.options = std::move(options), .groups = std::move(groups)}) {}
 
-Pipeline::Pipeline(const Model& model, BuildRequest request) : Pipeline(model, checked(std::move(request))) {}
+Pipeline::Pipeline(const Model& model, BuildRequest request) : Pipeline(model, check(std::move(request), model)) {}
 
 Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
+  const std::optional<ModelKind> checked_kind = checked.kind_;
   BuildRequest request = std::move(checked.request_);
   const bool across_processes = request.groups != nullptr;
   loss_ = std::move(request.loss);
@@ -43,7 +39,7 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
   const PipelineOptions given = options;
   const bool given_cut = !options.split_points().empty() || !options.boundaries().empty();
   // 1. The model as layers.
-  ModelLayers layers = model_layers(model, options);
+  ModelLayers layers = model_layers(model, options, checked_kind);
   fused_ops_report_ = layers.fused_ops_report;
   aliases_ = std::move(layers.aliases);
   transient_buffers_ = std::move(layers.transient_buffers);

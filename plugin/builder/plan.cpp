@@ -24,13 +24,14 @@ int64_t batch_size(const SampleBatch& sample, const PipelineOptions& options) {
 }
 
 namespace {
-std::atomic<int64_t> request_counters[3];  // by RequestStage
+std::atomic<int64_t> request_counters[4];  // by RequestStage
 }  // namespace
 
 void count_request(RequestStage stage) { request_counters[static_cast<int>(stage)]++; }
 
 RequestCounts request_counts() {
-  return {request_counters[0].load(), request_counters[1].load(), request_counters[2].load()};
+  return {request_counters[0].load(), request_counters[1].load(), request_counters[2].load(),
+          request_counters[3].load()};
 }
 
 void check_plan_mode(const PipelineOptions& options, const PlanInputs& inputs) {

@@ -44,13 +44,14 @@ struct PlanInputs {
 };
 
 // How often requests were parsed (request_from_dict), checked
-// (check_request) and their plans checked (check_plan_mode) in this process: a
-// pipeline's construction does each once.
+// (check_request), their plans checked (check_plan_mode) and their options
+// checked against the model's kind (check_model_kind) in this process: a
+// pipeline's construction and build do each once.
 struct RequestCounts {
-  int64_t parses = 0, checks = 0, plan_checks = 0;
+  int64_t parses = 0, checks = 0, plan_checks = 0, kind_checks = 0;
 };
 RequestCounts request_counts();
-enum class RequestStage { kParse, kCheck, kPlanCheck };
+enum class RequestStage { kParse, kCheck, kPlanCheck, kKindCheck };
 void count_request(RequestStage stage);
 
 // What a plan mode needs, checked before the model is read: plan "auto" and

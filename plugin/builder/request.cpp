@@ -29,7 +29,7 @@ void check_distributed_rows(const PipelineOptions& options) {
 
 }  // namespace
 
-void check_request(const BuildRequest& request, int processes) {
+void check_request(const BuildRequest& request, int processes, std::optional<ModelKind> kind) {
   count_request(RequestStage::kCheck);
   const bool across_processes = processes > 0;
   PipelineOptions options = request.options;
@@ -39,15 +39,16 @@ void check_request(const BuildRequest& request, int processes) {
   if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
   if (!across_processes) check_distributed_rows(options);
   check_split_point_count(options, options.split_points());
+  if (kind) check_model_kind(*kind, options);
   check_plan_mode(options, {.sample = request.sample ? &*request.sample : nullptr,
                             .loss = request.loss,
                             .batch_size = request.batch_size,
                             .across_processes = across_processes});
 }
 
-CheckedRequest::CheckedRequest(BuildRequest request, int processes)
-    : request_(std::move(request)), processes_(processes) {
-  check_request(request_, processes_);
+CheckedRequest::CheckedRequest(BuildRequest request, int processes, std::optional<ModelKind> kind)
+    : request_(std::move(request)), processes_(processes), kind_(kind) {
+  check_request(request_, processes_, kind_);
 }
 
 void CheckedRequest::attach_loss(TensorsLossFn loss) {

@@ -3,6 +3,7 @@
 // model, and its checks: a BuildRequest, checked once (check_request) into a
 // CheckedRequest, which the build takes without checking again.
 
+#include "plugin/builder/front_end.h"
 #include "plugin/builder/plan.h"
 #include "plugin/core/options.h"
 #include "plugin/core/types.h"
@@ -32,13 +33,16 @@ struct BuildRequest {
   int64_t batch_size = 0;
 };
 
-// The checks of a request that need no model: each option's bounds, a
-// known schedule, the pipeline's optimizer given whole, what the plan mode
-// needs (check_plan_mode), workers that fit the split points, and the
-// options across processes only with processes.
+// Every check of a request that needs no more of the model than its kind:
+// each option's bounds, a known schedule, the pipeline's optimizer given
+// whole, what the plan mode needs (check_plan_mode), workers that fit the
+// split points, the options across processes only with processes, and,
+// where `kind` is known, what a model of that kind can take
+// (check_model_kind). The build checks none of these again.
 // `processes`: the pipeline's processes (its group's size), 0 in one
-// process. Throws std::invalid_argument naming the option.
-void check_request(const BuildRequest& request, int processes);
+// process. `kind`: the model's (none for a file, which the build reads and
+// checks then). Throws std::invalid_argument naming the option.
+void check_request(const BuildRequest& request, int processes, std::optional<ModelKind> kind);
 
 // A request that has passed check_request for `processes` processes, which
 // Pipeline builds without checking again. The conveyor package checks
@@ -46,10 +50,13 @@ void check_request(const BuildRequest& request, int processes);
 // step's inputs), attaching then what was only promised when checked.
 class CheckedRequest {
  public:
-  // Checks the request; throws std::invalid_argument naming the option.
-  CheckedRequest(BuildRequest request, int processes);
+  // Checks the request for a model of `kind` (none: a file's, not read
+  // yet); throws std::invalid_argument naming the option.
+  CheckedRequest(BuildRequest request, int processes, std::optional<ModelKind> kind);
   const BuildRequest& request() const { return request_; }
   int processes() const { return processes_; }
+  // The model kind the options were checked for (none: not checked).
+  std::optional<ModelKind> model_kind() const { return kind_; }
   // The loss itself, where the check knew only that there is one.
   void attach_loss(TensorsLossFn loss);
   void attach_lr_schedule(LearningRateSchedule schedule);
@@ -60,6 +67,7 @@ class CheckedRequest {
   friend class Pipeline;
   BuildRequest request_;
   int processes_ = 0;
+  std::optional<ModelKind> kind_;
 };
 
 }  // namespace conveyor

@@ -95,10 +95,17 @@ void check_bound(const OptionSpec& spec, const T& value) {
   }
 
 // Every option of `options` (a struct with for_each_option) within its row's
-// bound, or std::invalid_argument naming the first that is not.
+// bound, those of a section it holds (an optional LossScaling) included, or
+// std::invalid_argument naming the first that is not.
 template <typename Options>
 void check_bounds(const Options& options) {
-  for_each_option(options, [](const OptionSpec& spec, const auto& value) { check_bound(spec, value); });
+  for_each_option(options, [](const OptionSpec& spec, const auto& value) {
+    if constexpr (requires { for_each_option(*value, [](const OptionSpec&, const auto&) {}); }) {
+      if (value) check_bounds(*value);
+    } else {
+      check_bound(spec, value);
+    }
+  });
 }
 
 }  // namespace conveyor

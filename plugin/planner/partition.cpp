@@ -118,7 +118,6 @@ schedules::Schedule parse_text(const PipelineOptions& options) {
 }
 
 Shape resolve_shape(const PipelineOptions& options) {
-  check_bounds(options);
   const int b = static_cast<int>(options.boundaries().size());
   if (!options.schedule_text().empty()) {
     // The text says how many stages there are and which worker runs each.
@@ -211,7 +210,6 @@ int channel_capacity_for(const PipelineOptions& options) {
 }
 
 schedules::Schedule build_schedule(const PipelineOptions& options, int num_stages) {
-  check_bounds(options);
   schedules::Schedule schedule;
   if (options.schedule_text().empty()) {
     const int v = chunks_per_worker(options);

@@ -7,7 +7,6 @@
 namespace conveyor {
 
 LossScaler::LossScaler(LossScaling config) : config_(config) {
-  check_bounds(config_);  // the rows' bounds (plugin/core/option_list.h)
   state_.scale = static_cast<float>(config_.init_scale());
 }
 

@@ -13,6 +13,7 @@ namespace conveyor {
 
 class LossScaler {
  public:
+  // `config` within its rows' bounds (check_request checks them).
   explicit LossScaler(LossScaling config);
 
   double scale() const { return state_.scale; }

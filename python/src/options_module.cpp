@@ -41,12 +41,9 @@ void define_options(py::module_& m) {
                        "conveyor: no model kind '", model_kind, "'");
         BuildRequest request = request_of(options);
         if (has_loss) request.loss = [](const Tensors&, const Tensors&) { return at::Tensor(); };  // attached later
-        CheckedRequest checked(std::move(request), processes);
-        if (!model_kind.empty()) {
-          check_model_kind(model_kind == "export" ? ModelKind::exported : ModelKind::script,
-                           checked.request().options);
-        }
-        return checked;
+        std::optional<ModelKind> kind;
+        if (!model_kind.empty()) kind = model_kind == "export" ? ModelKind::exported : ModelKind::script;
+        return CheckedRequest(std::move(request), processes, kind);
       },
       py::arg("options"), py::arg("has_loss"), py::arg("processes"), py::arg("model_kind"),
       "Parses and checks the options once: refuses (TypeError, ValueError naming it) an option a pipeline "
@@ -58,7 +55,7 @@ void define_options(py::module_& m) {
       [] {
         const RequestCounts c = request_counts();
         return py::dict(py::arg("parses") = c.parses, py::arg("checks") = c.checks,
-                        py::arg("plan_checks") = c.plan_checks);
+                        py::arg("plan_checks") = c.plan_checks, py::arg("kind_checks") = c.kind_checks);
       },
       "How often this process parsed and checked a pipeline's options (each once a construction).");
   m.def(

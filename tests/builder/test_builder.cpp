@@ -121,18 +121,24 @@ TEST(Builder, WhatARequestGivesTwiceOrNotAtAllIsRefused) {
 TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
   const auto since = [](const RequestCounts& before) {
     const RequestCounts now = request_counts();
-    return std::vector<int64_t>{now.checks - before.checks, now.plan_checks - before.plan_checks};
+    return std::vector<int64_t>{now.checks - before.checks, now.plan_checks - before.plan_checks,
+                                now.kind_checks - before.kind_checks};
   };
   const BuildRequest request{.options = PipelineOptions().microbatches(2), .loss = testing::mse_of_first};
   RequestCounts before = request_counts();
   Pipeline(testing::make_mlp(), request);
-  EXPECT_EQ(since(before), (std::vector<int64_t>{1, 1})) << "the request, and its plan within";
-  CheckedRequest checked(request, 0);
+  EXPECT_EQ(since(before), (std::vector<int64_t>{1, 1, 1})) << "the request, its plan and the model's kind";
+  CheckedRequest checked(request, 0, ModelKind::layers);
   before = request_counts();
   Pipeline(testing::make_mlp(), checked);
-  EXPECT_EQ(since(before), (std::vector<int64_t>{0, 0})) << "checked before: not again";
+  EXPECT_EQ(since(before), (std::vector<int64_t>{0, 0, 0})) << "checked before: not again";
+  // Checked for a file's model, whose kind is known once it is read: the build checks the kind, once.
+  CheckedRequest for_a_file(request, 0, std::nullopt);
+  before = request_counts();
+  Pipeline(testing::make_mlp(), for_a_file);
+  EXPECT_EQ(since(before), (std::vector<int64_t>{0, 0, 1}));
   // What the check promised holds: a loss where it saw one, the processes it was checked for.
-  CheckedRequest without_loss(BuildRequest{}, 0);
+  CheckedRequest without_loss(BuildRequest{}, 0, ModelKind::layers);
   EXPECT_THAT(testing::invalid_argument_of([&] { without_loss.attach_loss(testing::mse_of_first); }),
               HasSubstr("the request was checked without a loss"));
 }

@@ -4,6 +4,7 @@
 // cannot work. Clipping: test_clipping.cpp; autocast: test_autocast.cpp.
 #include "error_of.h"
 #include "plugin/checkpoint/checkpoint.h"
+#include "plugin/pipeline.h"
 #include "reference_trainer.h"
 #include "runtime/training_models.h"
 #include "temp_dir.h"
@@ -221,7 +222,8 @@ TEST(Accumulation, NStepsEqualOneStepOnTheConcatenatedBatch) {
 // Options that cannot work.
 
 TEST(TrainingOptionErrors, EachNamesTheOptionAndWhy) {
-  const auto build = [](PipelineOptions options) { StageRunner(testing::make_mlp(), options.workers(2)); };
+  // Through the class a user builds: the rows' bounds are checked there, once.
+  const auto build = [](PipelineOptions options) { Pipeline(testing::make_mlp(), options.workers(2)); };
   EXPECT_THAT(error_of([&] { build(PipelineOptions().autocast(at::kDouble)); }),
               HasSubstr("Double is not a mixed-precision dtype"));
   EXPECT_THAT(error_of([&] { build(PipelineOptions().optimizer(sgd(0.1)).clip_grad_norm(-1)); }),

@@ -112,7 +112,8 @@ def test_the_options_are_parsed_and_checked_once_a_construction():
                                  front_end=front_end)
         pipe.train_step(torch.randn(4, 4, dtype=torch.double), torch.randn(4, 3, dtype=torch.double))
         after = conveyor._C.request_counts()
-        assert {k: after[k] - before[k] for k in after} == {"parses": 1, "checks": 1, "plan_checks": 1}, front_end
+        assert {k: after[k] - before[k] for k in after} == {"parses": 1, "checks": 1, "plan_checks": 1,
+                                                            "kind_checks": 1}, front_end
 
 
 def test_a_tied_weight_is_one_parameter_by_its_first_name_and_every_state_dict_key():
