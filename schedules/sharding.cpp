@@ -10,25 +10,17 @@
 namespace conveyor::schedules {
 
 const char* shard_level_name(ShardLevel level) {
-  switch (level) {
-    case ShardLevel::kNone:
-      return "none";
-    case ShardLevel::kOptimizer:
-      return "optimizer";
-    case ShardLevel::kGradients:
-      return "gradients";
-    case ShardLevel::kParameters:
-      return "parameters";
-  }
-  return "unknown";
+  const auto names = value_names(level);
+  const auto i = static_cast<size_t>(level);
+  return i < names.size() ? names[i] : "unknown";
 }
 
 ShardLevel shard_level_named(const std::string& name) {
   std::string known;
-  for (const ShardLevel level : {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
-                                 ShardLevel::kParameters}) {
-    if (name == shard_level_name(level)) return level;
-    known += std::string(known.empty() ? "" : ", ") + "'" + shard_level_name(level) + "'";
+  const auto names = value_names(ShardLevel{});
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (name == names[i]) return static_cast<ShardLevel>(i);
+    known += std::string(known.empty() ? "" : ", ") + "'" + names[i] + "'";
   }
   throw std::invalid_argument("unknown sharding level '" + name + "' (known: " + known + ")");
 }

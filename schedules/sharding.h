@@ -22,6 +22,7 @@
 
 #include "schedules/schedule.h"
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,12 @@ enum class ShardLevel {
   kParameters,  // and the parameters (ZeRO-3): gathered for use, freed after
 };
 
-const char* shard_level_name(ShardLevel level);  // "none", "optimizer", "gradients", "parameters"
+// The levels by name, in the enumerators' order (as the option shard and
+// Python spell them).
+constexpr std::array<const char*, 4> value_names(ShardLevel) {
+  return {"none", "optimizer", "gradients", "parameters"};
+}
+const char* shard_level_name(ShardLevel level);
 // The level of that name; throws std::invalid_argument naming the four.
 ShardLevel shard_level_named(const std::string& name);
 

@@ -108,7 +108,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   conveyor::Pipeline pipe(make_model(a),
                           options.scale_learning_rate(a.scale_lr)
                               .local_rank(env.local_rank)
-                              .shard_optimizer_state(a.shard_optimizer)
+                              .shard(a.shard_optimizer ? conveyor::ShardLevel::kOptimizer : conveyor::ShardLevel::kNone)
                               .shared_memory(a.shared_memory),
                           groups);
   conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank, env.world_size);

@@ -47,7 +47,7 @@ std::function<void()> stage_optimizer_restorer(const checkpoint_values::Dict& sa
   ShardedState* sharded = stage.sharded;
   if (!sharded || sharded->replicas() != replicas || sharded->replica() != replica) {
     const std::string here = sharded ? c10::str("is replica ", sharded->replica(), " of ", sharded->replicas())
-                                     : std::string("does not split it (the option shard_optimizer_state)");
+                                     : std::string("does not split it (the option shard)");
     throw std::invalid_argument(c10::str(what, "holds replica ", replica, "'s part of stage ", k,
                                          "'s optimizer state, split across ", replicas,
                                          " replicas, but this process ", here,

@@ -14,6 +14,7 @@
 
 #include "plugin/core/option_rows.h"
 #include "plugin/core/types.h"
+#include "schedules/sharding.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -44,6 +45,9 @@ enum class Balance { kUniform, kParameters, kTime };
 enum class LossReduction { kMean, kSum };
 // What a learning-rate schedule's update count counts.
 enum class UpdateUnit { kBatch, kMicrobatch };
+// What a stage's replicas shard (the option shard), as the schedule library
+// names the levels.
+using ShardLevel = schedules::ShardLevel;
 
 // Each enumeration's values by name, in the enumerators' order: how Python and
 // the documentation spell them.
@@ -272,10 +276,11 @@ constexpr std::array<const char*, 3> value_names(PlanMode) { return {"given", "a
   X(distributed, int, local_rank, 0, at_least(0),                                                                  \
     "This process's index on its machine (torchrun's LOCAL_RANK, which Python reads): a device \"cuda\" becomes "  \
     "cuda:<local_rank>, so each process drives its own GPU.")                                                      \
-  X(distributed, bool, shard_optimizer_state, false, kAny,                                                         \
-    "With replicas and the pipeline's own optimizer (synchronous schedules), each replica of a stage keeps the "   \
-    "optimizer state of 1/D of its weights (ZeRO stage 1): gradients are reduce-scattered, each replica updates "  \
-    "its part, the weights are all-gathered; the same weights as without.")                                       \
+  X(distributed, ShardLevel, shard, ShardLevel::kNone, kAny,                                                       \
+    "What each stage's D replicas shard. \"optimizer\" (ZeRO stage 1; needs the pipeline's own optimizer and a "    \
+    "synchronous schedule): each replica keeps the optimizer state of 1/D of the stage's weights, the gradients "  \
+    "are reduce-scattered, each replica updates its part and the weights are all-gathered, to the same weights. " \
+    "\"gradients\" and \"parameters\" (ZeRO stages 2 and 3) are the schedule library's only (schedule_svg).")      \
   X(distributed, bool, shared_memory, true, kAny,                                                                  \
     "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
     "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")

@@ -78,7 +78,7 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
   options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
   const double lr_scale = distributed_.scale_learning_rate ? layout.replicas : 1.0;
-  const bool sharded = distributed_.shard_optimizer_state && layout.replicas > 1;
+  const bool sharded = distributed_.shard == ShardLevel::kOptimizer && layout.replicas > 1;
   check_argument(!sharded || options.optimizer(), "conveyor: sharded optimizer state needs the pipeline's own ",
                  "optimizer (PipelineOptions::optimizer): a caller's optimizer holds the whole state");
   if (lr_scale != 1.0) {

@@ -97,7 +97,7 @@ class DistributedRunner {
   std::vector<at::Tensor> parameters() const { return runner_->parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return runner_->named_parameters(); }
   // Bytes of the state of this rank's stages' own optimizers (with
-  // shard_optimizer_state, this replica's shard of it).
+  // shard "optimizer", this replica's shard of it).
   int64_t optimizer_state_bytes() const;
   // This rank's links to its neighbours through shared memory, each
   // direction counted (2 per neighbour on this machine); 0 where every

@@ -1,6 +1,6 @@
 #pragma once
 // Optimizer state sharded across the data-parallel replicas of a stage
-// (ZeRO stage 1; the option shard_optimizer_state).
+// (ZeRO stage 1; the option shard, level "optimizer").
 //
 // Each of the stage's D replicas keeps the optimizer state of 1/D of every
 // weight: a weight of n elements is cut into D pieces of ceil(n / D) (the

@@ -143,5 +143,20 @@ TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
               HasSubstr("the request was checked without a loss"));
 }
 
+TEST(Builder, AShardLevelAPipelineDoesNotRunIsRefusedByName) {
+  for (const ShardLevel level : {ShardLevel::kGradients, ShardLevel::kParameters}) {
+    const BuildRequest request{.options = PipelineOptions().workers(2).shard(level)};
+    EXPECT_THAT(testing::invalid_argument_of([&] { CheckedRequest(request, 2, ModelKind::layers); }),
+                HasSubstr(c10::str("shard \"", value_name(level), "\" is not run by a pipeline")));
+  }
+  EXPECT_NO_THROW(CheckedRequest(BuildRequest{.options = PipelineOptions().shard(ShardLevel::kOptimizer)}, 2,
+                                 ModelKind::layers));
+  // In one process, no level but none: there are no replicas.
+  EXPECT_THAT(testing::invalid_argument_of([] {
+                Pipeline(testing::make_mlp(), PipelineOptions().shard(ShardLevel::kOptimizer));
+              }),
+              HasSubstr("option 'shard' is for a pipeline across processes"));
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -45,7 +45,8 @@ inline void reshard_save(Worker& w) {
   auto groups = w.groups("reshard-save", 2, std::chrono::seconds(20));
   for (const bool sharded : {true, false}) {
     const std::string variant = reshard_variant(sharded);
-    DistributedRunner pipe(seeded_mlp(), PipelineOptions(reshard_options()).shard_optimizer_state(sharded), groups);
+    const ShardLevel level = sharded ? ShardLevel::kOptimizer : ShardLevel::kNone;
+    DistributedRunner pipe(seeded_mlp(), PipelineOptions(reshard_options()).shard(level), groups);
     reshard_steps(pipe, *groups, 0, 3);
     save_checkpoint(w.file(variant + "-step3"), pipe.runner(), {3, {}});
     reshard_steps(pipe, *groups, 3, 6);

@@ -66,7 +66,8 @@ inline std::vector<ShardedCase> sharded_cases() {
 inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& groups, const ShardedCase& c,
                             bool sharded) {
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard_optimizer_state(sharded), groups);
+  const ShardLevel level = sharded ? ShardLevel::kOptimizer : ShardLevel::kNone;
+  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard(level), groups);
   std::vector<double> losses, norms, scales, skipped;
   for (int step = 0; step < kShardedSteps; ++step) {
     if (c.bomb) *c.bomb = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
@@ -105,14 +106,15 @@ inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
       pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
     }
   };
-  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard_optimizer_state(true), groups);
+  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard(ShardLevel::kOptimizer), groups);
   run(pipe, 0, 3);
   save_checkpoint(w.file("sharded-ckpt"), pipe.runner(), {3, {}});
   run(pipe, 3, kShardedSteps);
   write_tensors(w.file("resume-uninterrupted"), values_of(pipe.named_parameters()));
   for (const bool sharded : {true, false}) {
     torch::manual_seed(9);
-    DistributedRunner fresh(make_mlp(), PipelineOptions(c.options).shard_optimizer_state(sharded), groups);
+    const ShardLevel level = sharded ? ShardLevel::kOptimizer : ShardLevel::kNone;
+    DistributedRunner fresh(make_mlp(), PipelineOptions(c.options).shard(level), groups);
     std::vector<std::string> every_rank;
     for (int r = 0; r < w.env.world_size; ++r) {
       every_rank.push_back(w.out + "/sharded-ckpt-rank" + std::to_string(r) + ".pt");
@@ -141,7 +143,7 @@ inline void sharded(Worker& w) {
     write_tensors(w.file(c.name + "-sharded"), train_case(w, groups, c, true));
   }
   resumed(w, groups);
-  const PipelineOptions sharding = PipelineOptions().microbatches(2).shard_optimizer_state(true);
+  const PipelineOptions sharding = PipelineOptions().microbatches(2).shard(ShardLevel::kOptimizer);
   std::string refusals;
   refusals += refusal([&] {
     DistributedRunner(seeded_mlp(), PipelineOptions(sharding).schedule("pipedream").optimizer(sgd_momentum()), groups);

@@ -103,7 +103,7 @@ def test_two_replicas_of_a_two_process_pipeline(tmp_path):
 
 
 def test_optimizer_state_sharded_across_replicas_trains_as_unsharded(tmp_path):
-    """shard_optimizer_state=True: 2 replicas of a 2-process pipeline, Adam:
+    """shard="optimizer": 2 replicas of a 2-process pipeline, Adam:
     the reduce-scatter sums the same two numbers the all-reduce does and
     Adam's update is elementwise, so the weights are bit-identical."""
     for rank, saved in enumerate(torchrun(tmp_path, 4, "1f1b", mode="sharded")):

@@ -77,7 +77,7 @@ def sharded(out_dir: str, schedule: str, process_group, replica_group):
     for shard in (False, True):
         pipe = conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
                                  loss_fn=loss_fn, process_group=process_group, replica_group=replica_group,
-                                 timeout=120, optimizer="adam", lr=0.01, shard_optimizer_state=shard)
+                                 timeout=120, optimizer="adam", lr=0.01, shard="optimizer" if shard else "none")
         for step in range(3):
             inputs, target = batch(step)
             pipe.train_step(pipe.shard(inputs), pipe.shard(target))
@@ -86,7 +86,7 @@ def sharded(out_dir: str, schedule: str, process_group, replica_group):
     try:  # the option reaches the pipeline: an asynchronous schedule cannot shard
         conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule="pipedream",
                           loss_fn=loss_fn, process_group=process_group, replica_group=replica_group, timeout=120,
-                          optimizer="sgd", lr=0.01, shard_optimizer_state=True,
+                          optimizer="sgd", lr=0.01, shard="optimizer",
                           example_inputs=pipe.shard(inputs))  # built now, not at the first step
         weights["refusal"] = "(accepted)"
     except ValueError as e:
