@@ -76,6 +76,18 @@ TEST(BadInput, ConfigurationErrorsAreClear) {
       HasSubstr("never runs the backward of micro-batch 1 (no action 0B1)"));
 }
 
+TEST(BadInput, ARunnerBuiltDirectlyChecksTheOptionValuesItself) {
+  const auto sgd = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::SGD>(p, 0.1); };
+  EXPECT_THAT(error_of([&] {
+                StageRunner(testing::make_mlp(), PipelineOptions().workers(2).optimizer(sgd).accumulate_steps(0));
+              }),
+              HasSubstr("accumulate_steps must be at least 1, got 0"));
+  EXPECT_THAT(error_of([&] {
+                StageRunner(testing::make_mlp(), PipelineOptions().workers(2).shard(ShardLevel::kParameters));
+              }),
+              HasSubstr("shard \"parameters\" is not run by a pipeline"));
+}
+
 TEST(BadInput, BatchesThatDoNotSplit) {
   StageRunner pipe(testing::make_mlp(), PipelineOptions().workers(2).microbatches(4));
   const auto x = torch::randn({3, 8}, torch::kFloat64);

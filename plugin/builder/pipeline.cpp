@@ -61,9 +61,9 @@ Pipeline::Pipeline(const Model& model, CheckedRequest checked) {
   // 3. The runner.
   if (across_processes) {
     distributed_ = std::make_unique<DistributedRunner>(layers.layers, std::move(planned.options),
-                                                       std::move(request.groups));
+                                                       std::move(request.groups), OptionValuesChecked{});
   } else {
-    local_ = std::make_unique<StageRunner>(layers.layers, std::move(planned.options));
+    local_ = std::make_unique<StageRunner>(layers.layers, std::move(planned.options), OptionValuesChecked{});
   }
   const StageRunner& built = runner();
   if (const auto& profile = built.options().profile(); profile && (sample || request.batch_size > 0)) {

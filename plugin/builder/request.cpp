@@ -33,14 +33,11 @@ void check_request(const BuildRequest& request, int processes, std::optional<Mod
   count_request(RequestStage::kCheck);
   const bool across_processes = processes > 0;
   PipelineOptions options = request.options;
-  check_bounds(options);
+  check_option_values(options);
   (void)optimizer_factory(options);  // given whole: a name with its lr, or a factory alone
   if (options.schedule_text().empty()) (void)schedules::make_schedule(options.schedule(), 2, 4);  // a known name
   if (across_processes && options.workers() == 0) options.workers(processes);  // one worker per process
   if (!across_processes) check_distributed_rows(options);
-  check_argument(options.shard() <= ShardLevel::kOptimizer, "conveyor: shard \"", value_name(options.shard()),
-                 "\" is not run by a pipeline: a stage's replicas shard at most its optimizer state (shard ",
-                 "\"optimizer\"); the schedule library places and simulates the higher levels (conveyor.schedule_svg)");
   check_split_point_count(options, options.split_points());
   if (kind) check_model_kind(*kind, options);
   check_plan_mode(options, {.sample = request.sample ? &*request.sample : nullptr,

@@ -34,7 +34,7 @@ struct BuildRequest {
 };
 
 // Every check of a request that needs no more of the model than its kind:
-// each option's bounds, a known schedule, the pipeline's optimizer given
+// each option's value alone (check_option_values), a known schedule, the pipeline's optimizer given
 // whole, what the plan mode needs (check_plan_mode), workers that fit the
 // split points, the options across processes only with processes, and,
 // where `kind` is known, what a model of that kind can take

@@ -73,4 +73,15 @@ void set_optimizer_factory(PipelineOptions& options, OptimizerFactory factory);
 
 CONVEYOR_FOR_EACH_OPTION(PipelineOptions, CONVEYOR_PIPELINE_OPTIONS)
 
+// What can be checked of each option's value alone: every row within its
+// bound, and a shard level a pipeline runs (none or optimizer). Throws
+// std::invalid_argument naming the option. check_request
+// (plugin/builder/request.h) runs it for conveyor::Pipeline, once; a
+// StageRunner or DistributedRunner built directly runs it itself.
+void check_option_values(const PipelineOptions& options);
+
+// Passed to a runner's constructor by a caller whose options have passed
+// check_option_values already (conveyor::Pipeline's): not checked again.
+struct OptionValuesChecked {};
+
 }  // namespace conveyor

@@ -67,6 +67,11 @@ at::Tensor shard(const at::Tensor& batch, int replica, int replicas, int64_t dim
 
 DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOptions options,
                                      std::shared_ptr<ProcessGroups> groups)
+    : DistributedRunner(std::move(model), (check_option_values(options), std::move(options)), std::move(groups),
+                        OptionValuesChecked{}) {}
+
+DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOptions options,
+                                     std::shared_ptr<ProcessGroups> groups, OptionValuesChecked)
     : model_(model), groups_(std::move(groups)), distributed_(options.distributed()) {
   if (!groups_) throw std::invalid_argument("conveyor: DistributedRunner needs process groups");
   const HybridLayout& layout = groups_->layout();

@@ -75,6 +75,9 @@ class DistributedRunner {
   // groups' timeout each collective (gradients, loss, weights). Throws
   // std::invalid_argument for a bad configuration.
   DistributedRunner(torch::nn::Sequential model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups);
+  // The same, for options that have passed check_option_values.
+  DistributedRunner(torch::nn::Sequential model, PipelineOptions options, std::shared_ptr<ProcessGroups> groups,
+                    OptionValuesChecked);
 
   // One step on this replica's batch (see shard()). Stage 0 reads `input`,
   // the last stage `target`; every rank of the replica passes both. With the

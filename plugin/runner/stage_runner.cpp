@@ -82,9 +82,17 @@ void check_training_options(const PipelineOptions& options, const schedules::Sch
   }
 }
 
+PipelineOptions values_checked(PipelineOptions options) {
+  check_option_values(options);
+  return options;
+}
+
 }  // namespace
 
 StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options)
+    : StageRunner(std::move(model), values_checked(std::move(options)), OptionValuesChecked{}) {}
+
+StageRunner::StageRunner(torch::nn::Sequential model, PipelineOptions options, OptionValuesChecked)
     : options_(std::move(options)), split_(split_stages(model, options_, &schedule_)) {
   build(model, -1, nullptr);
 }

@@ -48,6 +48,8 @@ class StageRunner {
   // stage's device. Throws std::invalid_argument for a bad configuration,
   // before anything is moved.
   explicit StageRunner(torch::nn::Sequential model, PipelineOptions options = {});
+  // The same, for options that have passed check_option_values.
+  StageRunner(torch::nn::Sequential model, PipelineOptions options, OptionValuesChecked);
 
   // One worker of a pipeline whose other workers run in other processes (see
   // plugin/distributed/distributed_runner.h): plans the whole model as above but builds and runs
@@ -59,7 +61,8 @@ class StageRunner {
   // `replicas` (if given) reduces a stage's gradients across data-parallel
   // replicas before each update of the pipeline's optimizer: a synchronous
   // schedule gets a REDUCE_GRAD per stage (schedules::place_sharding), where
-  // the runtime starts it, unless it places its own.
+  // the runtime starts it, unless it places its own. `options` have passed
+  // check_option_values (DistributedRunner's caller, or DistributedRunner).
   StageRunner(torch::nn::Sequential model, PipelineOptions options, int local_worker,
            std::unique_ptr<Transport> transport, ReplicaReduction replicas = {});
   ~StageRunner();

@@ -20,7 +20,8 @@ _CPP_ONLY = {row["name"]: row for row in _C.option_table() if row["type"] is Non
 _PYTHON_KEYWORDS = {row["name"]: (row["type"], row["doc"] or _CPP_ONLY[row["name"]]["doc"])
                     for row in _C.python_keywords()}
 _HINTS = {"stages": "workers (threads) or split_points (where stages begin)", "loss": "loss_fn",
-          "num_microbatches": "microbatches", "chunks_per_worker": "chunks"}
+          "num_microbatches": "microbatches", "chunks_per_worker": "chunks",
+          "shard_optimizer_state": 'shard="optimizer"'}
 
 
 _REQUIRED = object()

@@ -275,6 +275,8 @@ def test_help_documents_every_argument():
 @pytest.mark.parametrize("keyword, message", [
     ({"stages": 2}, "unknown keyword argument 'stages'; did you mean workers"),
     ({"micro_batches": 2}, "unknown keyword argument 'micro_batches'; did you mean microbatches"),
+    ({"shard_optimizer_state": True},
+     "unknown keyword argument 'shard_optimizer_state'; did you mean shard=\"optimizer\""),
     ({"frobnicate": True}, "unknown keyword argument 'frobnicate'"),
 ])
 def test_unknown_keywords_are_refused_by_name(keyword, message):
@@ -294,6 +296,7 @@ def test_unknown_keywords_are_refused_by_name(keyword, message):
     ({"split_points": ["nowhere"]}, ValueError, "nowhere"),
     ({"lr": 0.1}, ValueError, "give 'optimizer' too"),
     ({"shared_memory": "yes"}, TypeError, "shared_memory must be True or False, got str"),
+    ({"shard": "zero3"}, ValueError, "shard must be one of"),
     ({"workers": -1}, ValueError, "workers must be at least 0, got -1"),
     ({"clip_norm_type": "two"}, TypeError, "clip_norm_type must be a number, got str 'two'"),
 ])
