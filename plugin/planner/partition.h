@@ -35,7 +35,7 @@ int chunks_per_worker(const PipelineOptions& options);
 std::vector<c10::Device> worker_devices(const std::vector<std::string>& names, int num_workers);
 
 // The whole decision for a model and its options, which are within their
-// rows' bounds (check_request checks them); throws std::invalid_argument.
+// rows' bounds (check_option_values checks them); throws std::invalid_argument.
 // Balance::kTime needs options.profile() of this model (plugin/planner/planner.h).
 // The schedule it places the stages by is build_schedule's; `schedule`, if
 // given, receives it (so a pipeline builds and validates it once).

@@ -13,7 +13,7 @@ namespace conveyor {
 
 class LossScaler {
  public:
-  // `config` within its rows' bounds (check_request checks them).
+  // `config` within its rows' bounds (check_option_values checks them).
   explicit LossScaler(LossScaling config);
 
   double scale() const { return state_.scale; }
