@@ -280,7 +280,9 @@ constexpr std::array<const char*, 3> value_names(PlanMode) { return {"given", "a
     "What each stage's D replicas shard. \"optimizer\" (ZeRO stage 1; needs the pipeline's own optimizer and a "    \
     "synchronous schedule): each replica keeps the optimizer state of 1/D of the stage's weights, the gradients "  \
     "are reduce-scattered, each replica updates its part and the weights are all-gathered, to the same weights. " \
-    "\"gradients\" and \"parameters\" (ZeRO stages 2 and 3) are the schedule library's only (schedule_svg).")      \
+    "\"gradients\" (ZeRO stage 2) also keeps only each replica's 1/D of the reduced gradients, the whole ones "     \
+    "released as they are reduced (after each backward where the schedule places a REDUCE_GRAD there). "          \
+    "\"parameters\" (ZeRO stage 3) is the schedule library's only (schedule_svg).")                               \
   X(distributed, bool, shared_memory, true, kAny,                                                                  \
     "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
     "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")

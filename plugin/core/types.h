@@ -38,20 +38,27 @@ struct LossScalerState {
 struct ReplicaReduction {
   // Starts reducing stage `stage`'s gradients (the .grad of `weights`) across
   // the replicas, reading them now; the function returned waits for the
-  // reduction and writes the reduced gradients into the .grad tensors, and
-  // must be called before anything else writes them (or reads them as
-  // reduced). The runtime
-  // starts it where the schedule's REDUCE_GRAD for the stage stands (after
-  // its last backward of the step), so that it runs while the worker goes on.
-  std::function<std::function<void()>(int stage, const std::vector<at::Tensor>& weights)> start;
+  // reduction and writes the reduced gradients into the .grad of `holders`
+  // (Stage::gradient_holders: `weights` themselves, or, with the gradients
+  // sharded, this replica's pieces of them, which accumulate while the
+  // weights' .grad are released as soon as they are read), and must be
+  // called before anything else writes them (or reads them as reduced). The
+  // runtime starts it where the schedule's REDUCE_GRAD for the stage stands
+  // (after its last backward of the step, or after each with the gradients
+  // sharded), so that it runs while the worker goes on.
+  std::function<std::function<void()>(int stage, const std::vector<at::Tensor>& weights,
+                                      const std::vector<at::Tensor>& holders)>
+      start;
   // Set when the reduction leaves each replica only its shard of the reduced
-  // gradients, zeros elsewhere (sharded optimizer state): sums `values` (their
+  // gradients (zeros elsewhere, or pieces; sharded optimizer state): sums `values` (their
   // maximum, with `max`) across the replicas, so that the loss scaler's
   // verdict and the clipping norm are the whole gradients'.
   std::function<void(at::Tensor& values, bool max)> across_replicas;
 
   // start, then wait.
-  void gradients(int stage, const std::vector<at::Tensor>& weights) const { start(stage, weights)(); }
+  void gradients(int stage, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& holders) const {
+    start(stage, weights, holders)();
+  }
   explicit operator bool() const { return static_cast<bool>(start); }
 };
 

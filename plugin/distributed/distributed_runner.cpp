@@ -83,7 +83,8 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
   options.devices({device});  // the other workers' devices belong to other processes
   average_ = options.loss_reduction() == LossReduction::kMean;
   const double lr_scale = distributed_.scale_learning_rate ? layout.replicas : 1.0;
-  const bool sharded = distributed_.shard == ShardLevel::kOptimizer && layout.replicas > 1;
+  const ShardLevel level = layout.replicas > 1 ? distributed_.shard : ShardLevel::kNone;
+  const bool sharded = level >= ShardLevel::kOptimizer;
   check_argument(!sharded || options.optimizer(), "conveyor: sharded optimizer state needs the pipeline's own ",
                  "optimizer (PipelineOptions::optimizer): a caller's optimizer holds the whole state");
   if (lr_scale != 1.0) {
@@ -101,12 +102,15 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
   }
   ReplicaReduction replicas;
   if (sharded) {
-    set_optimizer_factory(options, [inner = optimizer_factory(options), groups = groups_](
+    set_optimizer_factory(options, [inner = optimizer_factory(options), groups = groups_, level](
                                        std::vector<at::Tensor> weights) -> std::unique_ptr<torch::optim::Optimizer> {
-      return std::make_unique<ShardedOptimizer>(std::move(weights), inner, groups);
+      return std::make_unique<ShardedOptimizer>(std::move(weights), inner, groups, level);
     });
-    replicas.start = [groups = groups_, average = average_](int stage, const std::vector<at::Tensor>& weights) {
-      return start_reduce_scatter_gradients(*groups, stage, weights, average);
+    replicas.start = [groups = groups_, average = average_, level](int stage, const std::vector<at::Tensor>& weights,
+                                                                   const std::vector<at::Tensor>& holders) {
+      return level == ShardLevel::kGradients
+                 ? start_reduce_scatter_into_pieces(*groups, stage, weights, holders, average)
+                 : start_reduce_scatter_gradients(*groups, stage, weights, average);
     };
     replicas.across_replicas = [groups = groups_](at::Tensor& values, bool max) {
       all_reduce_values(*groups, *groups->replicas(), values, max,
@@ -115,7 +119,8 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
   }
   // The pipeline's own optimizer updates from the replicas' reduced gradients.
   if (!sharded && options.optimizer() && layout.replicas > 1) {
-    replicas.start = [groups = groups_, average = average_](int stage, const std::vector<at::Tensor>& weights) {
+    replicas.start = [groups = groups_, average = average_](int stage, const std::vector<at::Tensor>& weights,
+                                                            const std::vector<at::Tensor>&) {
       return start_reducing_gradients(*groups, stage, weights, average);
     };
   }

@@ -122,24 +122,26 @@ at::Tensor ShardLayout::piece_of(size_t i, const at::Tensor& t) const {
   return out;
 }
 
-PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
-                                                 const std::vector<at::Tensor>& weights, bool average) {
-  std::vector<at::Tensor> trained;
-  for (const auto& w : weights) {
-    if (w.requires_grad()) trained.push_back(w);
-  }
-  const int replicas = groups.layout().replicas;
-  auto layout = std::make_shared<const ShardLayout>(trained, replicas, groups.replica());
-  c10::NoGradGuard no_grad;
-  struct Bucket {
-    std::vector<size_t> weights;
-    at::Tensor mine;
-    PendingCollective sum;
-  };
-  auto buckets = std::make_shared<std::vector<Bucket>>();
+namespace {
+
+// One reduce-scatter of a stage's gradients: the weights of one dtype and
+// device, and this replica's pieces of their reduced gradients, one after the
+// other, once `sum` is called.
+struct ScatteredBucket {
+  std::vector<size_t> weights;
+  at::Tensor mine;
+  PendingCollective sum;
+};
+
+// Starts reduce-scattering the gradients of `trained` (cut by `layout`),
+// reading them now: a weight without a gradient contributes zeros.
+std::vector<ScatteredBucket> start_scatter(ProcessGroups& groups, int stage, const std::vector<at::Tensor>& trained,
+                                           const ShardLayout& layout, bool average) {
+  const int replicas = layout.replicas;
+  std::vector<ScatteredBucket> buckets;
   for (auto& bucket : by_dtype_and_device(trained)) {
     int64_t width = 0;
-    for (size_t i : bucket) width += layout->piece[i];
+    for (size_t i : bucket) width += layout.piece[i];
     // Row d: every weight's piece d, one after the other (zero where a piece is padding).
     at::Tensor rows = at::zeros({replicas, width}, trained[bucket[0]].options());
     int64_t offset = 0;
@@ -148,22 +150,36 @@ PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stag
       if (g.defined()) {
         const at::Tensor flat = g.reshape({-1});
         for (int d = 0; d < replicas; ++d) {
-          const int64_t n = std::min(layout->piece[i], layout->numel[i] - d * layout->piece[i]);
-          if (n > 0) rows[d].narrow(0, offset, n).copy_(flat.narrow(0, d * layout->piece[i], n));
+          const int64_t n = std::min(layout.piece[i], layout.numel[i] - d * layout.piece[i]);
+          if (n > 0) rows[d].narrow(0, offset, n).copy_(flat.narrow(0, d * layout.piece[i], n));
         }
       }
-      offset += layout->piece[i];
+      offset += layout.piece[i];
     }
     at::Tensor mine = at::empty({width}, rows.options());
     PendingCollective sum = start_reduce_scatter(
         groups, group_for(groups, rows), rows, mine, average,
         c10::str(average ? "averaging" : "summing", " the gradients of stage ", stage, " across ",
                  replicas_text(groups), " by reduce-scatter"));
-    buckets->push_back({std::move(bucket), mine, std::move(sum)});
+    buckets.push_back({std::move(bucket), mine, std::move(sum)});
   }
+  return buckets;
+}
+
+}  // namespace
+
+PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
+                                                 const std::vector<at::Tensor>& weights, bool average) {
+  std::vector<at::Tensor> trained;
+  for (const auto& w : weights) {
+    if (w.requires_grad()) trained.push_back(w);
+  }
+  auto layout = std::make_shared<const ShardLayout>(trained, groups.layout().replicas, groups.replica());
+  c10::NoGradGuard no_grad;
+  auto buckets = std::make_shared<std::vector<ScatteredBucket>>(start_scatter(groups, stage, trained, *layout, average));
   return [trained = std::move(trained), layout, buckets] {
     c10::NoGradGuard no_grad;
-    for (Bucket& b : *buckets) {
+    for (ScatteredBucket& b : *buckets) {
       b.sum();
       int64_t offset = 0;
       for (size_t i : b.weights) {
@@ -181,16 +197,55 @@ PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stag
   };
 }
 
+PendingCollective start_reduce_scatter_into_pieces(ProcessGroups& groups, int stage,
+                                                   const std::vector<at::Tensor>& weights,
+                                                   const std::vector<at::Tensor>& pieces, bool average) {
+  TORCH_CHECK(pieces.size() == weights.size(), "conveyor: stage ", stage, " has ", weights.size(), " weights but ",
+              pieces.size(), " gradient pieces");
+  std::vector<at::Tensor> trained, sinks;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!weights[i].requires_grad()) continue;
+    trained.push_back(weights[i]);
+    sinks.push_back(pieces[i]);
+  }
+  const ShardLayout layout(trained, groups.layout().replicas, groups.replica());
+  c10::NoGradGuard no_grad;
+  auto buckets = std::make_shared<std::vector<ScatteredBucket>>(start_scatter(groups, stage, trained, layout, average));
+  // Read into the collective's rows: the whole gradients are released now,
+  // and the stage's next backward starts new ones from zero.
+  for (const auto& w : trained) w.mutable_grad() = at::Tensor();
+  return [sinks = std::move(sinks), piece = layout.piece, buckets] {
+    c10::NoGradGuard no_grad;
+    for (ScatteredBucket& b : *buckets) {
+      b.sum();
+      int64_t offset = 0;
+      for (size_t i : b.weights) {
+        const at::Tensor part = b.mine.narrow(0, offset, piece[i]);
+        at::Tensor& g = sinks[i].mutable_grad();
+        if (g.defined()) {
+          g.add_(part);
+        } else {
+          g = part;
+        }
+        offset += piece[i];
+      }
+    }
+  };
+}
+
 ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,
-                                   std::shared_ptr<ProcessGroups> groups)
-    : ShardedOptimizer(weights, factory(weights), std::move(groups)) {}
+                                   std::shared_ptr<ProcessGroups> groups, ShardLevel level)
+    : ShardedOptimizer(weights, factory(weights), std::move(groups), level) {}
 
 ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> weights, std::unique_ptr<torch::optim::Optimizer> full,
-                                   std::shared_ptr<ProcessGroups> groups)
+                                   std::shared_ptr<ProcessGroups> groups, ShardLevel level)
     : Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, full->defaults().clone()),
       weights_(std::move(weights)),
+      level_(level),
       layout_(weights_, groups->layout().replicas, groups->replica()),
       groups_(std::move(groups)) {
+  TORCH_CHECK(level_ == ShardLevel::kOptimizer || level_ == ShardLevel::kGradients,
+              "conveyor: a sharded optimizer shards its state, or its state and the gradients");
   // `full`, the caller's optimizer over the whole weights, gives the kind, the groups and their options.
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (size_t i = 0; i < weights_.size(); ++i) {
@@ -223,6 +278,7 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     // From the weights as they are now: whatever set them since the last step
     // (the initial broadcast, tied copies made equal, a checkpoint) counts.
     pieces_[i].copy_(layout_.piece_of(i, weights_[i]));
+    if (level_ == ShardLevel::kGradients) continue;  // the pieces hold their gradients already
     const at::Tensor& g = weights_[i].grad();
     pieces_[i].mutable_grad() = g.defined() ? layout_.piece_of(i, g) : at::Tensor();
   }

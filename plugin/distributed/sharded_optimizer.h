@@ -1,6 +1,7 @@
 #pragma once
-// Optimizer state sharded across the data-parallel replicas of a stage
-// (ZeRO stage 1; the option shard, level "optimizer").
+// Optimizer state, and with it the gradients, sharded across the
+// data-parallel replicas of a stage (ZeRO stages 1 and 2; the option shard,
+// levels "optimizer" and "gradients").
 //
 // Each of the stage's D replicas keeps the optimizer state of 1/D of every
 // weight: a weight of n elements is cut into D pieces of ceil(n / D) (the
@@ -14,6 +15,13 @@
 //     norm across the replicas as well (ReplicaReduction::across_replicas);
 //  2. ShardedOptimizer::step: the wrapped optimizer steps the pieces;
 //  3. the updated pieces are all-gathered into every replica's weights.
+// At "gradients" (ZeRO-2) step 1 is start_reduce_scatter_into_pieces
+// instead: the whole gradients are released as the reduce-scatter reads them,
+// and each replica's pieces of the reduced gradients are the .grad of the
+// optimizer's pieces (ShardedState::gradient_pieces), accumulating over the
+// reductions of a step (one a step, or one after each micro-batch's
+// backward), which is all the gradient storage a replica keeps past a
+// micro-batch; the verdict, unscaling and clipping work on those.
 // Per element this is the update an unsharded replica makes, for optimizers
 // whose update is elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, the only
 // ones accepted), so the weights equal the unsharded hybrid's.
@@ -58,17 +66,27 @@ struct ShardLayout {
 PendingCollective start_reduce_scatter_gradients(ProcessGroups& groups, int stage,
                                                  const std::vector<at::Tensor>& weights, bool average);
 
+// The same reduce-scatter for sharded gradients (ZeRO-2): reads the weights'
+// gradients and releases them; once the pending collective is called, each of
+// `pieces` (ShardedOptimizer::pieces(), one per weight) has this replica's
+// piece of the reduced gradient added to its .grad (set, if it has none).
+PendingCollective start_reduce_scatter_into_pieces(ProcessGroups& groups, int stage,
+                                                   const std::vector<at::Tensor>& weights,
+                                                   const std::vector<at::Tensor>& pieces, bool average);
+
 class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedState {
  public:
   // `factory`'s optimizer (SGD, Adam, AdamW, Adagrad or RMSprop; anything
   // else is refused naming it), remade over this replica's pieces of
   // `weights` with the same parameter groups and options, which it copies to
   // them at each step (a learning-rate schedule sets this optimizer's).
+  // `level`: kOptimizer, or kGradients, where the pieces hold the gradients.
   ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,
-                   std::shared_ptr<ProcessGroups> groups);
+                   std::shared_ptr<ProcessGroups> groups, ShardLevel level);
 
-  // The pieces' step from the gradients start_reduce_scatter_gradients left, then
-  // the weights all-gathered across the replicas. Collective.
+  // The pieces' step from the gradients start_reduce_scatter_gradients left
+  // (at kGradients: the pieces' own, released after), then the weights
+  // all-gathered across the replicas. Collective.
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
   void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
@@ -79,6 +97,9 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   std::unique_ptr<torch::optim::Optimizer> whole_without_state() const override;
   void take_shard(const torch::optim::Optimizer& whole) override;
   void shard_restored() override;
+  const std::vector<at::Tensor>* gradient_pieces() const override {
+    return level_ == ShardLevel::kGradients ? &pieces_ : nullptr;
+  }
 
   // The optimizer over this replica's pieces.
   torch::optim::Optimizer& inner() { return *inner_; }
@@ -91,14 +112,14 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
 
  private:
   ShardedOptimizer(std::vector<at::Tensor> weights, std::unique_ptr<torch::optim::Optimizer> full,
-                   std::shared_ptr<ProcessGroups> groups);
+                   std::shared_ptr<ProcessGroups> groups, ShardLevel level);
 
   std::vector<at::Tensor> weights_;
+  ShardLevel level_;
   ShardLayout layout_;
   std::shared_ptr<ProcessGroups> groups_;
   std::vector<at::Tensor> pieces_;  // per weight: this replica's piece, what inner_ steps
   std::unique_ptr<torch::optim::Optimizer> inner_;
-
 };
 
 // Bytes of the tensors in an optimizer's state (momentum, moments, ...): for

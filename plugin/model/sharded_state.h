@@ -10,6 +10,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <vector>
 
 namespace conveyor {
 
@@ -37,6 +38,11 @@ class ShardedState {
   // learning rates become this optimizer's (which it hands the pieces' at
   // each step).
   virtual void shard_restored() = 0;
+  // Where the gradients are sharded too: shard()'s tensors, whose .grad hold
+  // this process's pieces of the reduced gradients (what the loss scaler's
+  // verdict, unscaling and clipping read and change); else null, and the
+  // whole weights' .grad hold them.
+  virtual const std::vector<at::Tensor>* gradient_pieces() const { return nullptr; }
 };
 
 }  // namespace conveyor

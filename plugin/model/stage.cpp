@@ -1,6 +1,7 @@
 #include "plugin/model/stage.h"
 
 #include "plugin/core/errors.h"
+#include "plugin/model/sharded_state.h"
 
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -117,17 +118,33 @@ void Stage::collect_gradients() {
   }
 }
 
-std::vector<at::Tensor> Stage::gradients() const {
+const std::vector<at::Tensor>& Stage::gradient_holders() const {
+  if (const auto* sharded = dynamic_cast<const ShardedState*>(optimizer_.get())) {
+    if (const std::vector<at::Tensor>* pieces = sharded->gradient_pieces()) return *pieces;
+  }
+  return live_;
+}
+
+namespace {
+
+std::vector<at::Tensor> defined_gradients(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> grads;
-  for (const auto& w : live_) {
-    if (w.grad().defined()) grads.push_back(w.grad());
+  for (const auto& t : tensors) {
+    if (t.grad().defined()) grads.push_back(t.grad());
   }
   return grads;
 }
 
+}  // namespace
+
+std::vector<at::Tensor> Stage::gradients() const { return defined_gradients(gradient_holders()); }
+
+std::vector<at::Tensor> Stage::made_gradients() const { return defined_gradients(live_); }
+
 void Stage::clear_gradients() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
   for (auto& w : live_) w.mutable_grad() = at::Tensor();
+  for (const auto& h : gradient_holders()) h.mutable_grad() = at::Tensor();
 }
 
 void Stage::restore_live(const WeightVersion& version) {

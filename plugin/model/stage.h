@@ -84,9 +84,16 @@ class Stage {
   // After a backward: moves the layers' gradients onto the live weights,
   // accumulating (a no-op when they are the same tensors).
   void collect_gradients();
-  // The live weights' gradients that are defined (after collect_gradients()).
+  // The tensors whose .grad hold the stage's gradients for its update: the
+  // live weights, or, where the optimizer shards the gradients across
+  // replicas (ShardedState::gradient_pieces), its pieces of them.
+  const std::vector<at::Tensor>& gradient_holders() const;
+  // Their gradients that are defined (after collect_gradients()).
   std::vector<at::Tensor> gradients() const;
-  // Drops every gradient, the layers' and the live weights'.
+  // The live weights' gradients that are defined: with the gradients sharded,
+  // what the backwards made since the last reduction; else gradients().
+  std::vector<at::Tensor> made_gradients() const;
+  // Drops every gradient, the layers', the live weights' and the holders'.
   void clear_gradients();
   // Overwrites the live weights' values (a rollback); the layers follow.
   void restore_live(const WeightVersion& version);

@@ -180,21 +180,26 @@ int capacity_needed(const schedules::Schedule& schedule) {
   return 0;
 }
 
-// What a pipeline runs of the sharding actions (schedules/sharding.h): one
-// REDUCE_GRAD per stage and step, the replicas' gradient reduction, started
-// where it stands (no replicas: nothing to reduce). Gathering sharded
-// parameters and reducing per micro-batch are the schedule library's only.
-void check_runnable_sharding(const schedules::Schedule& schedule) {
+// What a pipeline runs of the sharding actions (schedules/sharding.h):
+// REDUCE_GRAD, the replicas' gradient reduction, started where it stands (no
+// replicas: nothing to reduce), once per stage and step, or after each
+// backward where the gradients are sharded (each reduction writes the reduced
+// gradients where the next backward would add to them, unless each replica
+// accumulates its pieces). Gathering sharded parameters is the schedule
+// library's only.
+void check_runnable_sharding(const schedules::Schedule& schedule, ShardLevel level) {
   std::vector<int> reductions(static_cast<size_t>(schedule.num_stages), 0);
   for (size_t w = 0; w < schedule.sharding.size(); ++w) {
     for (const auto& placed : schedule.sharding[w]) {
       const schedules::ShardAction& a = placed.action;
       const bool reduce = a.kind == schedules::ShardKind::kReduceGrad;
-      if (reduce && ++reductions.at(static_cast<size_t>(a.stage)) == 1) continue;
+      if (reduce && (++reductions.at(static_cast<size_t>(a.stage)) == 1 || level == ShardLevel::kGradients)) continue;
       throw std::invalid_argument(c10::str(
           "conveyor: schedule '", schedule.name, "' has ", a.str(), " on worker ", w, ", which a pipeline does not ",
-          "run: ", reduce ? "it reduces a stage's gradients once a step, after the stage's last backward"
-                          : "its stages' parameters stay whole on every replica (no UNSHARD or RESHARD)",
+          "run: ",
+          reduce ? "it reduces a stage's gradients once a step, after the stage's last backward, unless they are "
+                   "sharded (shard \"gradients\", where each replica accumulates its pieces)"
+                 : "its stages' parameters stay whole on every replica (no UNSHARD or RESHARD)",
           "; the schedule library validates and simulates such schedules (conveyor.schedule_svg)"));
     }
   }
@@ -224,7 +229,7 @@ schedules::Schedule build_schedule(const PipelineOptions& options, int num_stage
   } else {
     schedule = parse_text(options);
   }
-  check_runnable_sharding(schedule);
+  check_runnable_sharding(schedule, options.shard());
   check_argument(schedule.num_stages == num_stages && schedule.num_microbatches == options.microbatches(),
                  "conveyor: the schedule is for ", schedule.num_stages, " stages and ", schedule.num_microbatches,
                  " micro-batches, the pipeline has ", num_stages, " stages and ", options.microbatches());

@@ -137,8 +137,7 @@ void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::uni
   // stage that holds a tied parameter has none, placed or given: it reduces
   // at the update, after the sum over the tie's holders.
   if (replicas_ && options_.optimizer() && schedule_.synchronous() && !schedule_.has_sharding()) {
-    const auto level = replicas_.across_replicas ? schedules::ShardLevel::kOptimizer : schedules::ShardLevel::kNone;
-    schedule_ = schedules::place_sharding(schedule_, {schedules::StageSharding{level}});
+    schedule_ = schedules::place_sharding(schedule_, {schedules::StageSharding{options_.shard()}});
   }
   std::set<int> tied_stages;
   for (const TiedNames& names : tied) {

@@ -31,7 +31,7 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
     stage.collect_gradients();
     TORCH_CHECK(stage.optimizer(), "schedule '", ctx.schedule.name, "' steps the optimizer after every micro-batch, ",
                 "but the pipeline has none (PipelineOptions::optimizer)");
-    if (replicas_) replicas_.gradients(k, stage.live());
+    if (replicas_) replicas_.gradients(k, stage.live(), stage.gradient_holders());
     if (guard_) {
       check_finite(k, mb, "gradient", stage.gradients(), ctx, Action{k, ActionKind::kBackward, mb}.str());
     }

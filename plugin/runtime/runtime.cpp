@@ -359,7 +359,9 @@ void Runtime::run_worker(int w, StepContext& ctx) {
   run_sharding_at(actions.size());
 
   if (training && schedule.synchronous() && guard_) {
-    for (int k : mine) check_finite(k, -1, "gradient", stages_[k]->gradients(), ctx, "");
+    for (int k : mine) {
+      if (!ctx.stages[k].reduced) check_finite(k, -1, "gradient", stages_[k]->made_gradients(), ctx, "");
+    }
   }
   // Beside the end fence (run), the host waits when it reads values: a
   // training step's losses and the times of the actions on the stream. A

@@ -41,8 +41,11 @@ struct Runtime::StepContext {
     // Bytes sent to the neighbours: activations forward, input gradients back.
     int64_t activation_bytes = 0, gradient_bytes = 0;
     // The replicas' reduction of the stage's gradients, started at its
-    // REDUCE_GRAD and waited for by the update (ReplicaReduction::start).
+    // REDUCE_GRAD and waited for by the update (ReplicaReduction::start),
+    // or by the next REDUCE_GRAD; whether one started this step (its
+    // gradients were checked then).
     std::function<void()> reducing;
+    bool reduced = false;
     // The index of the action the stage is in (-1: none), and whether it is
     // blocked in the transport: a timeout's message names the stages busy in
     // an action, the likely cause of the wait.

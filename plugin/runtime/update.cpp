@@ -45,9 +45,9 @@ at::Tensor Runtime::local_norm_part(double norm_type, std::vector<at::Tensor>& g
   const bool inf = std::isinf(norm_type);
   std::vector<at::Tensor> norms;
   for (int k : local_) {
-    const auto& live = stages_[k]->live();
-    for (size_t i = 0; i < live.size(); ++i) {
-      const at::Tensor& g = live[i].grad();
+    const auto& holders = stages_[k]->gradient_holders();  // one per live weight, in order
+    for (size_t i = 0; i < holders.size(); ++i) {
+      const at::Tensor& g = holders[i].grad();
       if (!g.defined()) continue;
       grads.push_back(g);
       if (later_copies.count({k, i})) continue;
@@ -104,12 +104,18 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
                         "' reached the runtime with ", action.str());
   const int k = action.stage;
   auto& reducing = ctx.stages[k].reducing;
-  TORCH_INTERNAL_ASSERT(!reducing, "conveyor: a second ", action.str(), " in one step");
   // Nothing to reduce: inference, a step that accumulates, no replicas, or a
   // caller's optimizer (the distributed pipeline reduces its gradients after
   // the step). A tied parameter's stage has no REDUCE_GRAD (StageRunner).
   if (!ctx.training() || !ctx.data.update || !replicas_ || !stages_[k]->optimizer()) return;
-  reducing = replicas_.start(k, stages_[k]->live());
+  Stage& stage = *stages_[k];
+  // Checked before the reduction reads them (with the gradients sharded, it releases them).
+  if (guard_) check_finite(k, -1, "gradient", stage.made_gradients(), ctx, "");
+  // A REDUCE_GRAD after each micro-batch (shard "gradients" only:
+  // build_schedule): the last one's pieces are added before the next starts.
+  if (reducing) std::exchange(reducing, nullptr)();
+  reducing = replicas_.start(k, stage.live(), stage.gradient_holders());
+  ctx.stages[k].reduced = true;
 }
 
 void Runtime::update(StepContext& ctx, StepResult& result) {
@@ -135,7 +141,7 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
       if (auto& reducing = ctx.stages[k].reducing) {
         std::exchange(reducing, nullptr)();
       } else {
-        replicas_.gradients(k, stages_[k]->live());
+        replicas_.gradients(k, stages_[k]->live(), stages_[k]->gradient_holders());
       }
     }
   }
@@ -159,7 +165,7 @@ void Runtime::update(StepContext& ctx, StepResult& result) {
     for (auto& g : grads) g.mul_(inverse);
   }
   if (training_.clip_grad_value > 0) {
-    for (int k : owned) torch::nn::utils::clip_grad_value_(stages_[k]->live(), training_.clip_grad_value);
+    for (int k : owned) torch::nn::utils::clip_grad_value_(stages_[k]->gradient_holders(), training_.clip_grad_value);
   }
   if (training_.clip_grad_norm > 0) {
     result.grad_norm = clip_grad_norm(training_.clip_grad_norm, training_.clip_norm_type);

@@ -144,13 +144,12 @@ TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
 }
 
 TEST(Builder, AShardLevelAPipelineDoesNotRunIsRefusedByName) {
-  for (const ShardLevel level : {ShardLevel::kGradients, ShardLevel::kParameters}) {
-    const BuildRequest request{.options = PipelineOptions().workers(2).shard(level)};
-    EXPECT_THAT(testing::invalid_argument_of([&] { CheckedRequest(request, 2, ModelKind::layers); }),
-                HasSubstr(c10::str("shard \"", value_name(level), "\" is not run by a pipeline")));
+  const BuildRequest request{.options = PipelineOptions().workers(2).shard(ShardLevel::kParameters)};
+  EXPECT_THAT(testing::invalid_argument_of([&] { CheckedRequest(request, 2, ModelKind::layers); }),
+              HasSubstr("shard \"parameters\" is not run by a pipeline"));
+  for (const ShardLevel level : {ShardLevel::kOptimizer, ShardLevel::kGradients}) {
+    EXPECT_NO_THROW(CheckedRequest(BuildRequest{.options = PipelineOptions().shard(level)}, 2, ModelKind::layers));
   }
-  EXPECT_NO_THROW(CheckedRequest(BuildRequest{.options = PipelineOptions().shard(ShardLevel::kOptimizer)}, 2,
-                                 ModelKind::layers));
   // In one process, no level but none: there are no replicas.
   EXPECT_THAT(testing::invalid_argument_of([] {
                 Pipeline(testing::make_mlp(), PipelineOptions().shard(ShardLevel::kOptimizer));

@@ -1,8 +1,8 @@
 #pragma once
 // The ranks of the sharded-optimizer tests (tests/distributed/test_sharded_optimizer.cpp):
 // D = 2 replicas of a K = 2 worker pipeline train the same cases with the
-// optimizer state sharded across the replicas (ZeRO-1) and without, and
-// write both; the tests compare them.
+// optimizer state sharded across the replicas (ZeRO-1), with the gradients
+// too (ZeRO-2) and without, and write each; the tests compare them.
 
 #include "distributed_roles.h"
 #include "distributed_tensor_roles.h"
@@ -26,7 +26,16 @@ struct ShardedCase {
   PipelineOptions options;  // the distributed section's options included
   bool tied_lm = false;                   // the tied LSTM LM on its token batches, else the MLP
   std::shared_ptr<double> bomb;           // the bomb model's factor: infinite at kOverflowStep on rank 0
+  // The sharded levels it trains at (against kNone), and the schedule it
+  // gives at kGradients (empty: the options').
+  std::vector<ShardLevel> levels = {ShardLevel::kOptimizer, ShardLevel::kGradients};
+  std::string gradients_schedule_text;
 };
+
+// The file a level's run of a case writes.
+inline std::string variant_name(ShardLevel level) {
+  return level == ShardLevel::kNone ? "plain" : level == ShardLevel::kOptimizer ? "sharded" : "gradients";
+}
 
 inline std::vector<ShardedCase> sharded_cases() {
   auto adam = [](std::vector<at::Tensor> p) {
@@ -58,16 +67,56 @@ inline std::vector<ShardedCase> sharded_cases() {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
   };
   cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), true, nullptr});
+  // ZeRO-2 with a reduce-scatter after every backward (the given schedule's
+  // REDUCE_GRADs): each replica accumulates its pieces, sums in another order.
+  ShardedCase per_microbatch{"adam-per-microbatch", seeded_mlp,
+                             PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam), false, nullptr};
+  per_microbatch.levels = {ShardLevel::kGradients};
+  per_microbatch.gradients_schedule_text =
+      "0F0 0F1 0B0 0REDUCE_GRAD 0B1 0REDUCE_GRAD\n1F0 1B0 1REDUCE_GRAD 1F1 1B1 1REDUCE_GRAD\n";
+  cases.push_back(per_microbatch);
   return cases;
 }
 
-// kShardedSteps steps of `c` on this replica's shard of each global batch;
-// the weights, the losses, norms, scales and skips, and the optimizer bytes.
+// The bytes of the gradients a stage holds for its update: its live
+// weights' and its gradient pieces' (ZeRO-2), of this process's stages.
+inline double update_gradient_bytes(const StageRunner& runner) {
+  double bytes = 0;
+  for (int s = 0; s < runner.num_stages(); ++s) {
+    if (!runner.is_local(s)) continue;
+    const Stage& stage = runner.stage(s);
+    std::vector<at::Tensor> holders = stage.live();
+    if (&stage.gradient_holders() != &stage.live()) {
+      holders.insert(holders.end(), stage.gradient_holders().begin(), stage.gradient_holders().end());
+    }
+    for (const auto& t : holders) {
+      if (t.grad().defined()) bytes += static_cast<double>(t.grad().numel() * t.grad().element_size());
+    }
+  }
+  return bytes;
+}
+
+// kShardedSteps steps of `c` on this replica's shard of each global batch at
+// `level`; the weights, the losses, norms, scales and skips, the optimizer
+// bytes, and the most gradient bytes held at an update (update_gradient_bytes,
+// read where the learning-rate schedule is asked, just before the step).
 inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& groups, const ShardedCase& c,
-                            bool sharded) {
+                            ShardLevel level) {
   const int d = groups->replica(), replicas = groups->layout().replicas;
-  const ShardLevel level = sharded ? ShardLevel::kOptimizer : ShardLevel::kNone;
-  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard(level), groups);
+  PipelineOptions options = PipelineOptions(c.options).shard(level);
+  if (level == ShardLevel::kGradients && !c.gradients_schedule_text.empty()) {
+    options.schedule_text(c.gradients_schedule_text);
+  }
+  auto runner = std::make_shared<const StageRunner*>(nullptr);
+  auto gradient_bytes = std::make_shared<double>(0);
+  if (options.lr_schedule()) {
+    options.lr_schedule([inner = options.lr_schedule(), runner, gradient_bytes](int64_t n) {
+      if (*runner) *gradient_bytes = std::max(*gradient_bytes, update_gradient_bytes(**runner));
+      return inner(n);
+    });
+  }
+  DistributedRunner pipe(c.model(), options, groups);
+  *runner = &pipe.runner();
   std::vector<double> losses, norms, scales, skipped;
   for (int step = 0; step < kShardedSteps; ++step) {
     if (c.bomb) *c.bomb = step == kOverflowStep && w.env.rank == 0 ? std::numeric_limits<double>::infinity() : 1.0;
@@ -90,13 +139,14 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
   out["scales"] = torch::tensor(scales, at::kDouble);
   out["skipped"] = torch::tensor(skipped, at::kDouble);
   out["state_bytes"] = at::full({1}, static_cast<double>(pipe.optimizer_state_bytes()), at::kDouble);
+  out["gradient_bytes"] = at::full({1}, *gradient_bytes, at::kDouble);
   return out;
 }
 
 // Adam, sharded: 3 steps, a checkpoint (each rank its own file, its replica's
 // part of the state), 2 more; a fresh sharded pipeline that loads its own
-// file, and a fresh unsharded one that loads every rank's files, take the
-// same 2 steps.
+// file (its optimizer state, or its gradients too), and a fresh unsharded
+// one that loads every rank's files, take the same 2 steps.
 inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
   const ShardedCase c = sharded_cases().front();
   const int d = groups->replica(), replicas = groups->layout().replicas;
@@ -111,9 +161,9 @@ inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
   save_checkpoint(w.file("sharded-ckpt"), pipe.runner(), {3, {}});
   run(pipe, 3, kShardedSteps);
   write_tensors(w.file("resume-uninterrupted"), values_of(pipe.named_parameters()));
-  for (const bool sharded : {true, false}) {
+  for (const ShardLevel level : {ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kNone}) {
     torch::manual_seed(9);
-    const ShardLevel level = sharded ? ShardLevel::kOptimizer : ShardLevel::kNone;
+    const bool sharded = level != ShardLevel::kNone;
     DistributedRunner fresh(make_mlp(), PipelineOptions(c.options).shard(level), groups);
     std::vector<std::string> every_rank;
     for (int r = 0; r < w.env.world_size; ++r) {
@@ -122,7 +172,7 @@ inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
     const int64_t step = sharded ? load_checkpoint(w.file("sharded-ckpt"), fresh.runner())
                                  : load_checkpoint_files(every_rank, fresh.runner());
     run(fresh, static_cast<int>(step), kShardedSteps);
-    write_tensors(w.file(sharded ? "resume-sharded" : "resume-unsharded"), values_of(fresh.named_parameters()));
+    write_tensors(w.file("resume-" + variant_name(level)), values_of(fresh.named_parameters()));
   }
 }
 
@@ -139,8 +189,10 @@ inline std::string refusal(const std::function<void()>& build) {
 inline void sharded(Worker& w) {
   auto groups = w.groups("sharded", 2, std::chrono::seconds(20));
   for (const ShardedCase& c : sharded_cases()) {
-    write_tensors(w.file(c.name + "-plain"), train_case(w, groups, c, false));
-    write_tensors(w.file(c.name + "-sharded"), train_case(w, groups, c, true));
+    write_tensors(w.file(c.name + "-plain"), train_case(w, groups, c, ShardLevel::kNone));
+    for (const ShardLevel level : c.levels) {
+      write_tensors(w.file(c.name + "-" + variant_name(level)), train_case(w, groups, c, level));
+    }
   }
   resumed(w, groups);
   const PipelineOptions sharding = PipelineOptions().microbatches(2).shard(ShardLevel::kOptimizer);

@@ -1,8 +1,9 @@
-// Optimizer state sharded across replicas (ZeRO-1) over c10d: D = 2 replicas
-// of a K = 2 worker pipeline (4 processes, float64) train each case sharded
-// and unsharded (distributed/sharded_roles.h); the weights must agree, each
-// replica must hold half of the optimizer's state, and what cannot be sharded
-// is refused.
+// Optimizer state, and with it the gradients, sharded across replicas
+// (ZeRO-1 and ZeRO-2) over c10d: D = 2 replicas of a K = 2 worker pipeline
+// (4 processes, float64) train each case at each level and unsharded
+// (distributed/sharded_roles.h); the weights must agree, each replica must
+// hold half of the optimizer's state (and, at ZeRO-2, of the gradients at the
+// update), and what cannot be sharded is refused.
 
 #include "distributed/sharded_roles.h"
 #include "distributed/training_options_check.h"
@@ -21,7 +22,8 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kReported = {"losses", "norms", "scales", "skipped", "state_bytes"};
+const std::vector<std::string> kReported = {"losses", "norms", "scales", "skipped", "state_bytes", "gradient_bytes"};
+const std::vector<std::string> kSharded = {"sharded", "gradients"};
 
 class ShardedOptimizerState : public ::testing::Test {
  protected:
@@ -43,13 +45,18 @@ class ShardedOptimizerState : public ::testing::Test {
     for (const auto& key : kReported) all.erase(key);
     return all;
   }
-  // Sharded against unsharded on every rank: weights and everything reported
-  // within 1e-12; with `bit_identical`, every weight bit for bit.
-  static void expect_same_training(const std::string& name, bool bit_identical) {
+  // Sharded (each of `variants`) against unsharded on every rank: weights and
+  // everything reported within 1e-12; with `bit_identical`, every weight bit
+  // for bit.
+  static void expect_same_training(const std::string& name, bool bit_identical,
+                                   const std::vector<std::string>& variants = kSharded) {
+    for (const std::string& variant : variants) expect_same_training(name, variant, bit_identical);
+  }
+  static void expect_same_training(const std::string& name, const std::string& variant, bool bit_identical) {
     expect_success();
     for (int rank = 0; rank < 4; ++rank) {
-      const TensorMap plain = result(name, "plain", rank), sharded = result(name, "sharded", rank);
-      const std::string where = name + " rank " + std::to_string(rank);
+      const TensorMap plain = result(name, "plain", rank), sharded = result(name, variant, rank);
+      const std::string where = name + " " + variant + " rank " + std::to_string(rank);
       ASSERT_EQ(weights(plain).size(), weights(sharded).size()) << where;
       for (const auto& [key, want] : weights(plain)) {
         const at::Tensor& got = sharded.at(key);
@@ -69,7 +76,7 @@ class ShardedOptimizerState : public ::testing::Test {
   static void expect_half_the_state(const std::string& name, int fields) {
     expect_success();
     for (int rank = 0; rank < 4; ++rank) {
-      const TensorMap plain = result(name, "plain", rank), sharded = result(name, "sharded", rank);
+      const TensorMap plain = result(name, "plain", rank);
       int64_t whole = 0, half = 0;
       for (const auto& [key, w] : weights(plain)) {
         whole += fields * w.numel() * 8;
@@ -77,7 +84,10 @@ class ShardedOptimizerState : public ::testing::Test {
       }
       const std::string where = name + " rank " + std::to_string(rank);
       EXPECT_EQ(plain.at("state_bytes").item<double>(), static_cast<double>(whole)) << where;
-      EXPECT_EQ(sharded.at("state_bytes").item<double>(), static_cast<double>(half)) << where;
+      for (const std::string& variant : kSharded) {
+        EXPECT_EQ(result(name, variant, rank).at("state_bytes").item<double>(), static_cast<double>(half))
+            << where << " " << variant;
+      }
       EXPECT_LE(2 * half, whole + fields * 8 * static_cast<int64_t>(weights(plain).size())) << where;
     }
   }
@@ -89,6 +99,31 @@ class ShardedOptimizerState : public ::testing::Test {
 TEST_F(ShardedOptimizerState, AdamWithALearningRateScheduleUpdatesAsUnsharded) {
   expect_same_training("adam-1f1b", true);
   expect_half_the_state("adam-1f1b", 2);
+}
+
+// At ZeRO-2 the update finds only this replica's pieces of the reduced
+// gradients (ceil(n / 2) of each weight of n), the whole ones released; at
+// ZeRO-1 and unsharded, whole gradients.
+TEST_F(ShardedOptimizerState, ShardedGradientsKeepHalfTheGradientStorage) {
+  expect_success();
+  for (int rank = 0; rank < 4; ++rank) {
+    const TensorMap plain = result("adam-1f1b", "plain", rank);
+    double whole = 0, half = 0;
+    for (const auto& [key, w] : weights(plain)) {
+      whole += static_cast<double>(w.numel() * 8);
+      half += static_cast<double>((w.numel() + 1) / 2 * 8);
+    }
+    const std::string where = "rank " + std::to_string(rank);
+    EXPECT_EQ(plain.at("gradient_bytes").item<double>(), whole) << where;
+    EXPECT_EQ(result("adam-1f1b", "sharded", rank).at("gradient_bytes").item<double>(), whole) << where;
+    EXPECT_EQ(result("adam-1f1b", "gradients", rank).at("gradient_bytes").item<double>(), half) << where;
+  }
+}
+
+// A reduce-scatter after every backward, each replica adding up its pieces:
+// the sums in another order than one reduction a step.
+TEST_F(ShardedOptimizerState, ShardedGradientsReducedPerMicroBatchUpdateAsUnsharded) {
+  expect_same_training("adam-per-microbatch", "gradients", false);
 }
 
 TEST_F(ShardedOptimizerState, SgdWithMomentumAndAScaledLearningRateUpdatesAsUnsharded) {
@@ -131,8 +166,8 @@ TEST_F(ShardedOptimizerState, TiedWeightsStayBitIdenticalAcrossStagesAndReplicas
   }
 }
 
-// The checkpoint holds the whole state: a sharded and an unsharded pipeline
-// resume from it into the uninterrupted run's next steps.
+// The checkpoint holds the whole state: a pipeline sharded at either level
+// and an unsharded one resume from it into the uninterrupted run's next steps.
 TEST_F(ShardedOptimizerState, ACheckpointResumesShardedOrNotAsIfNeverStopped) {
   expect_success();
   for (int rank = 0; rank < 4; ++rank) {
@@ -140,7 +175,7 @@ TEST_F(ShardedOptimizerState, ACheckpointResumesShardedOrNotAsIfNeverStopped) {
       return read_tensors(out_ + "/" + what + "-rank" + std::to_string(rank) + ".pt");
     };
     const TensorMap want = file("resume-uninterrupted");
-    for (const char* how : {"resume-sharded", "resume-unsharded"}) {
+    for (const char* how : {"resume-sharded", "resume-gradients", "resume-plain"}) {
       const TensorMap got = file(how);
       ASSERT_EQ(got.size(), want.size());
       for (const auto& [key, t] : want) {

@@ -259,7 +259,8 @@ TEST(NewSchedules, BadRequestsAreClear) {
               HasSubstr("recompute applies to synchronous schedules"));
   EXPECT_THAT(error(PipelineOptions().workers(3).microbatches(2).schedule_text("0F0 1F0 1B0 0B0\n0F1\n")),
               HasSubstr("the schedule is for 2 workers"));
-  // Of the sharding actions a pipeline runs one REDUCE_GRAD per stage and step.
+  // Of the sharding actions a pipeline runs one REDUCE_GRAD per stage and step (more only with
+  // shard "gradients", across processes).
   EXPECT_THAT(error(PipelineOptions().microbatches(1).schedule_text("0UNSHARD 0F0 0B0 0RESHARD\n1F0 1B0\n")),
               HasSubstr("schedule 'custom' has 0UNSHARD on worker 0, which a pipeline does not run: its stages' "
                         "parameters stay whole on every replica"));

@@ -102,17 +102,20 @@ def test_two_replicas_of_a_two_process_pipeline(tmp_path):
     check_ranks(torchrun(tmp_path, 4, "gpipe"), workers=2, replicas=2)
 
 
-def test_optimizer_state_sharded_across_replicas_trains_as_unsharded(tmp_path):
-    """shard="optimizer": 2 replicas of a 2-process pipeline, Adam:
-    the reduce-scatter sums the same two numbers the all-reduce does and
-    Adam's update is elementwise, so the weights are bit-identical."""
+def test_optimizer_state_and_gradients_sharded_across_replicas_train_as_unsharded(tmp_path):
+    """shard="optimizer" and "gradients": 2 replicas of a 2-process
+    pipeline, Adam: the reduce-scatter sums the same two numbers the
+    all-reduce does and Adam's update is elementwise, so the weights are
+    bit-identical."""
     for rank, saved in enumerate(torchrun(tmp_path, 4, "1f1b", mode="sharded")):
         assert "needs a synchronous schedule; 'pipedream'" in saved["refusal"], saved["refusal"]
         reductions = [a for line in saved["schedule"].splitlines()[1:] for a in line.split() if "REDUCE_GRAD" in a]
         assert reductions == ["0REDUCE_GRAD", "1REDUCE_GRAD"], saved["schedule"]
-        assert saved["plain"].keys() == saved["sharded"].keys() and saved["plain"], rank
-        for name, want in saved["plain"].items():
-            assert torch.equal(saved["sharded"][name], want), f"rank {rank}: {name}"
+        for shard in ("optimizer", "gradients"):
+            assert saved["none"].keys() == saved[shard].keys() and saved["none"], rank
+            for name, want in saved["none"].items():
+                assert torch.equal(saved[shard][name], want), f"rank {rank}, {shard}: {name}"
+        for name, want in saved["none"].items():
             assert not torch.equal(want, worker.make_model().state_dict()[name]), f"rank {rank}: {name} untrained"
 
 

@@ -67,21 +67,21 @@ def train(pipe, steps: int = STEPS):
 
 
 def sharded(out_dir: str, schedule: str, process_group, replica_group):
-    """Adam, the pipeline's own, 3 steps with its state sharded across the
-    replicas and without: both runs' weights."""
+    """Adam, the pipeline's own, 3 steps with its state (and its gradients)
+    sharded across the replicas and without: each run's weights."""
     import torch.distributed as dist
 
     import conveyor
 
     weights = {}
-    for shard in (False, True):
+    for shard in ("none", "optimizer", "gradients"):
         pipe = conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
                                  loss_fn=loss_fn, process_group=process_group, replica_group=replica_group,
-                                 timeout=120, optimizer="adam", lr=0.01, shard="optimizer" if shard else "none")
+                                 timeout=120, optimizer="adam", lr=0.01, shard=shard)
         for step in range(3):
             inputs, target = batch(step)
             pipe.train_step(pipe.shard(inputs), pipe.shard(target))
-        weights["sharded" if shard else "plain"] = {n: p.detach().clone() for n, p in pipe.named_parameters()}
+        weights[shard] = {n: p.detach().clone() for n, p in pipe.named_parameters()}
         weights["schedule"] = pipe.schedule  # each stage's reduce-scatter an action of it
     try:  # the option reaches the pipeline: an asynchronous schedule cannot shard
         conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule="pipedream",
