@@ -60,9 +60,11 @@ Flags (--flag=VALUE or --flag VALUE):
   --batch N           global batch, divided among the replicas (default 256)
   --lr X              learning rate (default 0.05)
   --optimizer NAME    sgd (default) | adam
-  --shard-optimizer   pipeline with replicas: each replica keeps 1/D of the
-                      optimizer's state (ZeRO-1); rank 0 prints every rank's
-                      optimizer bytes and the median step time
+  --shard LEVEL       pipeline with replicas: none (default) | optimizer (each
+                      replica keeps 1/D of the optimizer's state, ZeRO-1) |
+                      gradients (and of the reduced gradients, ZeRO-2); rank 0
+                      prints every rank's optimizer bytes and the median step
+  --shard-optimizer   --shard optimizer
   --scale-lr          multiply the learning rate by the replicas (linear scaling)
   --predict           pipeline, one replica: rank 0 profiles the model and the
                       link first and prints the planner's predicted step
@@ -127,10 +129,13 @@ Args parse(int argc, char** argv) {
                                                                     {"predict", {&a.predict, true}},
                                                                     {"keep-sent", {&a.keep_sent, true}},
                                                                     {"shared-memory", {&a.shared_memory, true}},
-                                                                    {"no-shared-memory", {&a.shared_memory, false}},
-                                                                    {"shard-optimizer", {&a.shard_optimizer, true}}};
+                                                                    {"no-shared-memory", {&a.shared_memory, false}}};
     if (const auto it = switches.find(flag); it != switches.end()) {
       *it->second.first = it->second.second;
+      continue;
+    }
+    if (flag == "shard-optimizer") {
+      a.shard = conveyor::ShardLevel::kOptimizer;
       continue;
     }
     if (const auto eq = flag.find('='); eq != std::string::npos) {
@@ -161,6 +166,8 @@ Args parse(int argc, char** argv) {
         throw std::invalid_argument("--parallel must be pipeline, threads, ddp or dataparallel, got '" + value + "'");
       }
       a.parallel = value;
+    } else if (flag == "shard") {
+      a.shard = conveyor::schedules::shard_level_named(value);  // names the levels when it is none of them
     } else if (flag == "schedule") {
       a.schedule = value;
     } else if (flag == "model") {

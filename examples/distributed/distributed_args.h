@@ -16,7 +16,7 @@ struct Args {
   bool scale_lr = false, predict = false, keep_sent = false;
   bool shared_memory = conveyor::DistributedOptions().shared_memory;  // --no-shared-memory: false
   std::string optimizer = "sgd";  // sgd | adam
-  bool shard_optimizer = false;   // ZeRO-1 across the replicas
+  conveyor::ShardLevel shard = conveyor::ShardLevel::kNone;  // across the replicas (--shard)
   std::string run_dir;            // --save-every's checkpoints
   int save_every = 0;
   bool resume = false;            // --resume auto

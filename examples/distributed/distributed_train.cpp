@@ -108,7 +108,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
   conveyor::Pipeline pipe(make_model(a),
                           options.scale_learning_rate(a.scale_lr)
                               .local_rank(env.local_rank)
-                              .shard(a.shard_optimizer ? conveyor::ShardLevel::kOptimizer : conveyor::ShardLevel::kNone)
+                              .shard(a.shard)
                               .shared_memory(a.shared_memory),
                           groups);
   conveyor::examples::RunCheckpoints checkpoints(a.run_dir, a.save_every, env.rank, env.world_size);
@@ -143,7 +143,7 @@ int run_pipeline(const Args& a, const conveyor::LaunchEnvironment& env) {
     evaluate(a, ranks.model());
     if (!a.checkpoint.empty()) save(a.checkpoint, ranks.model());
     if (!a.state_dict.empty()) conveyor::save_model_state(a.state_dict, *ranks.model());
-    std::cout << "optimizer state per rank (" << (a.shard_optimizer ? "sharded" : "not sharded") << "):";
+    std::cout << "optimizer state per rank (shard " << conveyor::value_name(a.shard) << "):";
     for (int r = 0; r < env.world_size; ++r) std::cout << " " << static_cast<int64_t>(state_bytes[r].item<double>());
     std::cout << " bytes\nmedian step " << conveyor::median(wall) * 1e3 << " ms\n";
     if (plan) {

@@ -1,7 +1,7 @@
 """A distributed run that moves to another layout, and its checkpoint read in Python.
 
 Runs distributed_train under torchrun as 2 stages x 2 replicas (4 processes,
-Adam, the optimizer state sharded across the replicas) for 6 steps, each
+Adam, its state and the gradients sharded across the replicas: ZeRO-2) for 6 steps, each
 rank checkpointing every 3 steps. A second job of 3 processes (3 stages x 1
 replica) starts from the step-3 files alone (--resume auto reads every
 rank's file when the job's size differs) and runs to step 6: its trained
@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="conveyor-reshard-") as tmp:
         whole, moved = os.path.join(tmp, "whole"), os.path.join(tmp, "moved")
         uninterrupted, resumed = os.path.join(tmp, "uninterrupted.pt"), os.path.join(tmp, "resumed.pt")
-        run(args.binary, 4, ["--workers=2", "--replicas=2", "--shard-optimizer", f"--run-dir={whole}",
+        run(args.binary, 4, ["--workers=2", "--replicas=2", "--shard=gradients", f"--run-dir={whole}",
                              f"--state-dict={uninterrupted}"])
         os.makedirs(moved)
         for path in glob.glob(os.path.join(whole, "step3-rank*-of4.ckpt")):
