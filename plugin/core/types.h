@@ -54,6 +54,11 @@ struct ReplicaReduction {
   // maximum, with `max`) across the replicas, so that the loss scaler's
   // verdict and the clipping norm are the whole gradients'.
   std::function<void(at::Tensor& values, bool max)> across_replicas;
+  // Set when `start` releases the whole gradients as it reads them and the
+  // holders accumulate (the gradients sharded): a stage may reduce after each
+  // backward, and its next backward first waits for that reduction, whose
+  // buffers hold a whole gradient's worth.
+  bool accumulates = false;
 
   // start, then wait.
   void gradients(int stage, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& holders) const {

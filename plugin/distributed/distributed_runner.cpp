@@ -112,6 +112,7 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
                  ? start_reduce_scatter_into_pieces(*groups, stage, weights, holders, average)
                  : start_reduce_scatter_gradients(*groups, stage, weights, average);
     };
+    replicas.accumulates = level == ShardLevel::kGradients;
     replicas.across_replicas = [groups = groups_](at::Tensor& values, bool max) {
       all_reduce_values(*groups, *groups->replicas(), values, max,
                         c10::str("the verdict or gradient norm of stage ", groups->worker(), "'s replicas"));

@@ -63,7 +63,7 @@ std::unique_ptr<torch::optim::Optimizer> remake(const torch::optim::Optimizer& f
     return std::make_unique<RMSprop>(param_groups, static_cast<const RMSpropOptions&>(d));
   }
   throw std::invalid_argument(
-      c10::str("conveyor: sharded optimizer state (ZeRO-1) needs an optimizer whose update is elementwise (SGD, Adam, ",
+      c10::str("conveyor: sharded optimizer state (ZeRO-1 and 2) needs an optimizer whose update is elementwise (SGD, Adam, ",
                "AdamW, Adagrad, RMSprop), got ", c10::demangle(typeid(full).name())));
 }
 

@@ -38,10 +38,11 @@ class ShardedState {
   // learning rates become this optimizer's (which it hands the pieces' at
   // each step).
   virtual void shard_restored() = 0;
-  // Where the gradients are sharded too: shard()'s tensors, whose .grad hold
-  // this process's pieces of the reduced gradients (what the loss scaler's
-  // verdict, unscaling and clipping read and change); else null, and the
-  // whole weights' .grad hold them.
+  // Where the gradients are sharded too: this process's pieces of every
+  // weight, in the weights' order (those of frozen weights, which shard()
+  // does not step, included), whose .grad hold its pieces of the reduced
+  // gradients (what the loss scaler's verdict, unscaling and clipping read
+  // and change); else null, and the whole weights' .grad hold them.
   virtual const std::vector<at::Tensor>* gradient_pieces() const { return nullptr; }
 };
 

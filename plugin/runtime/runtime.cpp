@@ -360,7 +360,12 @@ void Runtime::run_worker(int w, StepContext& ctx) {
 
   if (training && schedule.synchronous() && guard_) {
     for (int k : mine) {
-      if (!ctx.stages[k].reduced) check_finite(k, -1, "gradient", stages_[k]->made_gradients(), ctx, "");
+      const auto& st = ctx.stages[k];
+      if (!st.counted) {
+        check_finite(k, -1, "gradient", stages_[k]->made_gradients(), ctx, "");
+      } else if (st.nonfinite.defined()) {
+        check_nonfinite_count(k, -1, "gradient", st.nonfinite.item<int64_t>(), ctx, "");
+      }
     }
   }
   // Beside the end fence (run), the host waits when it reads values: a

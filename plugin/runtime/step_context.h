@@ -41,11 +41,14 @@ struct Runtime::StepContext {
     // Bytes sent to the neighbours: activations forward, input gradients back.
     int64_t activation_bytes = 0, gradient_bytes = 0;
     // The replicas' reduction of the stage's gradients, started at its
-    // REDUCE_GRAD and waited for by the update (ReplicaReduction::start),
-    // or by the next REDUCE_GRAD; whether one started this step (its
-    // gradients were checked then).
+    // REDUCE_GRAD and waited for by the update (ReplicaReduction::start), or
+    // by the stage's next REDUCE_GRAD or backward where it accumulates.
     std::function<void()> reducing;
-    bool reduced = false;
+    // The divergence guard's count of non-finite gradient elements the
+    // stage's reductions read (undefined: none), and whether they counted
+    // (then the end of the worker's line reads this count instead).
+    at::Tensor nonfinite;
+    bool counted = false;
     // The index of the action the stage is in (-1: none), and whether it is
     // blocked in the transport: a timeout's message names the stages busy in
     // an action, the likely cause of the wait.

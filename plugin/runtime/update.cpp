@@ -103,19 +103,28 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
   TORCH_INTERNAL_ASSERT(action.kind == schedules::ShardKind::kReduceGrad, "conveyor: schedule '", ctx.schedule.name,
                         "' reached the runtime with ", action.str());
   const int k = action.stage;
-  auto& reducing = ctx.stages[k].reducing;
+  auto& st = ctx.stages[k];
+  // build_schedule allows a second only where the reduction accumulates.
+  TORCH_INTERNAL_ASSERT(!st.reducing || replicas_.accumulates, "conveyor: a second ", action.str(), " in one step");
   // Nothing to reduce: inference, a step that accumulates, no replicas, or a
   // caller's optimizer (the distributed pipeline reduces its gradients after
   // the step). A tied parameter's stage has no REDUCE_GRAD (StageRunner).
   if (!ctx.training() || !ctx.data.update || !replicas_ || !stages_[k]->optimizer()) return;
   Stage& stage = *stages_[k];
-  // Checked before the reduction reads them (with the gradients sharded, it releases them).
-  if (guard_) check_finite(k, -1, "gradient", stage.made_gradients(), ctx, "");
-  // A REDUCE_GRAD after each micro-batch (shard "gradients" only:
-  // build_schedule): the last one's pieces are added before the next starts.
-  if (reducing) std::exchange(reducing, nullptr)();
-  reducing = replicas_.start(k, stage.live(), stage.gradient_holders());
-  ctx.stages[k].reduced = true;
+  // The guard counts what the reduction reads (it may release them) and
+  // reads the count once, at the end of the worker's line.
+  if (guard_) {
+    const std::vector<at::Tensor> made = stage.made_gradients();
+    if (!made.empty()) {
+      const at::Tensor bad = count_nonfinite(made);
+      st.nonfinite = st.nonfinite.defined() ? st.nonfinite + bad : bad;
+    }
+    st.counted = true;
+  }
+  // After each micro-batch (shard "gradients" only): the last one's pieces
+  // are added before the next starts.
+  if (st.reducing) std::exchange(st.reducing, nullptr)();
+  st.reducing = replicas_.start(k, stage.live(), stage.gradient_holders());
 }
 
 void Runtime::update(StepContext& ctx, StepResult& result) {

@@ -67,6 +67,16 @@ inline std::vector<ShardedCase> sharded_cases() {
     return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.5).momentum(0.9));
   };
   cases.push_back({"tied", seeded_tied_lm, tied_lm_options().optimizer(sgd), true, nullptr});
+  // A frozen weight (no gradient, a piece all the same), and updates every
+  // second step (the gradients of two steps reduced at once).
+  auto frozen = [] {
+    torch::nn::Sequential m = seeded_mlp();
+    m->named_parameters()["0.bias"].set_requires_grad(false);
+    return m;
+  };
+  cases.push_back({"frozen-accumulated", frozen,
+                   PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam).accumulate_steps(2), false,
+                   nullptr});
   // ZeRO-2 with a reduce-scatter after every backward (the given schedule's
   // REDUCE_GRADs): each replica accumulates its pieces, sums in another order.
   ShardedCase per_microbatch{"adam-per-microbatch", seeded_mlp,
@@ -204,7 +214,14 @@ inline void sharded(Worker& w) {
     auto lbfgs = [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::LBFGS>(p); };
     DistributedRunner(seeded_mlp(), PipelineOptions(sharding).optimizer(lbfgs), groups);
   }) + "\n";
-  refusals += refusal([&] { DistributedRunner(seeded_mlp(), sharding, groups); });
+  refusals += refusal([&] { DistributedRunner(seeded_mlp(), sharding, groups); }) + "\n";
+  // A reduction per micro-batch adds up only where the gradients are sharded.
+  refusals += refusal([&] {
+    const ShardedCase per_microbatch = sharded_cases().back();
+    DistributedRunner(seeded_mlp(), PipelineOptions(per_microbatch.options).schedule_text(
+                                        per_microbatch.gradients_schedule_text).shard(ShardLevel::kOptimizer),
+                      groups);
+  });
   w.note("sharded-refusals", refusals);
   groups->barrier();
 }

@@ -120,6 +120,14 @@ TEST_F(ShardedOptimizerState, ShardedGradientsKeepHalfTheGradientStorage) {
   }
 }
 
+// A frozen weight stays as it was; two steps' gradients reduced at once.
+TEST_F(ShardedOptimizerState, AFrozenWeightAndAccumulatedStepsUpdateAsUnsharded) {
+  expect_same_training("frozen-accumulated", true);
+  const TensorMap plain = result("frozen-accumulated", "plain", 0);
+  EXPECT_TRUE(torch::equal(plain.at("0.bias"), values_of(seeded_mlp()).at("0.bias")));
+  EXPECT_FALSE(torch::equal(plain.at("0.weight"), values_of(seeded_mlp()).at("0.weight")));
+}
+
 // A reduce-scatter after every backward, each replica adding up its pieces:
 // the sums in another order than one reduction a step.
 TEST_F(ShardedOptimizerState, ShardedGradientsReducedPerMicroBatchUpdateAsUnsharded) {
@@ -188,14 +196,17 @@ TEST_F(ShardedOptimizerState, ACheckpointResumesShardedOrNotAsIfNeverStopped) {
 TEST_F(ShardedOptimizerState, WhatCannotBeShardedIsRefusedByName) {
   expect_success();
   std::ifstream in(out_ + "/sharded-refusals-rank0.txt");
-  std::string pipedream, lbfgs, none;
+  std::string pipedream, lbfgs, none, per_microbatch;
   std::getline(in, pipedream);
   std::getline(in, lbfgs);
   std::getline(in, none);
+  std::getline(in, per_microbatch);
   EXPECT_THAT(pipedream, HasSubstr("needs a synchronous schedule; 'pipedream'"));
   EXPECT_THAT(lbfgs, HasSubstr("elementwise"));
   EXPECT_THAT(lbfgs, HasSubstr("LBFGS"));
   EXPECT_THAT(none, HasSubstr("needs the pipeline's own optimizer"));
+  EXPECT_THAT(per_microbatch, HasSubstr("has 0REDUCE_GRAD on worker 0, which a pipeline does not run: it reduces a "
+                                        "stage's gradients once a step"));
 }
 
 }  // namespace
