@@ -15,8 +15,6 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 
-#include <utility>
-
 namespace conveyor {
 
 using schedules::Action;
@@ -114,11 +112,6 @@ void keep_for_backward(StashEntry& entry, bool inputs_only, Tensors& inputs, con
 
 void Runtime::run_action(const Action& action, StepContext& ctx) {
   const int k = action.stage, mb = action.microbatch;
-  // New weight gradients: the stage's last reduction, if it accumulates,
-  // is finished first, so that its whole-gradient buffers are gone.
-  auto& reducing = ctx.stages[k].reducing;
-  const bool makes_gradients = action.kind == ActionKind::kBackward || action.kind == ActionKind::kWeight;
-  if (replicas_.accumulates && reducing && makes_gradients) std::exchange(reducing, nullptr)();
   switch (action.kind) {
     case ActionKind::kForward:
       forward(k, mb, ctx);

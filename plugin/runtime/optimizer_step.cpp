@@ -61,11 +61,8 @@ void Runtime::optimizer_step(int k, int mb, StepContext& ctx) {
 
 void Runtime::check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors,
                            const StepContext& ctx, const std::string& action) const {
-  if (!tensors.empty()) check_nonfinite_count(k, mb, what, count_nonfinite(tensors).item<int64_t>(), ctx, action);
-}
-
-void Runtime::check_nonfinite_count(int k, int mb, const char* what, int64_t bad, const StepContext& ctx,
-                                    const std::string& action) const {
+  if (tensors.empty()) return;
+  const int64_t bad = count_nonfinite(tensors).item<int64_t>();
   if (bad == 0) return;
   const int64_t step = completed_steps_ + 1;
   const std::string& schedule = ctx.schedule.name;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 namespace conveyor {
 
@@ -328,6 +329,19 @@ void Runtime::run_worker(int w, StepContext& ctx) {
     meet_barriers(i);
     if (ctx.failed) throw AbortedError("aborted because another stage failed");
     run_sharding_at(i);
+    // New weight gradients: the stage's last reduction, where it accumulates,
+    // is finished first, so that its whole-gradient buffers are gone (a wait
+    // of the REDUCE_GRAD, not time of this action).
+    if (replicas_.accumulates && st.reducing &&
+        (action.kind == ActionKind::kBackward || action.kind == ActionKind::kWeight)) {
+      try {
+        std::exchange(st.reducing, nullptr)();
+      } catch (const std::exception& e) {
+        throw PipelineError(k, -1, "REDUCE_GRAD",
+                            c10::str("conveyor: stage ", k, " failed waiting for its REDUCE_GRAD before ", action.str(),
+                                     ": ", message_of(e)));
+      }
+    }
     // An offloaded input comes back while this action computes.
     if (schedule.stash == schedules::Stash::kOffload && i + 1 < actions.size() &&
         schedules::is_backward(actions[i + 1].kind)) {
@@ -360,12 +374,7 @@ void Runtime::run_worker(int w, StepContext& ctx) {
 
   if (training && schedule.synchronous() && guard_) {
     for (int k : mine) {
-      const auto& st = ctx.stages[k];
-      if (!st.counted) {
-        check_finite(k, -1, "gradient", stages_[k]->made_gradients(), ctx, "");
-      } else if (st.nonfinite.defined()) {
-        check_nonfinite_count(k, -1, "gradient", st.nonfinite.item<int64_t>(), ctx, "");
-      }
+      if (!ctx.stages[k].checked) check_finite(k, -1, "gradient", stages_[k]->made_gradients(), ctx, "");
     }
   }
   // Beside the end fence (run), the host waits when it reads values: a

@@ -139,7 +139,7 @@ class Runtime {
   void add_back_tied_gradients(const std::vector<Tensors>& before);
 
   // A sharding action of the schedule (update.cpp): REDUCE_GRAD starts the
-  // replicas' reduction of the stage's gradients (the guard counts them
+  // replicas' reduction of the stage's gradients (the guard checks them
   // first), which update() waits for, or, where the reduction accumulates,
   // the stage's next REDUCE_GRAD or backward.
   void run_sharding(const schedules::ShardAction& action, StepContext& ctx);
@@ -149,9 +149,6 @@ class Runtime {
   // per micro-batch) or once after the step (mb = -1).
   void check_finite(int k, int mb, const char* what, const std::vector<at::Tensor>& tensors, const StepContext& ctx,
                     const std::string& action) const;
-  // The same, given the count of non-finite elements.
-  void check_nonfinite_count(int k, int mb, const char* what, int64_t bad, const StepContext& ctx,
-                             const std::string& action) const;
   void optimizer_step(int k, int mb, StepContext& ctx);
   // After a training step's last action (update.cpp): a synchronous step's
   // update (replicas' gradients reduced, the loss scaler's verdict,

@@ -44,11 +44,9 @@ struct Runtime::StepContext {
     // REDUCE_GRAD and waited for by the update (ReplicaReduction::start), or
     // by the stage's next REDUCE_GRAD or backward where it accumulates.
     std::function<void()> reducing;
-    // The divergence guard's count of non-finite gradient elements the
-    // stage's reductions read (undefined: none), and whether they counted
-    // (then the end of the worker's line reads this count instead).
-    at::Tensor nonfinite;
-    bool counted = false;
+    // Whether the divergence guard checked the gradients at a REDUCE_GRAD
+    // (then not again at the end of the worker's line).
+    bool checked = false;
     // The index of the action the stage is in (-1: none), and whether it is
     // blocked in the transport: a timeout's message names the stages busy in
     // an action, the likely cause of the wait.

@@ -111,15 +111,11 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
   // the step). A tied parameter's stage has no REDUCE_GRAD (StageRunner).
   if (!ctx.training() || !ctx.data.update || !replicas_ || !stages_[k]->optimizer()) return;
   Stage& stage = *stages_[k];
-  // The guard counts what the reduction reads (it may release them) and
-  // reads the count once, at the end of the worker's line.
+  // The guard checks what the reduction reads (it may release them) before
+  // it starts: a replica's non-finite gradient never reaches its peers.
   if (guard_) {
-    const std::vector<at::Tensor> made = stage.made_gradients();
-    if (!made.empty()) {
-      const at::Tensor bad = count_nonfinite(made);
-      st.nonfinite = st.nonfinite.defined() ? st.nonfinite + bad : bad;
-    }
-    st.counted = true;
+    check_finite(k, -1, "gradient", stage.made_gradients(), ctx, "");
+    st.checked = true;
   }
   // After each micro-batch (shard "gradients" only): the last one's pieces
   // are added before the next starts.

@@ -19,6 +19,9 @@
 namespace conveyor::testing {
 
 constexpr int kShardedSteps = 5;
+// 1F1B of 2 workers and 2 micro-batches with a REDUCE_GRAD after every backward.
+constexpr const char* kReducedPerMicrobatch =
+    "0F0 0F1 0B0 0REDUCE_GRAD 0B1 0REDUCE_GRAD\n1F0 1B0 1REDUCE_GRAD 1F1 1B1 1REDUCE_GRAD\n";
 
 struct ShardedCase {
   std::string name;
@@ -82,8 +85,7 @@ inline std::vector<ShardedCase> sharded_cases() {
   ShardedCase per_microbatch{"adam-per-microbatch", seeded_mlp,
                              PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam), false, nullptr};
   per_microbatch.levels = {ShardLevel::kGradients};
-  per_microbatch.gradients_schedule_text =
-      "0F0 0F1 0B0 0REDUCE_GRAD 0B1 0REDUCE_GRAD\n1F0 1B0 1REDUCE_GRAD 1F1 1B1 1REDUCE_GRAD\n";
+  per_microbatch.gradients_schedule_text = kReducedPerMicrobatch;
   cases.push_back(per_microbatch);
   return cases;
 }
@@ -217,10 +219,8 @@ inline void sharded(Worker& w) {
   refusals += refusal([&] { DistributedRunner(seeded_mlp(), sharding, groups); }) + "\n";
   // A reduction per micro-batch adds up only where the gradients are sharded.
   refusals += refusal([&] {
-    const ShardedCase per_microbatch = sharded_cases().back();
-    DistributedRunner(seeded_mlp(), PipelineOptions(per_microbatch.options).schedule_text(
-                                        per_microbatch.gradients_schedule_text).shard(ShardLevel::kOptimizer),
-                      groups);
+    const PipelineOptions options = PipelineOptions(sharding).schedule_text(kReducedPerMicrobatch);
+    DistributedRunner(seeded_mlp(), PipelineOptions(options).optimizer(sgd_momentum()), groups);
   });
   w.note("sharded-refusals", refusals);
   groups->barrier();
