@@ -141,7 +141,7 @@ class Runtime {
   // A sharding action of the schedule (update.cpp): REDUCE_GRAD starts the
   // replicas' reduction of the stage's gradients (the guard checks them
   // first), which update() waits for, or, where the reduction accumulates,
-  // the stage's next REDUCE_GRAD or backward.
+  // the stage's next backward (run_worker).
   void run_sharding(const schedules::ShardAction& action, StepContext& ctx);
 
   // Updates (optimizer_step.cpp): the divergence guard's check, and stage

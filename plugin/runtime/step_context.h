@@ -42,7 +42,7 @@ struct Runtime::StepContext {
     int64_t activation_bytes = 0, gradient_bytes = 0;
     // The replicas' reduction of the stage's gradients, started at its
     // REDUCE_GRAD and waited for by the update (ReplicaReduction::start), or
-    // by the stage's next REDUCE_GRAD or backward where it accumulates.
+    // by the stage's next backward where it accumulates.
     std::function<void()> reducing;
     // Whether the divergence guard checked the gradients at a REDUCE_GRAD
     // (then not again at the end of the worker's line).

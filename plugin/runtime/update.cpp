@@ -104,8 +104,9 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
                         "' reached the runtime with ", action.str());
   const int k = action.stage;
   auto& st = ctx.stages[k];
-  // build_schedule allows a second only where the reduction accumulates.
-  TORCH_INTERNAL_ASSERT(!st.reducing || replicas_.accumulates, "conveyor: a second ", action.str(), " in one step");
+  // build_schedule allows a second only where the reduction accumulates, and
+  // then the backward between them waited for the first (run_worker).
+  TORCH_INTERNAL_ASSERT(!st.reducing, "conveyor: ", action.str(), " with the last one still pending");
   // Nothing to reduce: inference, a step that accumulates, no replicas, or a
   // caller's optimizer (the distributed pipeline reduces its gradients after
   // the step). A tied parameter's stage has no REDUCE_GRAD (StageRunner).
@@ -117,9 +118,6 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
     check_finite(k, -1, "gradient", stage.made_gradients(), ctx, "");
     st.checked = true;
   }
-  // After each micro-batch (shard "gradients" only): the last one's pieces
-  // are added before the next starts.
-  if (st.reducing) std::exchange(st.reducing, nullptr)();
   st.reducing = replicas_.start(k, stage.live(), stage.gradient_holders());
 }
 
