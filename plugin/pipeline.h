@@ -108,12 +108,14 @@ class Pipeline {
   std::vector<std::pair<std::string, at::Tensor>> named_buffers() const;
   // Parameters and persistent buffers by model name, detached, as the
   // model's state_dict() has them (a tied weight under each of its names):
-  // what torch.save keeps.
+  // what torch.save keeps. With shard "parameters", after unshard() (the
+  // weights are otherwise each replica's pieces: an error says so).
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
   // Copies `state`'s tensors (by model name, of the pipeline's shapes) into
   // the pipeline; returns the names it lacks and those it has no place for.
   // `strict`: any of either is an error naming the first, and nothing is
-  // copied; otherwise the names present are loaded.
+  // copied; otherwise the names present are loaded. With shard "parameters",
+  // after unshard(); the loaded weights become each replica's pieces.
   struct IncompatibleKeys {
     std::vector<std::string> missing, unexpected;
   };

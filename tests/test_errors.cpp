@@ -82,10 +82,8 @@ TEST(BadInput, ARunnerBuiltDirectlyChecksTheOptionValuesItself) {
                 StageRunner(testing::make_mlp(), PipelineOptions().workers(2).optimizer(sgd).accumulate_steps(0));
               }),
               HasSubstr("accumulate_steps must be at least 1, got 0"));
-  EXPECT_THAT(error_of([&] {
-                StageRunner(testing::make_mlp(), PipelineOptions().workers(2).shard(ShardLevel::kParameters));
-              }),
-              HasSubstr("shard \"parameters\" is not run by a pipeline"));
+  EXPECT_THAT(error_of([&] { StageRunner(testing::make_mlp(), PipelineOptions().workers(2).microbatches(0)); }),
+              HasSubstr("microbatches"));
 }
 
 TEST(BadInput, BatchesThatDoNotSplit) {

@@ -100,6 +100,43 @@ Dict options_to_dict(const StageRunner& pipe) {
   return d;
 }
 
+// With the parameters sharded (shard "parameters"), the local stages'
+// weights whole while a checkpoint reads or writes them: gathered from every
+// replica's pieces to be saved (collective: every replica saves), or given
+// storage to be loaded, then taken as the pieces. Released again after,
+// unless they were whole before.
+class WholeWeights {
+ public:
+  enum class For { kSaving, kLoading };
+  WholeWeights(const StageRunner& pipe, For use) {
+    for (int k = 0; k < pipe.num_stages(); ++k) {
+      ShardedState* shards = pipe.is_local(k) ? pipe.stage(k).parameter_shards() : nullptr;
+      if (!shards) continue;
+      held_.emplace_back(shards, shards->parameters_whole());
+      if (use == For::kSaving) {
+        shards->gather_parameters();
+      } else {
+        shards->allocate_parameters();
+      }
+    }
+  }
+  // The loaded weights become the pieces.
+  void loaded() {
+    for (auto& [shards, was_whole] : held_) shards->shard_parameters();
+    held_.clear();
+  }
+  ~WholeWeights() {
+    for (auto& [shards, was_whole] : held_) {
+      if (!was_whole) shards->release_parameters();
+    }
+  }
+  WholeWeights(const WholeWeights&) = delete;
+  WholeWeights& operator=(const WholeWeights&) = delete;
+
+ private:
+  std::vector<std::pair<ShardedState*, bool>> held_;
+};
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const StageRunner& pipe, const TrainingState& state) {
@@ -112,6 +149,7 @@ void save_checkpoint(const std::string& path, const StageRunner& pipe, const Tra
   d.insert("options", options_to_dict(pipe));
   d.insert("completed_steps", pipe.completed_steps());
   const auto names = names_by_tensor(pipe);
+  const WholeWeights whole(pipe, WholeWeights::For::kSaving);
 
   Dict model = new_dict();
   for (const auto& [name, t] : model_named_parameters(pipe)) model.insert(name, to_cpu(t));
@@ -218,7 +256,9 @@ int64_t load_dict(const Dict& d, const std::string& path, StageRunner& pipe,
   target.generators = default_generators();
   // Everything is checked first: only then is anything changed.
   const CheckedCheckpoint checked = decode_checkpoint(d, path, target);
+  WholeWeights whole(pipe, WholeWeights::For::kLoading);
   apply_checkpoint(checked, target);
+  whole.loaded();
   for (int k = 0; k < pipe.num_stages(); ++k) {
     if (checked.random[k]) pipe.stage(k).random()->set_state(*checked.random[k]);
   }

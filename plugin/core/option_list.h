@@ -282,7 +282,9 @@ constexpr std::array<const char*, 3> value_names(PlanMode) { return {"given", "a
     "are reduce-scattered, each replica updates its part and the weights are all-gathered, to the same weights. " \
     "\"gradients\" (ZeRO stage 2) also keeps only each replica's 1/D of the reduced gradients, the whole ones "     \
     "released as they are reduced (after each backward where the schedule places a REDUCE_GRAD there). "          \
-    "\"parameters\" (ZeRO stage 3) is the schedule library's only (schedule_svg).")                               \
+    "\"parameters\" (ZeRO stage 3) also keeps only each replica's 1/D of the weights: they are gathered at each "  \
+    "stage's UNSHARD (before its first forward of a step) and their storage released at its RESHARD (after its "  \
+    "last backward); outside a step they hold no storage (DistributedRunner::unshard gathers them).")             \
   X(distributed, bool, shared_memory, true, kAny,                                                                  \
     "Neighbouring workers on one machine pass activations and gradients through shared memory rather than "        \
     "Gloo's sockets (less processor time a message, the same failures); workers on other machines keep Gloo.")

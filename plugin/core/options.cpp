@@ -53,10 +53,6 @@ void set_optimizer_factory(PipelineOptions& options, OptimizerFactory factory) {
 
 void check_option_values(const PipelineOptions& options) {
   check_bounds(options);
-  check_argument(options.shard() <= ShardLevel::kGradients, "conveyor: shard \"", value_name(options.shard()),
-                 "\" is not run by a pipeline: a stage's replicas shard at most its optimizer state and gradients ",
-                 "(shard \"gradients\"); the schedule library places and simulates the parameters' gathers ",
-                 "(conveyor.schedule_svg)");
 }
 
 }  // namespace conveyor

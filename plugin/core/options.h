@@ -74,7 +74,7 @@ void set_optimizer_factory(PipelineOptions& options, OptimizerFactory factory);
 CONVEYOR_FOR_EACH_OPTION(PipelineOptions, CONVEYOR_PIPELINE_OPTIONS)
 
 // What can be checked of each option's value alone: every row within its
-// bound, and a shard level a pipeline runs (none, optimizer or gradients). Throws
+// bound. Throws
 // std::invalid_argument naming the option. check_request
 // (plugin/builder/request.h) runs it for conveyor::Pipeline, once; a
 // StageRunner or DistributedRunner built directly runs it itself.

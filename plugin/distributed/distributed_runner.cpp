@@ -108,11 +108,11 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
     });
     replicas.start = [groups = groups_, average = average_, level](int stage, const std::vector<at::Tensor>& weights,
                                                                    const std::vector<at::Tensor>& holders) {
-      return level == ShardLevel::kGradients
+      return level >= ShardLevel::kGradients
                  ? start_reduce_scatter_into_pieces(*groups, stage, weights, holders, average)
                  : start_reduce_scatter_gradients(*groups, stage, weights, average);
     };
-    replicas.accumulates = level == ShardLevel::kGradients;
+    replicas.accumulates = level >= ShardLevel::kGradients;
     replicas.across_replicas = [groups = groups_](at::Tensor& values, bool max) {
       all_reduce_values(*groups, *groups->replicas(), values, max,
                         c10::str("the verdict or gradient norm of stage ", groups->worker(), "'s replicas"));
@@ -150,6 +150,22 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
     for (const auto& b : stage.module()->buffers()) tensors.push_back(b);
     broadcast(*groups_, on_device ? *groups_->replicas_device() : *groups_->replicas(), tensors, 0,
               c10::str("broadcasting the initial weights of stage ", s, " from replica 0"));
+    // Equal now: with the parameters sharded, each replica keeps its pieces.
+    if (ShardedState* shards = stage.parameter_shards()) shards->shard_parameters();
+  }
+}
+
+void DistributedRunner::unshard() {
+  for (int s = 0; s < runner_->num_stages(); ++s) {
+    if (!runner_->is_local(s)) continue;
+    if (ShardedState* shards = runner_->stage(s).parameter_shards()) shards->gather_parameters();
+  }
+}
+
+void DistributedRunner::reshard() {
+  for (int s = 0; s < runner_->num_stages(); ++s) {
+    if (!runner_->is_local(s)) continue;
+    if (ShardedState* shards = runner_->stage(s).parameter_shards()) shards->release_parameters();
   }
 }
 
@@ -241,6 +257,10 @@ std::vector<at::Tensor> DistributedRunner::stage_tensors(int stage) const {
 }
 
 void DistributedRunner::gather_model() {
+  // With the parameters sharded every replica gathers its stages' first; the
+  // logging rank's stages (the model's own layers) stay whole until its next step.
+  unshard();
+  if (!is_logging_rank()) reshard();
   if (groups_->replica() != 0 || groups_->layout().workers == 1) return;
   c10d::Backend& group = *groups_->pipeline();
   const int me = groups_->worker();

@@ -96,7 +96,10 @@ class DistributedRunner {
   at::Tensor forward(const at::Tensor& input);
   Tensors forward(const Tensors& inputs);
 
-  // This rank's stage's live weights (what an optimizer steps).
+  // This rank's stage's live weights (what an optimizer steps). With shard
+  // "parameters" they hold no storage outside a step (each replica's piece
+  // of them is in its stage's optimizer, ShardedState) unless unshard()
+  // gathered them.
   std::vector<at::Tensor> parameters() const { return runner_->parameters(); }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const { return runner_->named_parameters(); }
   // Bytes of the state of this rank's stages' own optimizers (with
@@ -117,9 +120,19 @@ class DistributedRunner {
   // `base` times D with scale_learning_rate, else `base`.
   double learning_rate(double base) const;
 
-  // Collective over replica 0 (the other replicas return at once): copies
-  // every stage's weights and buffers into the logging rank's model, which
-  // then holds the whole trained model (to save or evaluate on one rank).
+  // With shard "parameters": gathers this rank's stages' weights from every
+  // replica's pieces (collective over the stage's replicas), whole until
+  // reshard() or the end of the next step; otherwise nothing. FSDP2's
+  // unshard() and reshard().
+  void unshard();
+  // Releases what unshard() gathered (local); otherwise nothing.
+  void reshard();
+
+  // Collective over replica 0 (the other replicas return at once; with shard
+  // "parameters" every replica takes part, gathering its stages' weights
+  // first): copies every stage's weights and buffers into the logging rank's
+  // model, which then holds the whole trained model (to save or evaluate on
+  // one rank; with shard "parameters", until its next step).
   void gather_model();
   // The model this rank was given (on the logging rank, after gather_model(),
   // the whole trained model).

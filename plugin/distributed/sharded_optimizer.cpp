@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -63,7 +64,7 @@ std::unique_ptr<torch::optim::Optimizer> remake(const torch::optim::Optimizer& f
     return std::make_unique<RMSprop>(param_groups, static_cast<const RMSpropOptions&>(d));
   }
   throw std::invalid_argument(
-      c10::str("conveyor: sharded optimizer state (ZeRO-1 and 2) needs an optimizer whose update is elementwise (SGD, Adam, ",
+      c10::str("conveyor: sharded optimizer state (ZeRO-1 to 3) needs an optimizer whose update is elementwise (SGD, Adam, ",
                "AdamW, Adagrad, RMSprop), got ", c10::demangle(typeid(full).name())));
 }
 
@@ -244,13 +245,19 @@ ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> weights, std::unique_
       level_(level),
       layout_(weights_, groups->layout().replicas, groups->replica()),
       groups_(std::move(groups)) {
-  TORCH_CHECK(level_ == ShardLevel::kOptimizer || level_ == ShardLevel::kGradients,
-              "conveyor: a sharded optimizer shards its state, or its state and the gradients");
+  TORCH_CHECK(level_ >= ShardLevel::kOptimizer,
+              "conveyor: a sharded optimizer shards at least its state (shard \"optimizer\")");
   // `full`, the caller's optimizer over the whole weights, gives the kind, the groups and their options.
   std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (size_t i = 0; i < weights_.size(); ++i) {
     index.emplace(weights_[i].unsafeGetTensorImpl(), i);
     pieces_.push_back(layout_.piece_of(i, weights_[i]).requires_grad_(true));
+    if (level_ != ShardLevel::kParameters) continue;
+    const c10::Storage& storage = weights_[i].storage();
+    const bool known = std::any_of(storages_.begin(), storages_.end(), [&](const Storage& s) {
+      return s.impl.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl();
+    });
+    if (!known) storages_.push_back({storage, storage.nbytes()});
   }
   std::vector<torch::optim::OptimizerParamGroup> inner_groups;
   for (const auto& group : full->param_groups()) {
@@ -274,9 +281,10 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
     inner_->param_groups()[g].set_options(param_groups()[g].options().clone());
   }
   c10::NoGradGuard no_grad;
-  for (size_t i = 0; i < weights_.size(); ++i) {
-    // From the weights as they are now: whatever set them since the last step
-    // (the initial broadcast, tied copies made equal, a checkpoint) counts.
+  // Below kParameters, from the weights as they are now: whatever set them
+  // since the last step (the initial broadcast, tied copies made equal, a
+  // checkpoint) counts. At kParameters the pieces are the weights.
+  for (size_t i = 0; i < weights_.size() && level_ != ShardLevel::kParameters; ++i) {
     pieces_[i].copy_(layout_.piece_of(i, weights_[i]));
     if (level_ == ShardLevel::kGradients) continue;  // the pieces hold their gradients already
     const at::Tensor& g = weights_[i].grad();
@@ -284,24 +292,74 @@ at::Tensor ShardedOptimizer::step(LossClosure closure) {
   }
   inner_->step();
   for (auto& p : pieces_) p.mutable_grad() = at::Tensor();
-  // Every replica's pieces into every replica's weights.
+  if (level_ != ShardLevel::kParameters) gather_into_weights("gathering the updated weights of ");
+  return {};
+}
+
+void ShardedOptimizer::gather_into_weights(const char* what) {
+  c10::NoGradGuard no_grad;
   const int replicas = layout_.replicas;
   for (const auto& bucket : by_dtype_and_device(weights_)) {
     std::vector<at::Tensor> mine;
-    for (size_t i : bucket) mine.push_back(pieces_[i]);
+    for (size_t i : bucket) mine.push_back(pieces_[i].detach());
     const at::Tensor flat = at::cat(mine);
     at::Tensor rows = at::empty({replicas, flat.numel()}, flat.options());
-    all_gather(*groups_, group_for(*groups_, flat), flat, rows,
-               c10::str("gathering the updated weights of ", replicas_text(*groups_)));
+    all_gather(*groups_, group_for(*groups_, flat), flat, rows, c10::str(what, replicas_text(*groups_)));
     int64_t offset = 0;
     for (size_t i : bucket) {
       const at::Tensor& w = weights_[i];
       const at::Tensor whole = rows.narrow(1, offset, layout_.piece[i]).reshape({-1}).narrow(0, 0, layout_.numel[i]);
-      w.detach().copy_(whole.view(w.sizes()));
+      if (level_ == ShardLevel::kParameters) {
+        // Through a tensor of its own over the weight's storage: the weight's
+        // version stays, so that autograd takes the refilled values for those
+        // it saved (they are: the values it saved them with).
+        at::empty({0}, w.options()).set_(w.storage(), w.storage_offset(), w.sizes(), w.strides()).copy_(
+            whole.view(w.sizes()));
+      } else {
+        w.detach().copy_(whole.view(w.sizes()));
+      }
       offset += layout_.piece[i];
     }
   }
-  return {};
+}
+
+void ShardedOptimizer::gather_parameters() {
+  TORCH_CHECK(level_ == ShardLevel::kParameters, "conveyor: only shard \"parameters\" gathers the weights");
+  allocate_parameters();
+  gather_into_weights("gathering the sharded weights of ");
+}
+
+void ShardedOptimizer::release_parameters() {
+  for (Storage& s : storages_) {
+    if (s.impl.nbytes() == 0) continue;
+    // On a GPU, kernels queued on any stream may still read them: they end
+    // first (the memory goes back to the allocator at once).
+    if (s.impl.device_type() != c10::kCPU) {
+      c10::impl::VirtualGuardImpl(s.impl.device_type()).synchronizeDevice(s.impl.device().index());
+    }
+    s.impl.set_data_ptr_noswap(at::DataPtr(nullptr, s.impl.device()));
+    s.impl.set_nbytes(0);
+  }
+}
+
+bool ShardedOptimizer::parameters_whole() const {
+  return std::all_of(storages_.begin(), storages_.end(), [](const Storage& s) { return s.impl.nbytes() == s.nbytes; });
+}
+
+void ShardedOptimizer::allocate_parameters() {
+  for (Storage& s : storages_) {
+    if (s.impl.nbytes() == s.nbytes) continue;
+    at::Allocator* allocator = s.impl.allocator() ? s.impl.allocator() : c10::GetAllocator(s.impl.device_type());
+    s.impl.set_data_ptr_noswap(allocator->allocate(s.nbytes));
+    s.impl.set_nbytes(s.nbytes);
+  }
+}
+
+void ShardedOptimizer::shard_parameters() {
+  TORCH_CHECK(level_ == ShardLevel::kParameters, "conveyor: only shard \"parameters\" shards the weights");
+  c10::NoGradGuard no_grad;
+  for (size_t i = 0; i < weights_.size(); ++i) pieces_[i].copy_(layout_.piece_of(i, weights_[i]));
+  release_parameters();
 }
 
 const at::Tensor& ShardedOptimizer::weight_of_piece(const at::Tensor& piece) const {

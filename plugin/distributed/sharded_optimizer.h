@@ -1,7 +1,7 @@
 #pragma once
-// Optimizer state, and with it the gradients, sharded across the
-// data-parallel replicas of a stage (ZeRO stages 1 and 2; the option shard,
-// levels "optimizer" and "gradients").
+// Optimizer state, and with it the gradients and the parameters, sharded
+// across the data-parallel replicas of a stage (ZeRO stages 1, 2 and 3; the
+// option shard, levels "optimizer", "gradients" and "parameters").
 //
 // Each of the stage's D replicas keeps the optimizer state of 1/D of every
 // weight: a weight of n elements is cut into D pieces of ceil(n / D) (the
@@ -22,6 +22,12 @@
 // reductions of a step (one a step, or one after each micro-batch's
 // backward), which is all the gradient storage a replica keeps past a
 // micro-batch; the verdict, unscaling and clipping work on those.
+// At "parameters" (ZeRO-3) the pieces are also the weights' only values: the
+// weights keep their shapes, but their storage is released outside the spans
+// where the schedule gathers them (UNSHARD to RESHARD, schedules/sharding.h),
+// and refilled in place when gathered, so that what autograd saved of them
+// between a forward and its backward reads the gathered values. The update
+// steps the pieces and gathers nothing (step 3 is the next UNSHARD's).
 // Per element this is the update an unsharded replica makes, for optimizers
 // whose update is elementwise (SGD, Adam, AdamW, Adagrad, RMSprop, the only
 // ones accepted), so the weights equal the unsharded hybrid's.
@@ -35,6 +41,7 @@
 #include "plugin/model/sharded_state.h"
 #include "plugin/core/options.h"
 
+#include <c10/core/Storage.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -80,13 +87,16 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   // else is refused naming it), remade over this replica's pieces of
   // `weights` with the same parameter groups and options, which it copies to
   // them at each step (a learning-rate schedule sets this optimizer's).
-  // `level`: kOptimizer, or kGradients, where the pieces hold the gradients.
+  // `level`: kOptimizer; kGradients, where the pieces hold the gradients;
+  // kParameters, where they are the weights' values too (the weights stay
+  // whole until shard_parameters, after the replicas' weights are made equal).
   ShardedOptimizer(std::vector<at::Tensor> weights, const OptimizerFactory& factory,
                    std::shared_ptr<ProcessGroups> groups, ShardLevel level);
 
   // The pieces' step from the gradients start_reduce_scatter_gradients left
-  // (at kGradients: the pieces' own, released after), then the weights
-  // all-gathered across the replicas. Collective.
+  // (at kGradients and kParameters: the pieces' own, released after), then,
+  // below kParameters, the weights all-gathered across the replicas
+  // (collective).
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override { inner_->save(archive); }
   void load(torch::serialize::InputArchive& archive) override { inner_->load(archive); }
@@ -98,8 +108,14 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   void take_shard(const torch::optim::Optimizer& whole) override;
   void shard_restored() override;
   const std::vector<at::Tensor>* gradient_pieces() const override {
-    return level_ == ShardLevel::kGradients ? &pieces_ : nullptr;
+    return level_ >= ShardLevel::kGradients ? &pieces_ : nullptr;
   }
+  bool shards_parameters() const override { return level_ == ShardLevel::kParameters; }
+  bool parameters_whole() const override;
+  void gather_parameters() override;
+  void release_parameters() override;
+  void allocate_parameters() override;
+  void shard_parameters() override;
 
   // The optimizer over this replica's pieces.
   torch::optim::Optimizer& inner() { return *inner_; }
@@ -119,6 +135,18 @@ class ShardedOptimizer final : public torch::optim::Optimizer, public ShardedSta
   ShardLayout layout_;
   std::shared_ptr<ProcessGroups> groups_;
   std::vector<at::Tensor> pieces_;  // per weight: this replica's piece, what inner_ steps
+  // kParameters: each storage the weights use (several weights may be views
+  // of one) and its bytes when whole.
+  struct Storage {
+    c10::Storage impl;
+    size_t nbytes = 0;
+  };
+  std::vector<Storage> storages_;
+
+  // Every replica's pieces into this replica's weights (at kParameters, into
+  // their storage, refilled, without a new version). Collective; `what`
+  // begins the collective's description.
+  void gather_into_weights(const char* what);
   std::unique_ptr<torch::optim::Optimizer> inner_;
 };
 

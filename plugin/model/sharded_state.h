@@ -44,6 +44,25 @@ class ShardedState {
   // gradients (what the loss scaler's verdict, unscaling and clipping read
   // and change); else null, and the whole weights' .grad hold them.
   virtual const std::vector<at::Tensor>* gradient_pieces() const { return nullptr; }
+
+  // Where the parameters are sharded too (shard "parameters", ZeRO-3): the
+  // pieces are the weights' values, and the weights keep their shapes but
+  // hold no storage outside the spans the schedule gathers them for.
+  virtual bool shards_parameters() const { return false; }
+  // Whether the weights hold their storage now (gathered, or not sharded).
+  virtual bool parameters_whole() const { return true; }
+  // Fills the weights' storage again, in place, with every replica's pieces
+  // (what autograd saved of the weights reads the gathered values).
+  // Collective over the replicas.
+  virtual void gather_parameters() {}
+  // Releases the weights' storage (their pieces stay). Local; idempotent.
+  virtual void release_parameters() {}
+  // Gives the weights storage again without filling it (to be written whole,
+  // then taken by shard_parameters). Local.
+  virtual void allocate_parameters() {}
+  // The whole weights as they are now (broadcast, loaded) become this
+  // replica's pieces, and their storage is released. Local.
+  virtual void shard_parameters() {}
 };
 
 }  // namespace conveyor

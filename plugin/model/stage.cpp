@@ -118,6 +118,11 @@ void Stage::collect_gradients() {
   }
 }
 
+ShardedState* Stage::parameter_shards() const {
+  auto* sharded = dynamic_cast<ShardedState*>(optimizer_.get());
+  return sharded && sharded->shards_parameters() ? sharded : nullptr;
+}
+
 const std::vector<at::Tensor>& Stage::gradient_holders() const {
   if (const auto* sharded = dynamic_cast<const ShardedState*>(optimizer_.get())) {
     if (const std::vector<at::Tensor>* pieces = sharded->gradient_pieces()) return *pieces;

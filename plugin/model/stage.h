@@ -31,6 +31,8 @@
 
 namespace conveyor {
 
+class ShardedState;
+
 // A read-only copy of a stage's weights, in parameter order.
 struct WeightVersion {
   std::vector<at::Tensor> tensors;
@@ -102,6 +104,9 @@ class Stage {
   // pipeline was given one) -------------------------------------------------
   void set_optimizer(std::unique_ptr<torch::optim::Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
   torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
+  // Where the stage's replicas shard its parameters (shard "parameters"): its
+  // optimizer, which gathers and releases them (ShardedState); else null.
+  ShardedState* parameter_shards() const;
   // Number of optimizer steps this stage has taken, over the pipeline's life.
   int64_t updates() const { return updates_; }
   // Sets that count, when a checkpoint is loaded (see plugin/checkpoint/checkpoint.h).

@@ -185,21 +185,22 @@ int capacity_needed(const schedules::Schedule& schedule) {
 // replicas: nothing to reduce), once per stage and step, or after each
 // backward where the gradients are sharded (each reduction writes the reduced
 // gradients where the next backward would add to them, unless each replica
-// accumulates its pieces). Gathering sharded parameters is the schedule
-// library's only.
+// accumulates its pieces); UNSHARD and RESHARD where the parameters are
+// sharded.
 void check_runnable_sharding(const schedules::Schedule& schedule, ShardLevel level) {
   std::vector<int> reductions(static_cast<size_t>(schedule.num_stages), 0);
   for (size_t w = 0; w < schedule.sharding.size(); ++w) {
     for (const auto& placed : schedule.sharding[w]) {
       const schedules::ShardAction& a = placed.action;
       const bool reduce = a.kind == schedules::ShardKind::kReduceGrad;
-      if (reduce && (++reductions.at(static_cast<size_t>(a.stage)) == 1 || level == ShardLevel::kGradients)) continue;
+      if (reduce && (++reductions.at(static_cast<size_t>(a.stage)) == 1 || level >= ShardLevel::kGradients)) continue;
+      if (!reduce && level == ShardLevel::kParameters) continue;
       throw std::invalid_argument(c10::str(
           "conveyor: schedule '", schedule.name, "' has ", a.str(), " on worker ", w, ", which a pipeline does not ",
           "run: ",
           reduce ? "it reduces a stage's gradients once a step, after the stage's last backward, unless they are "
-                   "sharded (shard \"gradients\", where each replica accumulates its pieces)"
-                 : "its stages' parameters stay whole on every replica (no UNSHARD or RESHARD)",
+                   "sharded (shard \"gradients\" or \"parameters\", where each replica accumulates its pieces)"
+                 : "its stages' parameters stay whole on every replica unless they are sharded (shard \"parameters\")",
           "; the schedule library validates and simulates such schedules (conveyor.schedule_svg)"));
     }
   }

@@ -133,9 +133,10 @@ void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::uni
   }
   // The replicas' gradient reduction, as actions of the schedule: each
   // stage's after its last backward, where it overlaps the worker's
-  // remaining actions (unless the given schedule places them itself). A
-  // stage that holds a tied parameter has none, placed or given: it reduces
-  // at the update, after the sum over the tie's holders.
+  // remaining actions (unless the given schedule places them itself), and
+  // with the parameters sharded their gathers. A stage that holds a tied
+  // parameter has no REDUCE_GRAD, placed or given: it reduces at the update,
+  // after the sum over the tie's holders.
   if (replicas_ && options_.optimizer() && schedule_.synchronous() && !schedule_.has_sharding()) {
     schedule_ = schedules::place_sharding(schedule_, {schedules::StageSharding{options_.shard()}});
   }
@@ -144,7 +145,9 @@ void StageRunner::build(torch::nn::Sequential& model, int local_worker, std::uni
     for (const auto& holder : names) tied_stages.insert(holder.first);
   }
   for (auto& line : schedule_.sharding) {
-    std::erase_if(line, [&](const auto& placed) { return tied_stages.count(placed.action.stage) > 0; });
+    std::erase_if(line, [&](const auto& placed) {
+      return placed.action.kind == schedules::ShardKind::kReduceGrad && tied_stages.count(placed.action.stage) > 0;
+    });
   }
   // Everything is checked: only now are layers moved to their devices.
 

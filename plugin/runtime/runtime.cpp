@@ -164,6 +164,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   // Each stage's own random streams go back too: a failed step has drawn
   // nothing, and a retried one draws the same dropout masks.
   for (int k : local_) rollback.keep_random(*stages_[k]);
+  gather_unscheduled(schedule);
 
   // Everything the caller's thread queued before this point (its optimizer's
   // step, a loaded checkpoint, the rollback's copies, the tied copies, the
@@ -216,6 +217,7 @@ StepResult Runtime::run(const Schedule& schedule, const StepData& data, std::vec
   }
   const double wall = seconds_since(ctx.start);
   for (int k : local_) stages_[k]->read_live_weights();
+  release_sharded_parameters();  // a failed run may have stopped where they were gathered
   if (error) {
     if (training) add_back_tied_gradients(tied_before);
     rollback.restore();

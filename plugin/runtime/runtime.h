@@ -141,8 +141,15 @@ class Runtime {
   // A sharding action of the schedule (update.cpp): REDUCE_GRAD starts the
   // replicas' reduction of the stage's gradients (the guard checks them
   // first), which update() waits for, or, where the reduction accumulates,
-  // the stage's next backward (run_worker).
+  // the stage's next backward (run_worker); UNSHARD and RESHARD gather and
+  // release the parameters of a stage whose replicas shard them.
   void run_sharding(const schedules::ShardAction& action, StepContext& ctx);
+  // Before a run: gathers, for the whole run, the sharded parameters of the
+  // stages that `schedule` does not gather itself (inference, a given
+  // schedule without UNSHARD). Collective over each stage's replicas.
+  void gather_unscheduled(const schedules::Schedule& schedule);
+  // After a run: every stage's sharded parameters released.
+  void release_sharded_parameters();
 
   // Updates (optimizer_step.cpp): the divergence guard's check, and stage
   // k's optimizer step, after micro-batch mb's backward (schedules that step

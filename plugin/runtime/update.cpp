@@ -5,6 +5,7 @@
 // norm that clipping and Pipeline::clip_grad_norm compute.
 #include "ops/nonfinite/nonfinite.h"
 #include "plugin/core/errors.h"
+#include "plugin/model/sharded_state.h"
 #include "plugin/runtime/runtime.h"
 #include "plugin/runtime/step_context.h"
 
@@ -99,10 +100,20 @@ double Runtime::clip_grad_norm(double max_norm, double norm_type) {
 }
 
 void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ctx) {
-  // build_schedule refuses what the runtime does not run.
-  TORCH_INTERNAL_ASSERT(action.kind == schedules::ShardKind::kReduceGrad, "conveyor: schedule '", ctx.schedule.name,
-                        "' reached the runtime with ", action.str());
   const int k = action.stage;
+  if (action.kind != schedules::ShardKind::kReduceGrad) {
+    // UNSHARD and RESHARD, for a stage whose replicas shard its parameters
+    // (elsewhere its parameters are whole: nothing to do). In inference and
+    // steps that accumulate too: the forwards and backwards need them.
+    if (ShardedState* shards = stages_[k]->parameter_shards()) {
+      if (action.kind == schedules::ShardKind::kUnshard) {
+        shards->gather_parameters();
+      } else {
+        shards->release_parameters();
+      }
+    }
+    return;
+  }
   auto& st = ctx.stages[k];
   // build_schedule allows a second only where the reduction accumulates, and
   // then the backward between them waited for the first (run_worker).
@@ -119,6 +130,25 @@ void Runtime::run_sharding(const schedules::ShardAction& action, StepContext& ct
     st.checked = true;
   }
   st.reducing = replicas_.start(k, stage.live(), stage.gradient_holders());
+}
+
+void Runtime::gather_unscheduled(const schedules::Schedule& schedule) {
+  std::set<int> gathered;
+  for (const auto& line : schedule.sharding) {
+    for (const auto& placed : line) {
+      if (placed.action.kind == schedules::ShardKind::kUnshard) gathered.insert(placed.action.stage);
+    }
+  }
+  for (int k : local_) {
+    ShardedState* shards = stages_[k]->parameter_shards();
+    if (shards && !gathered.count(k)) shards->gather_parameters();
+  }
+}
+
+void Runtime::release_sharded_parameters() {
+  for (int k : local_) {
+    if (ShardedState* shards = stages_[k]->parameter_shards()) shards->release_parameters();
+  }
 }
 
 void Runtime::update(StepContext& ctx, StepResult& result) {

@@ -143,11 +143,8 @@ TEST(Builder, ARequestIsCheckedOnceAndACheckedOneNotAgain) {
               HasSubstr("the request was checked without a loss"));
 }
 
-TEST(Builder, AShardLevelAPipelineDoesNotRunIsRefusedByName) {
-  const BuildRequest request{.options = PipelineOptions().workers(2).shard(ShardLevel::kParameters)};
-  EXPECT_THAT(testing::invalid_argument_of([&] { CheckedRequest(request, 2, ModelKind::layers); }),
-              HasSubstr("shard \"parameters\" is not run by a pipeline"));
-  for (const ShardLevel level : {ShardLevel::kOptimizer, ShardLevel::kGradients}) {
+TEST(Builder, EveryShardLevelIsAcceptedAcrossProcesses) {
+  for (const ShardLevel level : {ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters}) {
     EXPECT_NO_THROW(CheckedRequest(BuildRequest{.options = PipelineOptions().shard(level)}, 2, ModelKind::layers));
   }
   // In one process, no level but none: there are no replicas.

@@ -2,7 +2,8 @@
 // The ranks of the sharded-optimizer tests (tests/distributed/test_sharded_optimizer.cpp):
 // D = 2 replicas of a K = 2 worker pipeline train the same cases with the
 // optimizer state sharded across the replicas (ZeRO-1), with the gradients
-// too (ZeRO-2) and without, and write each; the tests compare them.
+// too (ZeRO-2), with the parameters too (ZeRO-3) and without, and write
+// each; the tests compare them.
 
 #include "distributed_roles.h"
 #include "distributed_tensor_roles.h"
@@ -22,6 +23,14 @@ constexpr int kShardedSteps = 5;
 // 1F1B of 2 workers and 2 micro-batches with a REDUCE_GRAD after every backward.
 constexpr const char* kReducedPerMicrobatch =
     "0F0 0F1 0B0 0REDUCE_GRAD 0B1 0REDUCE_GRAD\n1F0 1B0 1REDUCE_GRAD 1F1 1B1 1REDUCE_GRAD\n";
+// The same with the parameters gathered for each forward and backward and
+// released after it: each backward finds its stage's weights refilled since
+// its forward.
+constexpr const char* kGatheredPerAction =
+    "0UNSHARD 0F0 0RESHARD 0UNSHARD 0F1 0RESHARD 0UNSHARD 0B0 0RESHARD 0REDUCE_GRAD 0UNSHARD 0B1 0RESHARD "
+    "0REDUCE_GRAD\n"
+    "1UNSHARD 1F0 1RESHARD 1UNSHARD 1B0 1RESHARD 1REDUCE_GRAD 1UNSHARD 1F1 1RESHARD 1UNSHARD 1B1 1RESHARD "
+    "1REDUCE_GRAD\n";
 
 struct ShardedCase {
   std::string name;
@@ -29,15 +38,17 @@ struct ShardedCase {
   PipelineOptions options;  // the distributed section's options included
   bool tied_lm = false;                   // the tied LSTM LM on its token batches, else the MLP
   std::shared_ptr<double> bomb;           // the bomb model's factor: infinite at kOverflowStep on rank 0
-  // The sharded levels it trains at (against kNone), and the schedule it
-  // gives at kGradients (empty: the options').
-  std::vector<ShardLevel> levels = {ShardLevel::kOptimizer, ShardLevel::kGradients};
-  std::string gradients_schedule_text;
+  // The sharded levels it trains at (against kNone), and the schedules it
+  // gives at kGradients and kParameters (empty: the options').
+  std::vector<ShardLevel> levels = {ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
+  std::string gradients_schedule_text{};
+  std::string parameters_schedule_text{};
 };
 
 // The file a level's run of a case writes.
 inline std::string variant_name(ShardLevel level) {
-  return level == ShardLevel::kNone ? "plain" : level == ShardLevel::kOptimizer ? "sharded" : "gradients";
+  const char* names[] = {"plain", "sharded", "gradients", "parameters"};
+  return names[static_cast<int>(level)];
 }
 
 inline std::vector<ShardedCase> sharded_cases() {
@@ -84,8 +95,9 @@ inline std::vector<ShardedCase> sharded_cases() {
   // REDUCE_GRADs): each replica accumulates its pieces, sums in another order.
   ShardedCase per_microbatch{"adam-per-microbatch", seeded_mlp,
                              PipelineOptions().microbatches(2).schedule("1f1b").optimizer(adam), false, nullptr};
-  per_microbatch.levels = {ShardLevel::kGradients};
+  per_microbatch.levels = {ShardLevel::kGradients, ShardLevel::kParameters};
   per_microbatch.gradients_schedule_text = kReducedPerMicrobatch;
+  per_microbatch.parameters_schedule_text = kGatheredPerAction;
   cases.push_back(per_microbatch);
   return cases;
 }
@@ -108,6 +120,24 @@ inline double update_gradient_bytes(const StageRunner& runner) {
   return bytes;
 }
 
+// The bytes of weights this process's stages hold: their live weights'
+// storage (none outside a step at kParameters) and the optimizer's pieces
+// where they are the weights' values (kParameters).
+inline double resident_weight_bytes(const StageRunner& runner) {
+  double bytes = 0;
+  for (int s = 0; s < runner.num_stages(); ++s) {
+    if (!runner.is_local(s)) continue;
+    const Stage& stage = runner.stage(s);
+    for (const auto& w : stage.live()) bytes += static_cast<double>(w.storage().nbytes());
+    if (stage.parameter_shards()) {
+      for (const auto& p : *stage.parameter_shards()->gradient_pieces()) {
+        bytes += static_cast<double>(p.numel() * p.element_size());
+      }
+    }
+  }
+  return bytes;
+}
+
 // kShardedSteps steps of `c` on this replica's shard of each global batch at
 // `level`; the weights, the losses, norms, scales and skips, the optimizer
 // bytes, and the most gradient bytes held at an update (update_gradient_bytes,
@@ -118,6 +148,9 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
   PipelineOptions options = PipelineOptions(c.options).shard(level);
   if (level == ShardLevel::kGradients && !c.gradients_schedule_text.empty()) {
     options.schedule_text(c.gradients_schedule_text);
+  }
+  if (level == ShardLevel::kParameters && !c.parameters_schedule_text.empty()) {
+    options.schedule_text(c.parameters_schedule_text);
   }
   auto runner = std::make_shared<const StageRunner*>(nullptr);
   auto gradient_bytes = std::make_shared<double>(0);
@@ -145,7 +178,10 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
     scales.push_back(r.loss_scale);
     skipped.push_back(r.skipped_updates);
   }
+  const double resident = resident_weight_bytes(pipe.runner());
+  pipe.unshard();  // at kParameters: the weights whole to be written
   TensorMap out = values_of(pipe.named_parameters());
+  out["resident_weight_bytes"] = at::full({1}, resident, at::kDouble);
   out["losses"] = torch::tensor(losses, at::kDouble);
   out["norms"] = torch::tensor(norms, at::kDouble);
   out["scales"] = torch::tensor(scales, at::kDouble);
@@ -155,11 +191,12 @@ inline TensorMap train_case(Worker& w, const std::shared_ptr<ProcessGroups>& gro
   return out;
 }
 
-// Adam, sharded: 3 steps, a checkpoint (each rank its own file, its replica's
-// part of the state), 2 more; a fresh sharded pipeline that loads its own
-// file (its optimizer state, or its gradients too), and a fresh unsharded
-// one that loads every rank's files, take the same 2 steps.
-inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
+// Adam, sharded at `saved_at`: 3 steps, a checkpoint (each rank its own
+// file, its replica's part of the state), 2 more; a fresh sharded pipeline
+// at each level that loads its own file (its optimizer state, or its
+// gradients too, or its parameters too), and a fresh unsharded one that
+// loads every rank's files, take the same 2 steps.
+inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups, ShardLevel saved_at) {
   const ShardedCase c = sharded_cases().front();
   const int d = groups->replica(), replicas = groups->layout().replicas;
   auto run = [&](DistributedRunner& pipe, int from, int to) {
@@ -168,23 +205,29 @@ inline void resumed(Worker& w, const std::shared_ptr<ProcessGroups>& groups) {
       pipe.train_step(shard(s.x, d, replicas), shard(s.y, d, replicas), mse);
     }
   };
-  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard(ShardLevel::kOptimizer), groups);
+  const auto weights = [](DistributedRunner& pipe) {
+    pipe.unshard();
+    return values_of(pipe.named_parameters());
+  };
+  const std::string from = variant_name(saved_at);
+  DistributedRunner pipe(c.model(), PipelineOptions(c.options).shard(saved_at), groups);
   run(pipe, 0, 3);
-  save_checkpoint(w.file("sharded-ckpt"), pipe.runner(), {3, {}});
+  save_checkpoint(w.file(from + "-ckpt"), pipe.runner(), {3, {}});
   run(pipe, 3, kShardedSteps);
-  write_tensors(w.file("resume-uninterrupted"), values_of(pipe.named_parameters()));
-  for (const ShardLevel level : {ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kNone}) {
+  write_tensors(w.file(from + "-resume-uninterrupted"), weights(pipe));
+  for (const ShardLevel level :
+       {ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters, ShardLevel::kNone}) {
     torch::manual_seed(9);
     const bool sharded = level != ShardLevel::kNone;
     DistributedRunner fresh(make_mlp(), PipelineOptions(c.options).shard(level), groups);
     std::vector<std::string> every_rank;
     for (int r = 0; r < w.env.world_size; ++r) {
-      every_rank.push_back(w.out + "/sharded-ckpt-rank" + std::to_string(r) + ".pt");
+      every_rank.push_back(w.out + "/" + from + "-ckpt-rank" + std::to_string(r) + ".pt");
     }
-    const int64_t step = sharded ? load_checkpoint(w.file("sharded-ckpt"), fresh.runner())
+    const int64_t step = sharded ? load_checkpoint(w.file(from + "-ckpt"), fresh.runner())
                                  : load_checkpoint_files(every_rank, fresh.runner());
     run(fresh, static_cast<int>(step), kShardedSteps);
-    write_tensors(w.file("resume-" + variant_name(level)), values_of(fresh.named_parameters()));
+    write_tensors(w.file(from + "-resume-" + variant_name(level)), weights(fresh));
   }
 }
 
@@ -206,7 +249,8 @@ inline void sharded(Worker& w) {
       write_tensors(w.file(c.name + "-" + variant_name(level)), train_case(w, groups, c, level));
     }
   }
-  resumed(w, groups);
+  resumed(w, groups, ShardLevel::kOptimizer);
+  resumed(w, groups, ShardLevel::kParameters);
   const PipelineOptions sharding = PipelineOptions().microbatches(2).shard(ShardLevel::kOptimizer);
   std::string refusals;
   refusals += refusal([&] {

@@ -1,9 +1,10 @@
-// Optimizer state, and with it the gradients, sharded across replicas
-// (ZeRO-1 and ZeRO-2) over c10d: D = 2 replicas of a K = 2 worker pipeline
-// (4 processes, float64) train each case at each level and unsharded
-// (distributed/sharded_roles.h); the weights must agree, each replica must
-// hold half of the optimizer's state (and, at ZeRO-2, of the gradients at the
-// update), and what cannot be sharded is refused.
+// Optimizer state, and with it the gradients and the parameters, sharded
+// across replicas (ZeRO-1, 2 and 3) over c10d: D = 2 replicas of a K = 2
+// worker pipeline (4 processes, float64) train each case at each level and
+// unsharded (distributed/sharded_roles.h); the weights must agree, each
+// replica must hold half of the optimizer's state (and, at ZeRO-2 and 3, of
+// the gradients at the update; at ZeRO-3, of the weights between steps), and
+// what cannot be sharded is refused.
 
 #include "distributed/sharded_roles.h"
 #include "distributed/training_options_check.h"
@@ -22,8 +23,10 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kReported = {"losses", "norms", "scales", "skipped", "state_bytes", "gradient_bytes"};
-const std::vector<std::string> kSharded = {"sharded", "gradients"};
+const std::vector<std::string> kReported = {"losses",      "norms",          "scales",
+                                            "skipped",     "state_bytes",    "gradient_bytes",
+                                            "resident_weight_bytes"};
+const std::vector<std::string> kSharded = {"sharded", "gradients", "parameters"};
 
 class ShardedOptimizerState : public ::testing::Test {
  protected:
@@ -101,9 +104,10 @@ TEST_F(ShardedOptimizerState, AdamWithALearningRateScheduleUpdatesAsUnsharded) {
   expect_half_the_state("adam-1f1b", 2);
 }
 
-// At ZeRO-2 the update finds only this replica's pieces of the reduced
+// At ZeRO-2 and 3 the update finds only this replica's pieces of the reduced
 // gradients (ceil(n / 2) of each weight of n), the whole ones released; at
-// ZeRO-1 and unsharded, whole gradients.
+// ZeRO-1 and unsharded, whole gradients. Between steps, ZeRO-3 keeps only the
+// pieces of the weights; the other levels, the whole weights.
 TEST_F(ShardedOptimizerState, ShardedGradientsKeepHalfTheGradientStorage) {
   expect_success();
   for (int rank = 0; rank < 4; ++rank) {
@@ -117,6 +121,12 @@ TEST_F(ShardedOptimizerState, ShardedGradientsKeepHalfTheGradientStorage) {
     EXPECT_EQ(plain.at("gradient_bytes").item<double>(), whole) << where;
     EXPECT_EQ(result("adam-1f1b", "sharded", rank).at("gradient_bytes").item<double>(), whole) << where;
     EXPECT_EQ(result("adam-1f1b", "gradients", rank).at("gradient_bytes").item<double>(), half) << where;
+    EXPECT_EQ(result("adam-1f1b", "parameters", rank).at("gradient_bytes").item<double>(), half) << where;
+    for (const char* variant : {"plain", "sharded", "gradients"}) {
+      EXPECT_EQ(result("adam-1f1b", variant, rank).at("resident_weight_bytes").item<double>(), whole)
+          << where << " " << variant;
+    }
+    EXPECT_EQ(result("adam-1f1b", "parameters", rank).at("resident_weight_bytes").item<double>(), half) << where;
   }
 }
 
@@ -129,9 +139,12 @@ TEST_F(ShardedOptimizerState, AFrozenWeightAndAccumulatedStepsUpdateAsUnsharded)
 }
 
 // A reduce-scatter after every backward, each replica adding up its pieces:
-// the sums in another order than one reduction a step.
+// the sums in another order than one reduction a step. At ZeRO-3 the weights
+// are also gathered for each forward and backward and released after it, so
+// that every backward runs on weights refilled since its forward.
 TEST_F(ShardedOptimizerState, ShardedGradientsReducedPerMicroBatchUpdateAsUnsharded) {
   expect_same_training("adam-per-microbatch", "gradients", false);
+  expect_same_training("adam-per-microbatch", "parameters", false);
 }
 
 TEST_F(ShardedOptimizerState, SgdWithMomentumAndAScaledLearningRateUpdatesAsUnsharded) {
@@ -174,20 +187,23 @@ TEST_F(ShardedOptimizerState, TiedWeightsStayBitIdenticalAcrossStagesAndReplicas
   }
 }
 
-// The checkpoint holds the whole state: a pipeline sharded at either level
-// and an unsharded one resume from it into the uninterrupted run's next steps.
+// The checkpoint holds the whole state: saved at ZeRO-1 or ZeRO-3, a
+// pipeline sharded at any level and an unsharded one resume from it into the
+// uninterrupted run's next steps.
 TEST_F(ShardedOptimizerState, ACheckpointResumesShardedOrNotAsIfNeverStopped) {
   expect_success();
   for (int rank = 0; rank < 4; ++rank) {
     const auto file = [&](const std::string& what) {
       return read_tensors(out_ + "/" + what + "-rank" + std::to_string(rank) + ".pt");
     };
-    const TensorMap want = file("resume-uninterrupted");
-    for (const char* how : {"resume-sharded", "resume-gradients", "resume-plain"}) {
-      const TensorMap got = file(how);
-      ASSERT_EQ(got.size(), want.size());
-      for (const auto& [key, t] : want) {
-        EXPECT_TRUE(torch::equal(got.at(key), t)) << how << " rank " << rank << ": " << key;
+    for (const std::string from : {"sharded", "parameters"}) {
+      const TensorMap want = file(from + "-resume-uninterrupted");
+      for (const char* to : {"sharded", "gradients", "parameters", "plain"}) {
+        const TensorMap got = file(from + "-resume-" + to);
+        ASSERT_EQ(got.size(), want.size());
+        for (const auto& [key, t] : want) {
+          EXPECT_TRUE(torch::equal(got.at(key), t)) << from << " to " << to << " rank " << rank << ": " << key;
+        }
       }
     }
   }
