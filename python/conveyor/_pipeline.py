@@ -207,6 +207,18 @@ class Pipeline:
             return list(self._model.named_parameters())
         return self._built().named_parameters()
 
+    def unshard(self) -> None:
+        """With ``shard="parameters"``: gathers this process's stages'
+        weights from every replica's pieces (every replica calls it), whole
+        until ``reshard()`` or the end of the next step, for
+        ``named_parameters()`` and ``state_dict()`` to read. Otherwise
+        nothing."""
+        self._built().unshard()
+
+    def reshard(self) -> None:
+        """Releases what ``unshard()`` gathered; otherwise nothing."""
+        self._built().reshard()
+
     def named_buffers(self) -> List[Tuple[str, torch.Tensor]]:
         if self._c is None and self._front_end == "export":
             return list(self._model.named_buffers())

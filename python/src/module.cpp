@@ -340,6 +340,14 @@ PYBIND11_MODULE(_C, m) {
              DistributedRunner* d = p.built().distributed();
              return d ? d->shared_memory_links() : 0;
            })
+      .def("unshard",
+           [](PyPipeline& p) {  // DistributedRunner::unshard; nothing in one process
+             if (DistributedRunner* d = p.built().distributed()) d->unshard();
+           })
+      .def("reshard",
+           [](PyPipeline& p) {
+             if (DistributedRunner* d = p.built().distributed()) d->reshard();
+           })
       .def("parameters", [](PyPipeline& p) { return p.binding().parameters(); })
       .def("named_parameters", [](PyPipeline& p) { return p.built().named_parameters(); })
       .def("named_buffers", [](PyPipeline& p) { return p.built().named_buffers(); })

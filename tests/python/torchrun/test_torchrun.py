@@ -102,16 +102,19 @@ def test_two_replicas_of_a_two_process_pipeline(tmp_path):
     check_ranks(torchrun(tmp_path, 4, "gpipe"), workers=2, replicas=2)
 
 
-def test_optimizer_state_and_gradients_sharded_across_replicas_train_as_unsharded(tmp_path):
-    """shard="optimizer" and "gradients": 2 replicas of a 2-process
-    pipeline, Adam: the reduce-scatter sums the same two numbers the
-    all-reduce does and Adam's update is elementwise, so the weights are
-    bit-identical."""
+def test_optimizer_state_gradients_and_parameters_sharded_across_replicas_train_as_unsharded(tmp_path):
+    """shard="optimizer", "gradients" and "parameters": 2 replicas of a
+    2-process pipeline, Adam: the reduce-scatter sums the same two numbers
+    the all-reduce does and Adam's update is elementwise, so the weights are
+    bit-identical. At "parameters" the schedule gathers each stage's weights
+    (UNSHARD), and a state dict needs them gathered first."""
     for rank, saved in enumerate(torchrun(tmp_path, 4, "1f1b", mode="sharded")):
         assert "needs a synchronous schedule; 'pipedream'" in saved["refusal"], saved["refusal"]
         reductions = [a for line in saved["schedule"].splitlines()[1:] for a in line.split() if "REDUCE_GRAD" in a]
         assert reductions == ["0REDUCE_GRAD", "1REDUCE_GRAD"], saved["schedule"]
-        for shard in ("optimizer", "gradients"):
+        gathers = [a for line in saved["schedule"].splitlines()[1:] for a in line.split() if "SHARD" in a]
+        assert gathers == ["0UNSHARD", "0RESHARD", "1UNSHARD", "1RESHARD"], saved["schedule"]
+        for shard in ("optimizer", "gradients", "parameters"):
             assert saved["none"].keys() == saved[shard].keys() and saved["none"], rank
             for name, want in saved["none"].items():
                 assert torch.equal(saved[shard][name], want), f"rank {rank}, {shard}: {name}"

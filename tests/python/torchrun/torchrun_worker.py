@@ -67,21 +67,30 @@ def train(pipe, steps: int = STEPS):
 
 
 def sharded(out_dir: str, schedule: str, process_group, replica_group):
-    """Adam, the pipeline's own, 3 steps with its state (and its gradients)
-    sharded across the replicas and without: each run's weights."""
+    """Adam, the pipeline's own, 3 steps with its state (and its gradients,
+    and its parameters) sharded across the replicas and without: each run's
+    weights, and the last one's schedule."""
     import torch.distributed as dist
 
     import conveyor
 
     weights = {}
-    for shard in ("none", "optimizer", "gradients"):
+    for shard in ("none", "optimizer", "gradients", "parameters"):
         pipe = conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule=schedule,
                                  loss_fn=loss_fn, process_group=process_group, replica_group=replica_group,
                                  timeout=120, optimizer="adam", lr=0.01, shard=shard)
         for step in range(3):
             inputs, target = batch(step)
             pipe.train_step(pipe.shard(inputs), pipe.shard(target))
-        weights[shard] = {n: p.detach().clone() for n, p in pipe.named_parameters()}
+        if shard == "parameters":  # the weights are each replica's pieces until gathered
+            try:
+                pipe.state_dict()
+            except ValueError as e:
+                assert "unshard() gathers them" in str(e), e
+            else:
+                raise AssertionError("the sharded weights gave a state dict")
+        pipe.unshard()
+        weights[shard] = {n: p.detach().clone() for n, p in pipe.state_dict().items()}
         weights["schedule"] = pipe.schedule  # each stage's reduce-scatter an action of it
     try:  # the option reaches the pipeline: an asynchronous schedule cannot shard
         conveyor.Pipeline(make_model(), split_points=SPLIT_POINTS, microbatches=4, schedule="pipedream",
