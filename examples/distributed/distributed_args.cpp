@@ -62,8 +62,9 @@ Flags (--flag=VALUE or --flag VALUE):
   --optimizer NAME    sgd (default) | adam
   --shard LEVEL       pipeline with replicas: none (default) | optimizer (each
                       replica keeps 1/D of the optimizer's state, ZeRO-1) |
-                      gradients (and of the reduced gradients, ZeRO-2); rank 0
-                      prints every rank's optimizer bytes and the median step
+                      gradients (and of the reduced gradients, ZeRO-2) |
+                      parameters (and of the weights, ZeRO-3); rank 0 prints
+                      every rank's optimizer bytes and the median step
   --shard-optimizer   --shard optimizer
   --scale-lr          multiply the learning rate by the replicas (linear scaling)
   --predict           pipeline, one replica: rank 0 profiles the model and the
