@@ -260,8 +260,10 @@ void DistributedRunner::gather_model() {
   // With the parameters sharded every replica gathers its stages' first; the
   // logging rank's stages (the model's own layers) stay whole until its next step.
   unshard();
-  if (!is_logging_rank()) reshard();
-  if (groups_->replica() != 0 || groups_->layout().workers == 1) return;
+  if (groups_->replica() != 0 || groups_->layout().workers == 1) {
+    if (!is_logging_rank()) reshard();
+    return;
+  }
   c10d::Backend& group = *groups_->pipeline();
   const int me = groups_->worker();
   const schedules::Schedule& schedule = runner_->schedule();
@@ -293,6 +295,7 @@ void DistributedRunner::gather_model() {
       t.detach().copy_(buffer[0]);
     }
   }
+  if (!is_logging_rank()) reshard();  // after sending them
 }
 
 }  // namespace conveyor

@@ -3,6 +3,7 @@
 #include "plugin/core/errors.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -47,22 +48,16 @@ std::string replicas_text(ProcessGroups& groups) {
                   ranks_text(groups.layout().replica_ranks(k)), ")");
 }
 
-// The same kind of optimizer as `full`, over `param_groups`, with its defaults.
+// The same kind of optimizer as `full`, over the groups `g`, with its defaults.
 std::unique_ptr<torch::optim::Optimizer> remake(const torch::optim::Optimizer& full,
-                                                const std::vector<torch::optim::OptimizerParamGroup>& param_groups) {
+                                                const std::vector<torch::optim::OptimizerParamGroup>& g) {
   using namespace torch::optim;
   const OptimizerOptions& d = full.defaults();
-  if (dynamic_cast<const SGD*>(&full)) return std::make_unique<SGD>(param_groups, static_cast<const SGDOptions&>(d));
-  if (dynamic_cast<const Adam*>(&full)) return std::make_unique<Adam>(param_groups, static_cast<const AdamOptions&>(d));
-  if (dynamic_cast<const AdamW*>(&full)) {
-    return std::make_unique<AdamW>(param_groups, static_cast<const AdamWOptions&>(d));
-  }
-  if (dynamic_cast<const Adagrad*>(&full)) {
-    return std::make_unique<Adagrad>(param_groups, static_cast<const AdagradOptions&>(d));
-  }
-  if (dynamic_cast<const RMSprop*>(&full)) {
-    return std::make_unique<RMSprop>(param_groups, static_cast<const RMSpropOptions&>(d));
-  }
+  if (dynamic_cast<const SGD*>(&full)) return std::make_unique<SGD>(g, static_cast<const SGDOptions&>(d));
+  if (dynamic_cast<const Adam*>(&full)) return std::make_unique<Adam>(g, static_cast<const AdamOptions&>(d));
+  if (dynamic_cast<const AdamW*>(&full)) return std::make_unique<AdamW>(g, static_cast<const AdamWOptions&>(d));
+  if (dynamic_cast<const Adagrad*>(&full)) return std::make_unique<Adagrad>(g, static_cast<const AdagradOptions&>(d));
+  if (dynamic_cast<const RMSprop*>(&full)) return std::make_unique<RMSprop>(g, static_cast<const RMSpropOptions&>(d));
   throw std::invalid_argument(
       c10::str("conveyor: sharded optimizer state (ZeRO-1 to 3) needs an optimizer whose update is elementwise (SGD, Adam, ",
                "AdamW, Adagrad, RMSprop), got ", c10::demangle(typeid(full).name())));
@@ -223,11 +218,7 @@ PendingCollective start_reduce_scatter_into_pieces(ProcessGroups& groups, int st
       for (size_t i : b.weights) {
         const at::Tensor part = b.mine.narrow(0, offset, piece[i]);
         at::Tensor& g = sinks[i].mutable_grad();
-        if (g.defined()) {
-          g.add_(part);
-        } else {
-          g = part;
-        }
+        g = g.defined() ? g.add_(part) : part;
         offset += piece[i];
       }
     }
@@ -254,10 +245,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<at::Tensor> weights, std::unique_
     pieces_.push_back(layout_.piece_of(i, weights_[i]).requires_grad_(true));
     if (level_ != ShardLevel::kParameters) continue;
     const c10::Storage& storage = weights_[i].storage();
-    const bool known = std::any_of(storages_.begin(), storages_.end(), [&](const Storage& s) {
-      return s.impl.unsafeGetStorageImpl() == storage.unsafeGetStorageImpl();
-    });
-    if (!known) storages_.push_back({storage, storage.nbytes()});
+    const auto same = [&](const Storage& s) { return s.impl.is_alias_of(storage); };
+    if (std::none_of(storages_.begin(), storages_.end(), same)) storages_.push_back({storage, storage.nbytes()});
   }
   std::vector<torch::optim::OptimizerParamGroup> inner_groups;
   for (const auto& group : full->param_groups()) {
@@ -310,9 +299,8 @@ void ShardedOptimizer::gather_into_weights(const char* what) {
       const at::Tensor& w = weights_[i];
       const at::Tensor whole = rows.narrow(1, offset, layout_.piece[i]).reshape({-1}).narrow(0, 0, layout_.numel[i]);
       if (level_ == ShardLevel::kParameters) {
-        // Through a tensor of its own over the weight's storage: the weight's
-        // version stays, so that autograd takes the refilled values for those
-        // it saved (they are: the values it saved them with).
+        // Through a tensor of its own over the storage: the weight's version
+        // stays, and autograd reads the refilled values for those it saved.
         at::empty({0}, w.options()).set_(w.storage(), w.storage_offset(), w.sizes(), w.strides()).copy_(
             whole.view(w.sizes()));
       } else {
@@ -324,7 +312,6 @@ void ShardedOptimizer::gather_into_weights(const char* what) {
 }
 
 void ShardedOptimizer::gather_parameters() {
-  TORCH_CHECK(level_ == ShardLevel::kParameters, "conveyor: only shard \"parameters\" gathers the weights");
   allocate_parameters();
   gather_into_weights("gathering the sharded weights of ");
 }
@@ -332,10 +319,10 @@ void ShardedOptimizer::gather_parameters() {
 void ShardedOptimizer::release_parameters() {
   for (Storage& s : storages_) {
     if (s.impl.nbytes() == 0) continue;
-    // On a GPU, kernels queued on any stream may still read them: they end
-    // first (the memory goes back to the allocator at once).
+    // On a GPU, this thread's queued readers end first (the memory is reused).
     if (s.impl.device_type() != c10::kCPU) {
-      c10::impl::VirtualGuardImpl(s.impl.device_type()).synchronizeDevice(s.impl.device().index());
+      const c10::impl::VirtualGuardImpl device(s.impl.device_type());
+      device.synchronizeStream(device.getStream(s.impl.device()));
     }
     s.impl.set_data_ptr_noswap(at::DataPtr(nullptr, s.impl.device()));
     s.impl.set_nbytes(0);
@@ -349,6 +336,7 @@ bool ShardedOptimizer::parameters_whole() const {
 void ShardedOptimizer::allocate_parameters() {
   for (Storage& s : storages_) {
     if (s.impl.nbytes() == s.nbytes) continue;
+    const c10::OptionalDeviceGuard on_its_device(s.impl.device());  // the allocator takes the current device
     at::Allocator* allocator = s.impl.allocator() ? s.impl.allocator() : c10::GetAllocator(s.impl.device_type());
     s.impl.set_data_ptr_noswap(allocator->allocate(s.nbytes));
     s.impl.set_nbytes(s.nbytes);
@@ -356,7 +344,6 @@ void ShardedOptimizer::allocate_parameters() {
 }
 
 void ShardedOptimizer::shard_parameters() {
-  TORCH_CHECK(level_ == ShardLevel::kParameters, "conveyor: only shard \"parameters\" shards the weights");
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < weights_.size(); ++i) pieces_[i].copy_(layout_.piece_of(i, weights_[i]));
   release_parameters();
