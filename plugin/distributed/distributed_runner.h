@@ -92,7 +92,9 @@ class DistributedRunner {
                                 const TensorsLossFn& loss_fn);
 
   // Inference through this replica's pipeline: the output on the last stage,
-  // an undefined tensor (an empty list) on the others.
+  // an undefined tensor (an empty list) on the others. With shard
+  // "parameters" it gathers each stage's weights first: collective over the
+  // replicas, which all call it.
   at::Tensor forward(const at::Tensor& input);
   Tensors forward(const Tensors& inputs);
 
