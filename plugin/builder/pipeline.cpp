@@ -235,11 +235,10 @@ std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_dict() const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Pipeline::state_entries() const {
-  for (int k = 0; k < runner().num_stages(); ++k) {
-    const ShardedState* shards = runner().is_local(k) ? runner().stage(k).parameter_shards() : nullptr;
-    check_argument(!shards || shards->parameters_whole(), "conveyor: with shard \"parameters\" each replica holds ",
-                   "only its pieces of stage ", k, "'s weights outside a step, not a state dict; unshard() gathers ",
-                   "them (every replica calls it) and reshard() releases them again");
+  for (const ShardedState* shards : local_parameter_shards(runner())) {
+    check_argument(shards->parameters_whole(), "conveyor: with shard \"parameters\" each replica holds only its ",
+                   "pieces of its stages' weights outside a step, not a state dict; unshard() gathers them (every ",
+                   "replica calls it) and reshard() releases them again");
   }
   auto state = model_named_parameters(runner());
   for (auto& b : model_named_buffers(runner())) {
@@ -287,10 +286,8 @@ Pipeline::IncompatibleKeys Pipeline::load_state_dict(
   for (const auto& [name, t] : tensors) {
     if (const auto it = given.find(name); it != given.end()) t.copy_(it->second);
   }
-  for (int k = 0; k < runner().num_stages(); ++k) {  // with shard "parameters": the loaded weights, sharded
-    ShardedState* shards = runner().is_local(k) ? runner().stage(k).parameter_shards() : nullptr;
-    if (shards) shards->shard_parameters();
-  }
+  // With shard "parameters": the loaded weights, sharded.
+  for (ShardedState* shards : local_parameter_shards(runner())) shards->shard_parameters();
   return keys;
 }
 

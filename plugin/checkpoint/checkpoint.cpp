@@ -109,9 +109,7 @@ class WholeWeights {
  public:
   enum class For { kSaving, kLoading };
   WholeWeights(const StageRunner& pipe, For use) {
-    for (int k = 0; k < pipe.num_stages(); ++k) {
-      ShardedState* shards = pipe.is_local(k) ? pipe.stage(k).parameter_shards() : nullptr;
-      if (!shards) continue;
+    for (ShardedState* shards : local_parameter_shards(pipe)) {
       held_.emplace_back(shards, shards->parameters_whole());
       if (use == For::kSaving) {
         shards->gather_parameters();

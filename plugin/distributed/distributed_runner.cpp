@@ -156,17 +156,11 @@ DistributedRunner::DistributedRunner(torch::nn::Sequential model, PipelineOption
 }
 
 void DistributedRunner::unshard() {
-  for (int s = 0; s < runner_->num_stages(); ++s) {
-    if (!runner_->is_local(s)) continue;
-    if (ShardedState* shards = runner_->stage(s).parameter_shards()) shards->gather_parameters();
-  }
+  for (ShardedState* shards : local_parameter_shards(*runner_)) shards->gather_parameters();
 }
 
 void DistributedRunner::reshard() {
-  for (int s = 0; s < runner_->num_stages(); ++s) {
-    if (!runner_->is_local(s)) continue;
-    if (ShardedState* shards = runner_->stage(s).parameter_shards()) shards->release_parameters();
-  }
+  for (ShardedState* shards : local_parameter_shards(*runner_)) shards->release_parameters();
 }
 
 int64_t DistributedRunner::optimizer_state_bytes() const {

@@ -65,4 +65,15 @@ class ShardedState {
   virtual void shard_parameters() {}
 };
 
+// The sharded parameters of `runner`'s local stages (a StageRunner's or a
+// Runtime's), in stage order: what gathers or releases them all goes through.
+template <typename Runner>
+std::vector<ShardedState*> local_parameter_shards(const Runner& runner) {
+  std::vector<ShardedState*> shards;
+  for (int k = 0; k < runner.num_stages(); ++k) {
+    if (ShardedState* s = runner.is_local(k) ? runner.stage(k).parameter_shards() : nullptr) shards.push_back(s);
+  }
+  return shards;
+}
+
 }  // namespace conveyor

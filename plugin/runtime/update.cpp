@@ -146,9 +146,7 @@ void Runtime::gather_unscheduled(const schedules::Schedule& schedule) {
 }
 
 void Runtime::release_sharded_parameters() {
-  for (int k : local_) {
-    if (ShardedState* shards = stages_[k]->parameter_shards()) shards->release_parameters();
-  }
+  for (ShardedState* shards : local_parameter_shards(*this)) shards->release_parameters();
 }
 
 void Runtime::update(StepContext& ctx, StepResult& result) {
